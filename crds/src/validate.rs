@@ -1,0 +1,517 @@
+//! Checks a manifest the way the API server would check it against our CRDs, without a
+//! cluster: `dynamo validate -f FILE` and the local runner use this.
+//!
+//! For each YAML document: pick the CRD from `apiVersion`/`kind`, apply the schema's
+//! defaults, check the object against the structural openAPIV3 schema (types, enums,
+//! bounds, patterns, required and unknown fields, as `kubectl apply`'s strict field
+//! validation does), evaluate the CEL rules (`x-kubernetes-validations`) with kube-cel,
+//! then deserialize it into the typed resource. Every problem is reported, each with the
+//! path of the field it is about.
+
+use std::fmt;
+use std::sync::OnceLock;
+
+use jsonschema::error::ValidationErrorKind;
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::{CustomResourceExt, Resource, ResourceExt};
+use serde::de::DeserializeOwned;
+use serde_json::{Map, Value, json};
+
+use crate::{
+    DynamoGraphDeployment, DynamoGraphDeploymentRequest, DynamoGraphDeploymentScalingAdapter,
+};
+
+/// One object that passed validation, typed.
+#[derive(Debug, Clone, PartialEq)]
+pub enum DynamoObject {
+    /// A `DynamoGraphDeployment`.
+    GraphDeployment(Box<DynamoGraphDeployment>),
+    /// A `DynamoGraphDeploymentScalingAdapter`.
+    ScalingAdapter(Box<DynamoGraphDeploymentScalingAdapter>),
+    /// A `DynamoGraphDeploymentRequest`.
+    Request(Box<DynamoGraphDeploymentRequest>),
+}
+
+/// `Kind/name`, as `kubectl` names an object.
+impl fmt::Display for DynamoObject {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fn show<K: Resource<DynamicType = ()>>(f: &mut fmt::Formatter<'_>, o: &K) -> fmt::Result {
+            write!(f, "{}/{}", K::kind(&()), o.name_any())
+        }
+        match self {
+            Self::GraphDeployment(o) => show(f, o.as_ref()),
+            Self::ScalingAdapter(o) => show(f, o.as_ref()),
+            Self::Request(o) => show(f, o.as_ref()),
+        }
+    }
+}
+
+/// Every object of a manifest, in document order, after validation (with schema defaults applied).
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct Validated {
+    /// The objects, one per non-empty YAML document.
+    pub objects: Vec<DynamoObject>,
+}
+
+impl Validated {
+    /// The DynamoGraphDeployments of the manifest.
+    pub fn graph_deployments(&self) -> impl Iterator<Item = &DynamoGraphDeployment> {
+        self.objects.iter().filter_map(|o| match o {
+            DynamoObject::GraphDeployment(d) => Some(d.as_ref()),
+            _ => None,
+        })
+    }
+
+    /// The DynamoGraphDeploymentScalingAdapters of the manifest.
+    pub fn scaling_adapters(&self) -> impl Iterator<Item = &DynamoGraphDeploymentScalingAdapter> {
+        self.objects.iter().filter_map(|o| match o {
+            DynamoObject::ScalingAdapter(a) => Some(a.as_ref()),
+            _ => None,
+        })
+    }
+
+    /// The DynamoGraphDeploymentRequests of the manifest.
+    pub fn requests(&self) -> impl Iterator<Item = &DynamoGraphDeploymentRequest> {
+        self.objects.iter().filter_map(|o| match o {
+            DynamoObject::Request(r) => Some(r.as_ref()),
+            _ => None,
+        })
+    }
+}
+
+/// One thing wrong with one object.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Problem {
+    /// 1-based index of the YAML document.
+    pub document: usize,
+    /// `kind/name` of the object, when it has them.
+    pub object: Option<String>,
+    /// Dotted path of the field, e.g. `spec.services.decode.multinode.nodeCount`;
+    /// empty for the object as a whole.
+    pub path: String,
+    /// What is wrong.
+    pub message: String,
+}
+
+impl fmt::Display for Problem {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "document {}", self.document)?;
+        if let Some(object) = &self.object {
+            write!(f, " ({object})")?;
+        }
+        if self.path.is_empty() {
+            write!(f, ": {}", self.message)
+        } else {
+            write!(f, ": {}: {}", self.path, self.message)
+        }
+    }
+}
+
+/// Why a manifest was refused.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum ValidationError {
+    /// The text is not YAML.
+    #[error("not valid YAML: {0}")]
+    Yaml(String),
+    /// The text holds no object.
+    #[error("the manifest holds no object")]
+    Empty,
+    /// One or more objects break the schema or its rules.
+    #[error("{}", render_problems(.0))]
+    Invalid(Vec<Problem>),
+}
+
+impl ValidationError {
+    /// The problems found; empty for YAML errors and empty manifests.
+    pub fn problems(&self) -> &[Problem] {
+        match self {
+            ValidationError::Invalid(problems) => problems,
+            _ => &[],
+        }
+    }
+}
+
+fn render_problems(problems: &[Problem]) -> String {
+    let lines: Vec<String> = problems.iter().map(Problem::to_string).collect();
+    lines.join("\n")
+}
+
+/// Validates one or more YAML documents holding DynamoGraphDeployment,
+/// DynamoGraphDeploymentScalingAdapter or DynamoGraphDeploymentRequest objects.
+pub fn validate_manifest(yaml: &str) -> Result<Validated, ValidationError> {
+    let documents: Vec<Value> =
+        serde_saphyr::from_multiple(yaml).map_err(|e| ValidationError::Yaml(e.to_string()))?;
+    let mut objects = Vec::new();
+    let mut problems = Vec::new();
+    for (index, document) in documents.into_iter().enumerate() {
+        if document.is_null() {
+            continue;
+        }
+        match validate_object(index + 1, document) {
+            Ok(object) => objects.push(object),
+            Err(mut found) => problems.append(&mut found),
+        }
+    }
+    if !problems.is_empty() {
+        return Err(ValidationError::Invalid(problems));
+    }
+    if objects.is_empty() {
+        return Err(ValidationError::Empty);
+    }
+    Ok(Validated { objects })
+}
+
+/// The kinds we know, with what it takes to check them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Kind {
+    GraphDeployment,
+    ScalingAdapter,
+    Request,
+}
+
+const KINDS: [Kind; 3] = [Kind::GraphDeployment, Kind::ScalingAdapter, Kind::Request];
+
+impl Kind {
+    fn crd(self) -> CustomResourceDefinition {
+        match self {
+            Kind::GraphDeployment => DynamoGraphDeployment::crd(),
+            Kind::ScalingAdapter => DynamoGraphDeploymentScalingAdapter::crd(),
+            Kind::Request => DynamoGraphDeploymentRequest::crd(),
+        }
+    }
+
+    fn checks(self) -> &'static KindChecks {
+        static CHECKS: [OnceLock<KindChecks>; 3] =
+            [OnceLock::new(), OnceLock::new(), OnceLock::new()];
+        CHECKS[self as usize].get_or_init(|| KindChecks::new(self.crd()))
+    }
+
+    fn to_object(self, value: Value) -> Result<DynamoObject, serde_json::Error> {
+        fn typed<T: DeserializeOwned>(value: Value) -> Result<Box<T>, serde_json::Error> {
+            serde_json::from_value(value).map(Box::new)
+        }
+        Ok(match self {
+            Kind::GraphDeployment => DynamoObject::GraphDeployment(typed(value)?),
+            Kind::ScalingAdapter => DynamoObject::ScalingAdapter(typed(value)?),
+            Kind::Request => DynamoObject::Request(typed(value)?),
+        })
+    }
+}
+
+/// The schema of one CRD version, prepared for both checkers.
+struct KindChecks {
+    api_version: String,
+    kind: String,
+    /// The openAPIV3 schema exactly as in the CRD (defaults, CEL rules).
+    openapi: Value,
+    /// The same schema as JSON Schema, for the structural check.
+    structural: jsonschema::Validator,
+    cel: kube_cel::CompiledSchema,
+}
+
+impl KindChecks {
+    fn new(crd: CustomResourceDefinition) -> Self {
+        let version = &crd.spec.versions[0];
+        let openapi = serde_json::to_value(
+            version
+                .schema
+                .as_ref()
+                .and_then(|s| s.open_api_v3_schema.as_ref())
+                .expect("every generated CRD version has a schema"),
+        )
+        .expect("a schema serializes to JSON");
+        let structural = jsonschema::options()
+            .with_draft(jsonschema::Draft::Draft4)
+            .should_validate_formats(false)
+            .build(&with_object_envelope(openapi_to_json_schema(&openapi)))
+            .expect("the generated schema is valid JSON Schema");
+        let cel = kube_cel::compile_schema(&openapi);
+        Self {
+            api_version: format!("{}/{}", crd.spec.group, version.name),
+            kind: crd.spec.names.kind.clone(),
+            openapi,
+            structural,
+            cel,
+        }
+    }
+}
+
+fn validate_object(document: usize, object: Value) -> Result<DynamoObject, Vec<Problem>> {
+    let text = |key: &str| {
+        object
+            .get(key)
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+            .to_string()
+    };
+    let (api_version, kind_name) = (text("apiVersion"), text("kind"));
+    let name = object
+        .pointer("/metadata/name")
+        .and_then(Value::as_str)
+        .map(str::to_string);
+    let label = match (&name, kind_name.is_empty()) {
+        (Some(name), false) => Some(format!("{kind_name}/{name}")),
+        (None, false) => Some(kind_name.clone()),
+        _ => None,
+    };
+    let problem = |path: String, message: String| Problem {
+        document,
+        object: label.clone(),
+        path,
+        message,
+    };
+
+    if !object.is_object() {
+        return Err(vec![problem(
+            String::new(),
+            "must be a YAML mapping (an object)".into(),
+        )]);
+    }
+    let Some(kind) = KINDS.into_iter().find(|k| {
+        let checks = k.checks();
+        checks.kind == kind_name && checks.api_version == api_version
+    }) else {
+        let known: Vec<String> = KINDS
+            .iter()
+            .map(|k| format!("{}/{}", k.checks().api_version, k.checks().kind))
+            .collect();
+        return Err(vec![problem(
+            "kind".into(),
+            format!(
+                "unsupported apiVersion/kind {api_version:?}/{kind_name:?}; expected one of: {}",
+                known.join(", ")
+            ),
+        )]);
+    };
+    let checks = kind.checks();
+
+    // The API server defaults before it validates; so do we.
+    let object = kube_cel::apply_defaults(&checks.openapi, &object);
+    let mut problems = Vec::new();
+    if name.as_deref().is_none_or(str::is_empty) {
+        problems.push(problem(
+            "metadata.name".into(),
+            "required field is missing".into(),
+        ));
+    }
+    for error in checks.structural.iter_errors(&object) {
+        let path = dotted_path(error.instance_path().as_str());
+        for (path, message) in describe(&path, error.kind(), error.instance(), &error.to_string()) {
+            problems.push(problem(path, message));
+        }
+    }
+    if let Err(errors) = kube_cel::Validator::new().validate_compiled(&checks.cel, &object, None) {
+        for error in errors.as_slice() {
+            problems.push(problem(error.field_path.clone(), error.message.clone()));
+        }
+    }
+    if !problems.is_empty() {
+        return Err(problems);
+    }
+    kind.to_object(object).map_err(|e| {
+        vec![problem(
+            String::new(),
+            format!("does not fit the {} type: {e}", checks.kind),
+        )]
+    })
+}
+
+/// A clear message (and the exact field path) for one schema error.
+fn describe(
+    path: &str,
+    kind: &ValidationErrorKind,
+    instance: &Value,
+    fallback: &str,
+) -> Vec<(String, String)> {
+    let child = |name: &str| {
+        if path.is_empty() {
+            name.to_string()
+        } else {
+            format!("{path}.{name}")
+        }
+    };
+    let one = |message: String| vec![(path.to_string(), message)];
+    match kind {
+        ValidationErrorKind::Required { property } => {
+            vec![(
+                child(property.as_str().unwrap_or_default()),
+                "required field is missing".into(),
+            )]
+        }
+        ValidationErrorKind::AdditionalProperties { unexpected } => unexpected
+            .iter()
+            .map(|name| (child(name), "unknown field".to_string()))
+            .collect(),
+        ValidationErrorKind::Minimum { limit } => one(format!("must be >= {}", number(limit))),
+        ValidationErrorKind::Maximum { limit } => one(format!("must be <= {}", number(limit))),
+        ValidationErrorKind::ExclusiveMinimum { limit } => {
+            one(format!("must be > {}", number(limit)))
+        }
+        ValidationErrorKind::ExclusiveMaximum { limit } => {
+            one(format!("must be < {}", number(limit)))
+        }
+        ValidationErrorKind::MinLength { limit } => {
+            one(format!("must be at least {limit} characters long"))
+        }
+        ValidationErrorKind::MaxLength { limit } => {
+            one(format!("must be at most {limit} characters long"))
+        }
+        ValidationErrorKind::MinItems { limit } => one(format!("must have at least {limit} items")),
+        ValidationErrorKind::MaxItems { limit } => one(format!("must have at most {limit} items")),
+        ValidationErrorKind::MaxProperties { limit } => one(format!(
+            "must have at most {limit} entries, has {}",
+            instance.as_object().map_or(0, Map::len)
+        )),
+        ValidationErrorKind::Pattern { pattern } => {
+            one(format!("{instance} does not match the pattern {pattern}"))
+        }
+        ValidationErrorKind::Enum { options } => {
+            let allowed: Vec<String> = options
+                .as_array()
+                .map(|values| {
+                    values
+                        .iter()
+                        .map(|v| v.as_str().map_or_else(|| v.to_string(), str::to_string))
+                        .collect()
+                })
+                .unwrap_or_default();
+            one(format!(
+                "unsupported value {instance}; must be one of: {}",
+                allowed.join(", ")
+            ))
+        }
+        ValidationErrorKind::Type { .. } => {
+            let expected = fallback
+                .rsplit_once(" is not of type ")
+                .map_or(fallback, |(_, t)| t);
+            one(format!("{instance} is not of type {expected}"))
+        }
+        _ => one(fallback.to_string()),
+    }
+}
+
+/// A bound as people write it: `2`, not `2.0` (CRD bounds are stored as floats).
+fn number(limit: &Value) -> String {
+    match limit.as_f64() {
+        Some(f) if f.fract() == 0.0 && f.abs() < 1e15 => format!("{}", f as i64),
+        _ => limit.to_string(),
+    }
+}
+
+/// `/spec/services/decode/envs/0/name` -> `spec.services.decode.envs[0].name`.
+fn dotted_path(pointer: &str) -> String {
+    let mut path = String::new();
+    for segment in pointer.split('/').skip(1) {
+        let segment = segment.replace("~1", "/").replace("~0", "~");
+        if !segment.is_empty() && segment.bytes().all(|b| b.is_ascii_digit()) {
+            path.push_str(&format!("[{segment}]"));
+        } else {
+            if !path.is_empty() {
+                path.push('.');
+            }
+            path.push_str(&segment);
+        }
+    }
+    path
+}
+
+/// The CRD schema leaves out the fields every object has; the API server checks those itself.
+fn with_object_envelope(mut schema: Value) -> Value {
+    if let Some(Value::Object(properties)) = schema.get_mut("properties") {
+        properties.insert("apiVersion".into(), json!({"type": "string"}));
+        properties.insert("kind".into(), json!({"type": "string"}));
+        properties.insert("metadata".into(), json!({"type": "object"}));
+    }
+    schema
+}
+
+/// Turns a CRD's openAPIV3 schema into the JSON Schema the API server effectively enforces:
+/// `nullable: true` admits `null`, and an object with `properties` but neither
+/// `additionalProperties` nor `x-kubernetes-preserve-unknown-fields` refuses unknown
+/// fields (the API server would drop them; `kubectl apply` refuses them by default).
+fn openapi_to_json_schema(schema: &Value) -> Value {
+    match schema {
+        Value::Object(map) => {
+            let mut out: Map<String, Value> = map
+                .iter()
+                .map(|(key, value)| {
+                    let value = match key.as_str() {
+                        // Keyword maps whose values are schemas (not schemas themselves).
+                        "properties" | "definitions" => Value::Object(
+                            value
+                                .as_object()
+                                .map(|props| {
+                                    props
+                                        .iter()
+                                        .map(|(k, v)| (k.clone(), openapi_to_json_schema(v)))
+                                        .collect()
+                                })
+                                .unwrap_or_default(),
+                        ),
+                        // Literal values, never schemas.
+                        "enum" | "default" | "example" | "x-kubernetes-validations" => {
+                            value.clone()
+                        }
+                        _ => openapi_to_json_schema(value),
+                    };
+                    (key.clone(), value)
+                })
+                .collect();
+            if map.get("nullable") == Some(&Value::Bool(true)) {
+                if let Some(Value::String(kind)) = map.get("type") {
+                    out.insert("type".into(), json!([kind, "null"]));
+                }
+                if let Some(Value::Array(values)) = out.get_mut("enum") {
+                    values.push(Value::Null);
+                }
+            }
+            let preserves_unknown =
+                map.get("x-kubernetes-preserve-unknown-fields") == Some(&Value::Bool(true));
+            if map.contains_key("properties")
+                && !map.contains_key("additionalProperties")
+                && !preserves_unknown
+            {
+                out.insert("additionalProperties".into(), Value::Bool(false));
+            }
+            Value::Object(out)
+        }
+        Value::Array(items) => Value::Array(items.iter().map(openapi_to_json_schema).collect()),
+        other => other.clone(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pointer_becomes_dotted_path() {
+        assert_eq!(
+            dotted_path("/spec/services/decode/envs/0/name"),
+            "spec.services.decode.envs[0].name"
+        );
+        assert_eq!(dotted_path(""), "");
+        assert_eq!(
+            dotted_path("/metadata/annotations/a~1b"),
+            "metadata.annotations.a/b"
+        );
+    }
+
+    #[test]
+    fn nullable_admits_null_and_closed_objects_refuse_unknown_fields() {
+        let schema =
+            json!({"type": "object", "properties": {"a": {"type": "string", "nullable": true}}});
+        let converted = openapi_to_json_schema(&schema);
+        assert_eq!(
+            converted["properties"]["a"]["type"],
+            json!(["string", "null"])
+        );
+        assert_eq!(converted["additionalProperties"], json!(false));
+        let open = json!({"type": "object", "properties": {}, "x-kubernetes-preserve-unknown-fields": true});
+        assert!(
+            openapi_to_json_schema(&open)
+                .get("additionalProperties")
+                .is_none()
+        );
+    }
+}

@@ -1,0 +1,1 @@
+//! CPU-only inference engine with vLLM's surfaces; the engine core lands with the mock engine issue.

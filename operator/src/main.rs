@@ -1,0 +1,55 @@
+//! `dynamo`: the operator binary and its companion commands.
+//!
+//! Today it generates the CRDs from the Rust types and validates manifests with the same
+//! schema and CEL rules the API server enforces; the controllers (`dynamo operator`) and
+//! the local runner (`dynamo run`) join as their issues land.
+
+mod crdgen;
+mod validate;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(
+    name = "dynamo",
+    version,
+    about = "Distributed LLM inference on Kubernetes"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Write the CRD YAML (crds/manifests/, the Helm chart's crds/) and docs/api.md from the types.
+    Crds {
+        /// Repository root to write under.
+        #[arg(long, default_value = ".")]
+        root: PathBuf,
+    },
+    /// Check manifests against the CRD schemas and CEL rules, as the API server would.
+    Validate {
+        /// YAML files, each with one or more documents.
+        #[arg(short = 'f', long = "file", required = true, num_args = 1..)]
+        files: Vec<PathBuf>,
+    },
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Crds { root } => crdgen::write_all(&root),
+        Command::Validate { files } => validate::run(&files),
+    };
+    match result {
+        Ok(code) => code,
+        Err(err) => {
+            eprintln!("error: {err:#}");
+            ExitCode::FAILURE
+        }
+    }
+}

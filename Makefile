@@ -27,7 +27,7 @@ fmt-check:
 lint: ## clippy with warnings as errors
 	$(CARGO) clippy --workspace --all-targets --locked -- -D warnings
 
-nextest: ## Run every test
+nextest: model ## Run every test (the model directory first: tests tokenize with it)
 	$(CARGO) nextest run --workspace --locked --no-fail-fast
 
 crds: ## Regenerate CRD YAML (crds/manifests, the chart's crds/) and docs/api.md from the Rust types

@@ -1,0 +1,141 @@
+//! OpenAI-style errors: `{"error": {"message", "type", "param", "code"}}` with an HTTP status.
+//!
+//! The body shape is the one OpenAI's API returns and its official clients parse
+//! (`openai-python`, `_exceptions.py`: the `error` object's `message`, `type`, `param`,
+//! `code`), so a client sees a client mistake as a 4xx it can act on, never a 500.
+
+use axum::Json;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use serde_json::json;
+
+/// An error to send back to the client.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{status}: {message}")]
+pub struct ApiError {
+    pub status: StatusCode,
+    pub message: String,
+    /// OpenAI's `type`, e.g. `invalid_request_error`.
+    pub kind: &'static str,
+    /// The request field at fault, when there is one.
+    pub param: Option<String>,
+    pub code: Option<&'static str>,
+}
+
+impl ApiError {
+    /// 400: the request is malformed or asks for something impossible.
+    pub fn bad_request(message: impl Into<String>, param: Option<&str>) -> Self {
+        Self {
+            status: StatusCode::BAD_REQUEST,
+            message: message.into(),
+            kind: "invalid_request_error",
+            param: param.map(str::to_owned),
+            code: None,
+        }
+    }
+
+    /// 404: the request names a model this server does not serve.
+    pub fn model_not_found(model: &str) -> Self {
+        Self {
+            status: StatusCode::NOT_FOUND,
+            message: format!("The model `{model}` does not exist."),
+            kind: "invalid_request_error",
+            param: Some("model".to_owned()),
+            code: Some("model_not_found"),
+        }
+    }
+
+    /// 400: prompt plus requested output exceed the model's context.
+    pub fn context_length_exceeded(prompt_tokens: usize, max_tokens: u64, limit: usize) -> Self {
+        Self {
+            code: Some("context_length_exceeded"),
+            ..Self::bad_request(
+                format!(
+                    "The model's context is {limit} tokens, but the request needs \
+                     {prompt_tokens} prompt tokens plus {max_tokens} output tokens. \
+                     Shorten the prompt or lower max_tokens."
+                ),
+                Some("messages"),
+            )
+        }
+    }
+
+    /// 429: the server sheds load; the client should retry later.
+    pub fn overloaded(message: impl Into<String>) -> Self {
+        Self {
+            status: StatusCode::TOO_MANY_REQUESTS,
+            message: message.into(),
+            kind: "rate_limit_error",
+            param: None,
+            code: None,
+        }
+    }
+
+    /// 503: nothing can serve the request right now.
+    pub fn unavailable(message: impl Into<String>) -> Self {
+        Self {
+            status: StatusCode::SERVICE_UNAVAILABLE,
+            message: message.into(),
+            kind: "service_unavailable",
+            param: None,
+            code: None,
+        }
+    }
+
+    /// 500: our fault, not the client's.
+    pub fn internal(message: impl Into<String>) -> Self {
+        Self {
+            status: StatusCode::INTERNAL_SERVER_ERROR,
+            message: message.into(),
+            kind: "server_error",
+            param: None,
+            code: None,
+        }
+    }
+
+    /// The JSON body OpenAI clients expect.
+    pub fn body(&self) -> serde_json::Value {
+        json!({
+            "error": {
+                "message": self.message,
+                "type": self.kind,
+                "param": self.param,
+                "code": self.code,
+            }
+        })
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        (self.status, Json(self.body())).into_response()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn body_has_the_openai_error_shape() {
+        let err = ApiError::bad_request("max_tokens must be at least 1", Some("max_tokens"));
+        assert_eq!(
+            err.body(),
+            json!({"error": {
+                "message": "max_tokens must be at least 1",
+                "type": "invalid_request_error",
+                "param": "max_tokens",
+                "code": null,
+            }})
+        );
+        assert_eq!(err.status, StatusCode::BAD_REQUEST);
+    }
+
+    #[test]
+    fn context_error_is_a_client_error_with_the_numbers() {
+        let err = ApiError::context_length_exceeded(5000, 100, 4096);
+        assert_eq!(err.status, StatusCode::BAD_REQUEST);
+        assert_eq!(err.code, Some("context_length_exceeded"));
+        assert!(err.message.contains("4096") && err.message.contains("5000"));
+    }
+}

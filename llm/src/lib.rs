@@ -1,0 +1,14 @@
+//! What the engine and the router both need to speak for a model: its directory
+//! (tokenizer, chat template, context length) and the OpenAI-compatible API (request and
+//! response types, request preparation, OpenAI-style errors).
+
+pub mod chat_template;
+pub mod error;
+pub mod model_dir;
+pub mod openai;
+pub mod prepare;
+
+pub use chat_template::ChatTemplate;
+pub use error::ApiError;
+pub use model_dir::{ModelDir, ModelDirError};
+pub use prepare::{Endpoint, PreparedRequest};

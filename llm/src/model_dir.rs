@@ -1,0 +1,195 @@
+//! A Hugging Face-style model directory: `tokenizer.json`, `tokenizer_config.json` (with
+//! `chat_template`, or a `chat_template.jinja` file beside it), `config.json` and
+//! `generation_config.json`. No weights are read, so a real model's directory and the
+//! one `make model` builds work alike.
+
+use std::path::{Path, PathBuf};
+
+use serde_json::Value;
+use tokenizers::Tokenizer;
+
+use crate::ChatTemplate;
+
+/// Context length assumed when neither config names one (vLLM refuses to start then; a
+/// mock engine can afford a default).
+const DEFAULT_CONTEXT: usize = 32_768;
+
+/// Why a model directory could not be loaded.
+#[derive(Debug, thiserror::Error)]
+pub enum ModelDirError {
+    #[error("{path}: {source}")]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("{path}: {message}")]
+    Invalid { path: PathBuf, message: String },
+}
+
+/// A loaded model directory.
+#[derive(Debug)]
+pub struct ModelDir {
+    /// The served model name: the directory's name unless the caller overrides it.
+    pub name: String,
+    pub path: PathBuf,
+    pub tokenizer: Tokenizer,
+    /// `None` when the model has no chat template: chat requests are then refused.
+    pub chat_template: Option<ChatTemplate>,
+    /// Prompt plus output may not exceed this many tokens.
+    pub max_context: usize,
+    /// Token ids that end generation.
+    pub eos_token_ids: Vec<u32>,
+}
+
+impl ModelDir {
+    /// Loads `path`; `name` overrides the served model name.
+    pub fn load(path: &Path, name: Option<&str>) -> Result<Self, ModelDirError> {
+        let tokenizer_path = path.join("tokenizer.json");
+        let tokenizer =
+            Tokenizer::from_file(&tokenizer_path).map_err(|e| ModelDirError::Invalid {
+                path: tokenizer_path.clone(),
+                message: e.to_string(),
+            })?;
+        let tokenizer_config = read_json_if_present(&path.join("tokenizer_config.json"))?;
+        let config = read_json_if_present(&path.join("config.json"))?;
+        let generation_config = read_json_if_present(&path.join("generation_config.json"))?;
+
+        let special = |key: &str| special_token(&tokenizer_config, key).unwrap_or_default();
+        let chat_template = match chat_template_source(path, &tokenizer_config)? {
+            Some(source) => Some(
+                ChatTemplate::new(source, special("bos_token"), special("eos_token")).map_err(
+                    |e| ModelDirError::Invalid {
+                        path: path.join("tokenizer_config.json"),
+                        message: format!("chat_template: {e}"),
+                    },
+                )?,
+            ),
+            None => None,
+        };
+
+        let max_context = config
+            .get("max_position_embeddings")
+            .and_then(Value::as_u64)
+            .or_else(|| {
+                tokenizer_config
+                    .get("model_max_length")
+                    .and_then(Value::as_u64)
+            })
+            // transformers writes a huge sentinel when the length is unknown.
+            .filter(|&n| n > 0 && n < 1 << 40)
+            .map_or(DEFAULT_CONTEXT, |n| n as usize);
+
+        let mut eos_token_ids = token_ids(generation_config.get("eos_token_id"));
+        if eos_token_ids.is_empty() {
+            eos_token_ids = token_ids(config.get("eos_token_id"));
+        }
+        if eos_token_ids.is_empty() {
+            eos_token_ids.extend(tokenizer.token_to_id(&special("eos_token")));
+        }
+
+        let name = match name {
+            Some(name) => name.to_owned(),
+            None => dir_name(path)?,
+        };
+        Ok(Self {
+            name,
+            path: path.to_owned(),
+            tokenizer,
+            chat_template,
+            max_context,
+            eos_token_ids,
+        })
+    }
+
+    /// Token ids of `text`, with special tokens written in it recognised as such (chat
+    /// templates write them) and nothing added around it.
+    pub fn encode(&self, text: &str) -> Vec<u32> {
+        self.tokenizer
+            .encode_fast(text, false)
+            .map(|enc| enc.get_ids().to_vec())
+            .unwrap_or_default()
+    }
+
+    /// Text of `ids`, special tokens dropped.
+    pub fn decode(&self, ids: &[u32]) -> String {
+        self.tokenizer.decode(ids, true).unwrap_or_default()
+    }
+
+    /// How many ids the vocabulary has, special tokens included.
+    pub fn vocab_size(&self) -> usize {
+        self.tokenizer.get_vocab_size(true)
+    }
+}
+
+fn read_json_if_present(path: &Path) -> Result<Value, ModelDirError> {
+    match std::fs::read(path) {
+        Ok(bytes) => serde_json::from_slice(&bytes).map_err(|e| ModelDirError::Invalid {
+            path: path.to_owned(),
+            message: e.to_string(),
+        }),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Value::Null),
+        Err(source) => Err(ModelDirError::Read {
+            path: path.to_owned(),
+            source,
+        }),
+    }
+}
+
+/// `chat_template` is a string, or a list of `{name, template}` where `default` is the
+/// one for plain chat; newer models keep it in `chat_template.jinja`.
+fn chat_template_source(
+    dir: &Path,
+    tokenizer_config: &Value,
+) -> Result<Option<String>, ModelDirError> {
+    match tokenizer_config.get("chat_template") {
+        Some(Value::String(s)) => return Ok(Some(s.clone())),
+        Some(Value::Array(named)) => {
+            let default = named.iter().find(|t| t["name"] == "default");
+            if let Some(s) = default.and_then(|t| t["template"].as_str()) {
+                return Ok(Some(s.to_owned()));
+            }
+        }
+        _ => {}
+    }
+    let file = dir.join("chat_template.jinja");
+    match std::fs::read_to_string(&file) {
+        Ok(s) => Ok(Some(s)),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(source) => Err(ModelDirError::Read { path: file, source }),
+    }
+}
+
+/// A special token is written as a string or as `{"content": "..."}`.
+fn special_token(tokenizer_config: &Value, key: &str) -> Option<String> {
+    let v = tokenizer_config.get(key)?;
+    v.as_str()
+        .or_else(|| v.get("content").and_then(Value::as_str))
+        .map(str::to_owned)
+}
+
+fn token_ids(v: Option<&Value>) -> Vec<u32> {
+    match v {
+        Some(Value::Number(n)) => n.as_u64().map(|n| n as u32).into_iter().collect(),
+        Some(Value::Array(ids)) => ids
+            .iter()
+            .filter_map(Value::as_u64)
+            .map(|n| n as u32)
+            .collect(),
+        _ => Vec::new(),
+    }
+}
+
+fn dir_name(path: &Path) -> Result<String, ModelDirError> {
+    let canonical = path.canonicalize().map_err(|source| ModelDirError::Read {
+        path: path.to_owned(),
+        source,
+    })?;
+    canonical
+        .file_name()
+        .and_then(|n| n.to_str())
+        .map(str::to_owned)
+        .ok_or_else(|| ModelDirError::Invalid {
+            path: path.to_owned(),
+            message: "cannot name the model after this directory; pass a model name".into(),
+        })
+}

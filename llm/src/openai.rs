@@ -1,0 +1,305 @@
+//! OpenAI-compatible request and response bodies (`/v1/chat/completions`,
+//! `/v1/completions`, `/v1/models`), with the vLLM extensions engines accept
+//! (`ignore_eos`, `min_tokens`, `kv_transfer_params`) and Dynamo's `nvext`.
+//!
+//! Field names follow OpenAI's API reference. Fields we do not interpret are kept in
+//! `other`, so a router that re-serializes a request loses nothing.
+
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
+
+use crate::ApiError;
+
+/// Parses a request body, turning every JSON or shape mistake into a 400 that says what
+/// is wrong (axum's own extractor would answer 422 in plain text).
+pub fn parse_body<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
+    serde_json::from_slice(body)
+        .map_err(|e| ApiError::bad_request(format!("Invalid request body: {e}"), None))
+}
+
+/// Options of a streamed answer.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct StreamOptions {
+    /// Send a last chunk carrying `usage`.
+    #[serde(default)]
+    pub include_usage: bool,
+}
+
+/// Generation parameters common to chat and completions.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct SamplingParams {
+    #[serde(default)]
+    pub stream: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub stream_options: Option<StreamOptions>,
+    /// Signed so a negative value gets a clear 400 rather than a parse error.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_tokens: Option<i64>,
+    /// OpenAI's newer name for `max_tokens` in chat; wins when both are set.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_completion_tokens: Option<i64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub min_tokens: Option<i64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub temperature: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub top_p: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub n: Option<i64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub seed: Option<u64>,
+    /// vLLM: generate exactly `max_tokens`, whatever the model would stop on.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub ignore_eos: bool,
+    /// vLLM's disaggregation handshake, passed through untouched.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub kv_transfer_params: Option<Value>,
+    /// Dynamo's extensions, e.g. `nvext.agent_hints.priority`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub nvext: Option<Value>,
+}
+
+/// `POST /v1/chat/completions`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ChatCompletionRequest {
+    pub model: String,
+    pub messages: Vec<ChatMessage>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tools: Option<Value>,
+    #[serde(flatten)]
+    pub params: SamplingParams,
+    #[serde(flatten)]
+    pub other: Map<String, Value>,
+}
+
+/// One message of a conversation.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ChatMessage {
+    pub role: String,
+    /// A string, an array of content parts, or null (an assistant turn with tool calls).
+    #[serde(default)]
+    pub content: Value,
+    #[serde(flatten)]
+    pub other: Map<String, Value>,
+}
+
+/// `POST /v1/completions`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CompletionRequest {
+    pub model: String,
+    pub prompt: Prompt,
+    #[serde(flatten)]
+    pub params: SamplingParams,
+    #[serde(flatten)]
+    pub other: Map<String, Value>,
+}
+
+/// A completion prompt: text, or token ids (a batch of prompts is refused).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum Prompt {
+    Text(String),
+    Tokens(Vec<u32>),
+    Batch(Vec<Value>),
+}
+
+/// Token counts of one answer.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Usage {
+    pub prompt_tokens: u64,
+    pub completion_tokens: u64,
+    pub total_tokens: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prompt_tokens_details: Option<PromptTokensDetails>,
+}
+
+/// How much of the prompt came from the prefix cache.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PromptTokensDetails {
+    pub cached_tokens: u64,
+}
+
+impl Usage {
+    pub fn new(prompt_tokens: u64, completion_tokens: u64, cached_tokens: u64) -> Self {
+        Self {
+            prompt_tokens,
+            completion_tokens,
+            total_tokens: prompt_tokens + completion_tokens,
+            prompt_tokens_details: Some(PromptTokensDetails { cached_tokens }),
+        }
+    }
+}
+
+/// Why generation stopped: `stop` (end of sequence or a stop string) or `length`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FinishReason {
+    Stop,
+    Length,
+}
+
+/// A whole chat answer (`object: chat.completion`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ChatCompletion {
+    pub id: String,
+    pub object: String,
+    pub created: u64,
+    pub model: String,
+    pub choices: Vec<ChatChoice>,
+    pub usage: Usage,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kv_transfer_params: Option<Value>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ChatChoice {
+    pub index: u32,
+    pub message: AssistantMessage,
+    pub finish_reason: Option<FinishReason>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct AssistantMessage {
+    pub role: String,
+    pub content: String,
+}
+
+/// One streamed piece of a chat answer (`object: chat.completion.chunk`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ChatCompletionChunk {
+    pub id: String,
+    pub object: String,
+    pub created: u64,
+    pub model: String,
+    pub choices: Vec<ChatChunkChoice>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub usage: Option<Usage>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ChatChunkChoice {
+    pub index: u32,
+    pub delta: Delta,
+    pub finish_reason: Option<FinishReason>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Delta {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub role: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub content: Option<String>,
+}
+
+/// A whole or streamed completion answer (`object: text_completion`; OpenAI uses the
+/// same object name for both).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Completion {
+    pub id: String,
+    pub object: String,
+    pub created: u64,
+    pub model: String,
+    pub choices: Vec<CompletionChoice>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub usage: Option<Usage>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kv_transfer_params: Option<Value>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CompletionChoice {
+    pub index: u32,
+    pub text: String,
+    pub finish_reason: Option<FinishReason>,
+}
+
+/// `GET /v1/models`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ModelList {
+    pub object: String,
+    pub data: Vec<ModelCard>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ModelCard {
+    pub id: String,
+    pub object: String,
+    pub created: u64,
+    pub owned_by: String,
+    /// vLLM reports the context length here.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_model_len: Option<u64>,
+}
+
+impl ModelList {
+    pub fn single(id: &str, created: u64, max_model_len: usize) -> Self {
+        Self {
+            object: "list".to_owned(),
+            data: vec![ModelCard {
+                id: id.to_owned(),
+                object: "model".to_owned(),
+                created,
+                owned_by: "dynamo".to_owned(),
+                max_model_len: Some(max_model_len as u64),
+            }],
+        }
+    }
+}
+
+/// One Server-Sent Events frame as OpenAI streams them: `data: <json>\n\n`.
+pub fn sse_data(json: &impl Serialize) -> String {
+    let body = serde_json::to_string(json).expect("API types serialize");
+    format!("data: {body}\n\n")
+}
+
+/// The frame that ends an OpenAI stream.
+pub const SSE_DONE: &str = "data: [DONE]\n\n";
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn chat_request_keeps_fields_it_does_not_interpret() {
+        let body = json!({
+            "model": "m",
+            "messages": [{"role": "user", "content": "hi", "name": "ann"}],
+            "max_tokens": 8,
+            "stream": true,
+            "stream_options": {"include_usage": true},
+            "logprobs": true,
+            "nvext": {"agent_hints": {"priority": 2}},
+        });
+        let req: ChatCompletionRequest = parse_body(body.to_string().as_bytes()).unwrap();
+        assert_eq!(req.params.max_tokens, Some(8));
+        assert!(req.params.stream);
+        assert_eq!(req.other.get("logprobs"), Some(&json!(true)));
+        assert_eq!(req.messages[0].other.get("name"), Some(&json!("ann")));
+        assert_eq!(serde_json::to_value(&req).unwrap(), body);
+    }
+
+    #[test]
+    fn completion_prompt_is_text_tokens_or_a_batch() {
+        let text: CompletionRequest = parse_body(br#"{"model":"m","prompt":"hello"}"#).unwrap();
+        assert_eq!(text.prompt, Prompt::Text("hello".into()));
+        let tokens: CompletionRequest = parse_body(br#"{"model":"m","prompt":[1,2,3]}"#).unwrap();
+        assert_eq!(tokens.prompt, Prompt::Tokens(vec![1, 2, 3]));
+        let batch: CompletionRequest = parse_body(br#"{"model":"m","prompt":["a","b"]}"#).unwrap();
+        assert!(matches!(batch.prompt, Prompt::Batch(_)));
+    }
+
+    #[test]
+    fn malformed_json_and_missing_fields_are_400s() {
+        let err = parse_body::<ChatCompletionRequest>(b"{not json").unwrap_err();
+        assert_eq!(err.status.as_u16(), 400);
+        let err = parse_body::<ChatCompletionRequest>(br#"{"model":"m"}"#).unwrap_err();
+        assert!(err.message.contains("messages"), "{}", err.message);
+    }
+
+    #[test]
+    fn sse_frames_are_data_lines() {
+        assert_eq!(sse_data(&json!({"a": 1})), "data: {\"a\":1}\n\n");
+        assert_eq!(SSE_DONE, "data: [DONE]\n\n");
+    }
+}

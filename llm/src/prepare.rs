@@ -1,0 +1,223 @@
+//! From an OpenAI request to what an engine or router acts on: checked parameters and
+//! the prompt's token ids. Every client mistake becomes a 4xx naming the field.
+
+use serde_json::Value;
+
+use crate::openai::{ChatCompletionRequest, CompletionRequest, Prompt, SamplingParams};
+use crate::{ApiError, ModelDir};
+
+/// Which API the request came through; it decides the shape of the answer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Endpoint {
+    Chat,
+    Completions,
+}
+
+/// A request that passed every check, tokenized.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PreparedRequest {
+    pub endpoint: Endpoint,
+    pub token_ids: Vec<u32>,
+    /// Output tokens at most; the rest of the context when the client gave no limit
+    /// (vLLM's default).
+    pub max_tokens: u64,
+    pub min_tokens: u64,
+    pub stream: bool,
+    pub include_usage: bool,
+    pub seed: Option<u64>,
+    pub ignore_eos: bool,
+    /// `nvext.agent_hints.priority`; higher is served sooner when requests queue.
+    pub priority: i64,
+}
+
+/// Roles a chat template is written for (OpenAI's message roles).
+const ROLES: [&str; 5] = ["system", "developer", "user", "assistant", "tool"];
+
+impl ModelDir {
+    /// Checks a chat request, renders the chat template and tokenizes the result.
+    pub fn prepare_chat(&self, req: &ChatCompletionRequest) -> Result<PreparedRequest, ApiError> {
+        self.check_model(&req.model)?;
+        if req.messages.is_empty() {
+            return Err(ApiError::bad_request(
+                "messages must hold at least one message",
+                Some("messages"),
+            ));
+        }
+        let template = self.chat_template.as_ref().ok_or_else(|| {
+            ApiError::bad_request(
+                format!(
+                    "The model `{}` has no chat template; use /v1/completions",
+                    self.name
+                ),
+                None,
+            )
+        })?;
+        let mut messages = Vec::with_capacity(req.messages.len());
+        for (i, message) in req.messages.iter().enumerate() {
+            if !ROLES.contains(&message.role.as_str()) {
+                return Err(ApiError::bad_request(
+                    format!(
+                        "messages[{i}].role `{}` is not one of {}",
+                        message.role,
+                        ROLES.join(", ")
+                    ),
+                    Some("messages"),
+                ));
+            }
+            let mut rendered = serde_json::to_value(message).expect("messages serialize");
+            rendered["content"] = text_content(&message.content, i)?;
+            messages.push(rendered);
+        }
+        let prompt = template.render(&messages, req.tools.as_ref(), true)?;
+        self.finish(Endpoint::Chat, self.encode(&prompt), &req.params, true)
+    }
+
+    /// Checks a completion request and tokenizes its prompt.
+    pub fn prepare_completion(&self, req: &CompletionRequest) -> Result<PreparedRequest, ApiError> {
+        self.check_model(&req.model)?;
+        let token_ids = match &req.prompt {
+            Prompt::Text(text) => self.encode(text),
+            Prompt::Tokens(ids) => {
+                let vocab = self.vocab_size();
+                if let Some(bad) = ids.iter().find(|&&id| id as usize >= vocab) {
+                    return Err(ApiError::bad_request(
+                        format!("prompt token id {bad} is outside the vocabulary (size {vocab})"),
+                        Some("prompt"),
+                    ));
+                }
+                ids.clone()
+            }
+            Prompt::Batch(_) => {
+                return Err(ApiError::bad_request(
+                    "batched prompts are not supported; send one prompt per request",
+                    Some("prompt"),
+                ));
+            }
+        };
+        self.finish(Endpoint::Completions, token_ids, &req.params, false)
+    }
+
+    fn check_model(&self, model: &str) -> Result<(), ApiError> {
+        if model == self.name {
+            Ok(())
+        } else {
+            Err(ApiError::model_not_found(model))
+        }
+    }
+
+    fn finish(
+        &self,
+        endpoint: Endpoint,
+        token_ids: Vec<u32>,
+        params: &SamplingParams,
+        chat: bool,
+    ) -> Result<PreparedRequest, ApiError> {
+        if token_ids.is_empty() {
+            return Err(ApiError::bad_request(
+                "the prompt is empty",
+                Some(if chat { "messages" } else { "prompt" }),
+            ));
+        }
+        if let Some(n) = params.n.filter(|&n| n != 1) {
+            return Err(ApiError::bad_request(
+                format!("n = {n} is not supported; only one choice (n = 1) is generated"),
+                Some("n"),
+            ));
+        }
+        if let Some(t) = params.temperature.filter(|t| !(0.0..=2.0).contains(t)) {
+            return Err(ApiError::bad_request(
+                format!("temperature must be between 0 and 2, got {t}"),
+                Some("temperature"),
+            ));
+        }
+        if let Some(p) = params.top_p.filter(|p| !(*p > 0.0 && *p <= 1.0)) {
+            return Err(ApiError::bad_request(
+                format!("top_p must be in (0, 1], got {p}"),
+                Some("top_p"),
+            ));
+        }
+        let (limit_name, limit) = match (params.max_completion_tokens, params.max_tokens) {
+            (Some(n), _) => ("max_completion_tokens", Some(n)),
+            (None, n) => ("max_tokens", n),
+        };
+        let room = self.max_context.saturating_sub(token_ids.len()) as u64;
+        let max_tokens = match limit {
+            Some(n) if n < 1 => {
+                return Err(ApiError::bad_request(
+                    format!("{limit_name} must be at least 1, got {n}"),
+                    Some(limit_name),
+                ));
+            }
+            Some(n) => n as u64,
+            None => room,
+        };
+        if max_tokens == 0 || max_tokens > room {
+            return Err(ApiError::context_length_exceeded(
+                token_ids.len(),
+                max_tokens.max(1),
+                self.max_context,
+            ));
+        }
+        let min_tokens = match params.min_tokens {
+            None => 0,
+            Some(n) if n < 0 || n as u64 > max_tokens => {
+                return Err(ApiError::bad_request(
+                    format!("min_tokens must be between 0 and {max_tokens}, got {n}"),
+                    Some("min_tokens"),
+                ));
+            }
+            Some(n) => n as u64,
+        };
+        let priority = params
+            .nvext
+            .as_ref()
+            .and_then(|x| x.pointer("/agent_hints/priority"))
+            .and_then(Value::as_i64)
+            .unwrap_or(0);
+        Ok(PreparedRequest {
+            endpoint,
+            token_ids,
+            max_tokens,
+            min_tokens,
+            stream: params.stream,
+            include_usage: params
+                .stream_options
+                .as_ref()
+                .is_some_and(|o| o.include_usage),
+            seed: params.seed,
+            ignore_eos: params.ignore_eos,
+            priority,
+        })
+    }
+}
+
+/// Message content as the text a chat template expects: a string as is, the text parts
+/// of an array joined, null as empty (an assistant turn that only called tools).
+fn text_content(content: &Value, index: usize) -> Result<Value, ApiError> {
+    match content {
+        Value::String(_) => Ok(content.clone()),
+        Value::Null => Ok(Value::String(String::new())),
+        Value::Array(parts) => {
+            let mut text = String::new();
+            for part in parts {
+                match (part["type"].as_str(), part["text"].as_str()) {
+                    (Some("text"), Some(t)) => text.push_str(t),
+                    (kind, _) => {
+                        return Err(ApiError::bad_request(
+                            format!(
+                                "messages[{index}].content: only text parts are supported, got {}",
+                                kind.unwrap_or("a part without a type")
+                            ),
+                            Some("messages"),
+                        ));
+                    }
+                }
+            }
+            Ok(Value::String(text))
+        }
+        _ => Err(ApiError::bad_request(
+            format!("messages[{index}].content must be a string or an array of parts"),
+            Some("messages"),
+        )),
+    }
+}

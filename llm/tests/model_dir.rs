@@ -1,0 +1,189 @@
+//! A real model directory: the one `make model` derives from Qwen's vocabulary.
+
+use std::path::PathBuf;
+
+use dynamo_llm::openai::{ChatCompletionRequest, CompletionRequest, parse_body};
+use dynamo_llm::{Endpoint, ModelDir};
+use serde_json::json;
+
+fn model_dir() -> PathBuf {
+    let dir = std::env::var_os("DYNAMO_MODEL_DIR").map_or_else(
+        || {
+            PathBuf::from(concat!(
+                env!("CARGO_MANIFEST_DIR"),
+                "/../.cache/models/qwen-mock"
+            ))
+        },
+        PathBuf::from,
+    );
+    assert!(
+        dir.join("tokenizer.json").exists(),
+        "no model directory at {}: run `make model`",
+        dir.display()
+    );
+    dir
+}
+
+fn load() -> ModelDir {
+    ModelDir::load(&model_dir(), Some("qwen")).expect("the model directory loads")
+}
+
+fn chat(body: serde_json::Value) -> ChatCompletionRequest {
+    parse_body(body.to_string().as_bytes()).unwrap()
+}
+
+#[test]
+fn loads_tokenizer_template_context_and_eos() {
+    let model = load();
+    assert_eq!(model.name, "qwen");
+    assert_eq!(model.max_context, 32768);
+    assert_eq!(model.eos_token_ids, vec![151645, 151643]);
+    assert_eq!(model.vocab_size(), 151851);
+    let named_after_dir = ModelDir::load(&model_dir(), None).unwrap();
+    assert_eq!(named_after_dir.name, "qwen-mock");
+}
+
+#[test]
+fn tokenizes_like_qwen_and_round_trips_text() {
+    let model = load();
+    // "Hello world" is two tokens in Qwen's vocabulary: "Hello" and " world".
+    assert_eq!(model.encode("Hello world"), vec![9707, 1879]);
+    let text = "Ünïcödé 文字 🚀 and code: fn main() {}";
+    assert_eq!(model.decode(&model.encode(text)), text);
+}
+
+#[test]
+fn chat_renders_chatml_with_special_tokens() {
+    let model = load();
+    let req = chat(
+        json!({"model": "qwen", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4}),
+    );
+    let prepared = model.prepare_chat(&req).unwrap();
+    assert_eq!(prepared.endpoint, Endpoint::Chat);
+    let text = model.tokenizer.decode(&prepared.token_ids, false).unwrap();
+    assert_eq!(
+        text,
+        "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"
+    );
+    assert_eq!(
+        prepared.token_ids[0], 151644,
+        "<|im_start|> is one special token"
+    );
+    assert_eq!(prepared.max_tokens, 4);
+}
+
+#[test]
+fn content_parts_are_joined_and_images_refused() {
+    let model = load();
+    let parts = chat(
+        json!({"model": "qwen", "max_tokens": 1, "messages": [{"role": "user", "content": [
+        {"type": "text", "text": "Hi"}]}]}),
+    );
+    let plain = chat(
+        json!({"model": "qwen", "max_tokens": 1, "messages": [{"role": "user", "content": "Hi"}]}),
+    );
+    assert_eq!(
+        model.prepare_chat(&parts).unwrap().token_ids,
+        model.prepare_chat(&plain).unwrap().token_ids
+    );
+    let image = chat(
+        json!({"model": "qwen", "messages": [{"role": "user", "content": [
+        {"type": "image_url", "image_url": {"url": "x"}}]}]}),
+    );
+    let err = model.prepare_chat(&image).unwrap_err();
+    assert_eq!(err.status.as_u16(), 400);
+    assert!(err.message.contains("image_url"), "{}", err.message);
+}
+
+#[test]
+fn client_mistakes_are_4xx_naming_the_field() {
+    let model = load();
+    let cases = [
+        (
+            json!({"model": "other", "messages": [{"role": "user", "content": "x"}]}),
+            404,
+            "model",
+        ),
+        (json!({"model": "qwen", "messages": []}), 400, "messages"),
+        (
+            json!({"model": "qwen", "messages": [{"role": "wizard", "content": "x"}]}),
+            400,
+            "messages",
+        ),
+        (
+            json!({"model": "qwen", "messages": [{"role": "user", "content": "x"}], "max_tokens": -1}),
+            400,
+            "max_tokens",
+        ),
+        (
+            json!({"model": "qwen", "messages": [{"role": "user", "content": "x"}], "max_completion_tokens": 0}),
+            400,
+            "max_completion_tokens",
+        ),
+        (
+            json!({"model": "qwen", "messages": [{"role": "user", "content": "x"}], "n": 2}),
+            400,
+            "n",
+        ),
+        (
+            json!({"model": "qwen", "messages": [{"role": "user", "content": "x"}], "temperature": 3.0}),
+            400,
+            "temperature",
+        ),
+        (
+            json!({"model": "qwen", "messages": [{"role": "user", "content": "x"}], "max_tokens": 4, "min_tokens": 5}),
+            400,
+            "min_tokens",
+        ),
+    ];
+    for (body, status, param) in cases {
+        let err = model.prepare_chat(&chat(body.clone())).unwrap_err();
+        assert_eq!(err.status.as_u16(), status, "{body}");
+        assert_eq!(err.param.as_deref(), Some(param), "{body}");
+    }
+}
+
+#[test]
+fn over_long_prompt_is_a_400_and_default_max_tokens_fills_the_context() {
+    let model = load();
+    let long = "word ".repeat(40_000);
+    let err = model
+        .prepare_chat(&chat(
+            json!({"model": "qwen", "messages": [{"role": "user", "content": long}]}),
+        ))
+        .unwrap_err();
+    assert_eq!(err.status.as_u16(), 400);
+    assert_eq!(err.code, Some("context_length_exceeded"));
+
+    let req: CompletionRequest = parse_body(br#"{"model":"qwen","prompt":"Hello world"}"#).unwrap();
+    let prepared = model.prepare_completion(&req).unwrap();
+    assert_eq!(prepared.token_ids, vec![9707, 1879]);
+    assert_eq!(prepared.max_tokens, 32768 - 2);
+}
+
+#[test]
+fn completion_prompts_as_tokens_are_checked_against_the_vocabulary() {
+    let model = load();
+    let ok: CompletionRequest = parse_body(
+        br#"{"model":"qwen","prompt":[9707,1879],"max_tokens":3,"stream":true,
+            "stream_options":{"include_usage":true},"nvext":{"agent_hints":{"priority":5}}}"#,
+    )
+    .unwrap();
+    let prepared = model.prepare_completion(&ok).unwrap();
+    assert!(prepared.stream && prepared.include_usage);
+    assert_eq!(prepared.priority, 5);
+    let bad: CompletionRequest = parse_body(br#"{"model":"qwen","prompt":[999999999]}"#).unwrap();
+    assert_eq!(
+        model.prepare_completion(&bad).unwrap_err().param.as_deref(),
+        Some("prompt")
+    );
+    let batch: CompletionRequest = parse_body(br#"{"model":"qwen","prompt":["a","b"]}"#).unwrap();
+    assert_eq!(
+        model
+            .prepare_completion(&batch)
+            .unwrap_err()
+            .status
+            .as_u16(),
+        400
+    );
+}

@@ -1,1 +1,28 @@
-//! CPU-only inference engine with vLLM's surfaces; the engine core lands with the mock engine issue.
+//! Engine core of the mock engine: a CPU-only stand-in for vLLM with a real KV block
+//! pool (prefix caching, LRU eviction, KV events), vLLM's continuous-batching scheduler
+//! (chunked prefill, preemption) and a timing model, on simulated or real time.
+//! No I/O here: the HTTP server, the ZMQ socket and the metrics endpoint sit on top.
+//! See `docs/mocker.md`.
+
+pub mod block_pool;
+pub mod clock;
+pub mod config;
+pub mod engine;
+pub mod kv_events;
+mod msgpack;
+pub mod replay;
+pub mod scheduler;
+pub mod server;
+pub mod timing;
+pub mod tokens;
+
+pub use block_pool::{BlockId, BlockPool, OutOfBlocks};
+pub use clock::{Clock, RealClock, SimClock};
+pub use config::{ConfigError, EngineConfig};
+pub use engine::{Engine, EngineMetrics, StepOutcome};
+pub use kv_events::{KvEvent, KvEventBatch, KvEventDecodeError, KvEventEncoder};
+pub use msgpack::MsgpackError;
+pub use scheduler::{
+    FinishReason, FinishedRequest, Rejected, Request, RequestId, SchedulerCounters, TokenOutput,
+};
+pub use timing::{StepWork, TimingModel, TimingTable};

@@ -1,0 +1,74 @@
+//! Engine configuration. Defaults follow vLLM's where vLLM has one (`max_num_seqs`,
+//! `max_num_batched_tokens`) and Dynamo's mocker elsewhere (`num_gpu_blocks`, `block_size`).
+
+use serde::{Deserialize, Serialize};
+use thiserror::Error;
+
+use crate::timing::TimingModel;
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct EngineConfig {
+    /// KV blocks in the (simulated) GPU pool.
+    pub num_gpu_blocks: usize,
+    /// Tokens per KV block.
+    pub block_size: usize,
+    /// Most sequences running at once (vLLM `--max-num-seqs`).
+    pub max_num_seqs: usize,
+    /// Token budget of one step (vLLM `--max-num-batched-tokens`).
+    pub max_num_batched_tokens: usize,
+    /// Simulated time runs this many times faster than the modelled GPU.
+    pub speedup_ratio: f64,
+    /// Output tokens are drawn from `0..vocab_size`.
+    pub vocab_size: u32,
+    /// Seed of the output token stream.
+    pub seed: u64,
+    pub enable_prefix_caching: bool,
+    /// Salts block hashes with the model name (see `dynamo_kvcache::BlockHasher::new`);
+    /// `None` uses the unsalted hasher.
+    pub model_name: Option<String>,
+    pub timing: TimingModel,
+}
+
+impl Default for EngineConfig {
+    fn default() -> Self {
+        Self {
+            num_gpu_blocks: 16384,
+            block_size: 64,
+            max_num_seqs: 256,
+            max_num_batched_tokens: 8192,
+            speedup_ratio: 1.0,
+            vocab_size: 32000,
+            seed: 0,
+            enable_prefix_caching: true,
+            model_name: None,
+            timing: TimingModel::Polynomial,
+        }
+    }
+}
+
+#[derive(Debug, Error, PartialEq)]
+pub enum ConfigError {
+    #[error("{0} must be positive")]
+    NotPositive(&'static str),
+}
+
+impl EngineConfig {
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let checks = [
+            (self.num_gpu_blocks > 0, "num_gpu_blocks"),
+            (self.block_size > 0, "block_size"),
+            (self.max_num_seqs > 0, "max_num_seqs"),
+            (self.max_num_batched_tokens > 0, "max_num_batched_tokens"),
+            (
+                self.speedup_ratio > 0.0 && self.speedup_ratio.is_finite(),
+                "speedup_ratio",
+            ),
+            (self.vocab_size > 0, "vocab_size"),
+        ];
+        match checks.iter().find(|(ok, _)| !ok) {
+            Some((_, name)) => Err(ConfigError::NotPositive(name)),
+            None => Ok(()),
+        }
+    }
+}

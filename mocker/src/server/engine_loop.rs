@@ -1,0 +1,205 @@
+//! The engine on wall-clock time: one task owns the [`Engine`], admits requests between
+//! steps (as vLLM's engine core does), sleeps for each step's modelled duration, then
+//! hands out that step's tokens. A request whose receiver is gone (the client left) is
+//! aborted, which frees its KV blocks at once.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use tokio::sync::{mpsc, oneshot};
+
+use super::metrics::EngineMetricsExporter;
+use crate::{Engine, FinishedRequest, KvEvent, RealClock, Rejected, Request, RequestId};
+
+/// What a request's stream receives.
+#[derive(Debug)]
+pub enum GenEvent {
+    /// One output token (an index into the engine's output vocabulary).
+    Token(u32),
+    /// The last event of a request.
+    Finished(FinishedRequest),
+}
+
+enum Command {
+    Submit {
+        request: Request,
+        events: mpsc::UnboundedSender<GenEvent>,
+        admitted: oneshot::Sender<Result<(), Rejected>>,
+    },
+    ResetPrefixCache {
+        done: oneshot::Sender<bool>,
+    },
+}
+
+/// Why a submission did not start.
+#[derive(Debug, thiserror::Error)]
+pub enum SubmitError {
+    #[error(transparent)]
+    Rejected(#[from] Rejected),
+    #[error("the engine has stopped")]
+    Stopped,
+}
+
+/// A cheap, clonable handle to the engine task.
+#[derive(Clone)]
+pub struct EngineHandle {
+    commands: mpsc::UnboundedSender<Command>,
+    next_id: Arc<AtomicU64>,
+}
+
+impl EngineHandle {
+    /// Queues a request; its tokens arrive on the returned receiver. Dropping the
+    /// receiver cancels the request.
+    pub async fn submit(
+        &self,
+        token_ids: Vec<u32>,
+        max_tokens: usize,
+        seed: Option<u64>,
+    ) -> Result<(RequestId, mpsc::UnboundedReceiver<GenEvent>), SubmitError> {
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let (events, receiver) = mpsc::unbounded_channel();
+        let (admitted, reply) = oneshot::channel();
+        let request = Request {
+            id,
+            token_ids,
+            max_tokens,
+            seed,
+        };
+        self.commands
+            .send(Command::Submit {
+                request,
+                events,
+                admitted,
+            })
+            .map_err(|_| SubmitError::Stopped)?;
+        reply.await.map_err(|_| SubmitError::Stopped)??;
+        Ok((id, receiver))
+    }
+
+    /// Drops every cached block that no request uses (vLLM's `/reset_prefix_cache`).
+    pub async fn reset_prefix_cache(&self) -> Result<bool, SubmitError> {
+        let (done, reply) = oneshot::channel();
+        self.commands
+            .send(Command::ResetPrefixCache { done })
+            .map_err(|_| SubmitError::Stopped)?;
+        reply.await.map_err(|_| SubmitError::Stopped)
+    }
+}
+
+/// Starts the engine task. KV events go to `kv_events` when set.
+pub fn spawn(
+    engine: Engine<RealClock>,
+    metrics: Arc<EngineMetricsExporter>,
+    kv_events: Option<mpsc::UnboundedSender<Vec<KvEvent>>>,
+) -> (EngineHandle, tokio::task::JoinHandle<()>) {
+    let (commands, receiver) = mpsc::unbounded_channel();
+    let handle = EngineHandle {
+        commands,
+        next_id: Arc::new(AtomicU64::new(1)),
+    };
+    let task = tokio::spawn(
+        EngineLoop {
+            engine,
+            streams: HashMap::new(),
+            metrics,
+            kv_events,
+        }
+        .run(receiver),
+    );
+    (handle, task)
+}
+
+struct EngineLoop {
+    engine: Engine<RealClock>,
+    streams: HashMap<RequestId, mpsc::UnboundedSender<GenEvent>>,
+    metrics: Arc<EngineMetricsExporter>,
+    kv_events: Option<mpsc::UnboundedSender<Vec<KvEvent>>>,
+}
+
+impl EngineLoop {
+    /// Runs until every handle is dropped and the last request has finished.
+    async fn run(mut self, mut commands: mpsc::UnboundedReceiver<Command>) {
+        let mut open = true;
+        loop {
+            while open {
+                match commands.try_recv() {
+                    Ok(command) => self.handle(command),
+                    Err(mpsc::error::TryRecvError::Empty) => break,
+                    Err(mpsc::error::TryRecvError::Disconnected) => open = false,
+                }
+            }
+            if !self.engine.has_work() {
+                // An idle step only flushes events raised between steps (a cache reset).
+                let flushed = self.engine.step();
+                self.publish(flushed.kv_events);
+                self.metrics.update(&self.engine.metrics());
+                if !open {
+                    return;
+                }
+                match commands.recv().await {
+                    Some(command) => self.handle(command),
+                    None => open = false,
+                }
+                continue;
+            }
+            let outcome = self.engine.step();
+            let end = self.engine.clock().deadline(outcome.ended_ms());
+            tokio::time::sleep_until(end.into()).await;
+
+            let mut gone = Vec::new();
+            for out in &outcome.outputs {
+                self.metrics.observe_token(out.ttft_ms, out.itl_ms);
+                let delivered = self
+                    .streams
+                    .get(&out.id)
+                    .is_some_and(|s| s.send(GenEvent::Token(out.token)).is_ok());
+                if !delivered {
+                    gone.push(out.id);
+                }
+            }
+            for finished in outcome.finished {
+                self.metrics.observe_finished(&finished);
+                if let Some(stream) = self.streams.remove(&finished.id) {
+                    let _ = stream.send(GenEvent::Finished(finished));
+                }
+            }
+            // A request that finished in this very step is already out of `streams`.
+            for id in gone {
+                if self.streams.remove(&id).is_some()
+                    && let Some(aborted) = self.engine.abort(id)
+                {
+                    self.metrics.observe_finished(&aborted);
+                }
+            }
+            self.publish(outcome.kv_events);
+            self.metrics.update(&self.engine.metrics());
+        }
+    }
+
+    fn handle(&mut self, command: Command) {
+        match command {
+            Command::Submit {
+                request,
+                events,
+                admitted,
+            } => {
+                let id = request.id;
+                let result = self.engine.submit(request);
+                if result.is_ok() {
+                    self.streams.insert(id, events);
+                }
+                let _ = admitted.send(result);
+            }
+            Command::ResetPrefixCache { done } => {
+                let _ = done.send(self.engine.reset_prefix_cache());
+            }
+        }
+    }
+
+    fn publish(&self, events: Vec<KvEvent>) {
+        if let (Some(sink), false) = (&self.kv_events, events.is_empty()) {
+            let _ = sink.send(events);
+        }
+    }
+}

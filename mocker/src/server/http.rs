@@ -1,0 +1,342 @@
+//! vLLM's OpenAI-compatible HTTP surface: `/v1/chat/completions`, `/v1/completions`
+//! (whole or streamed as SSE), `/v1/models`, `/health`, `/metrics`, and
+//! `/reset_prefix_cache`.
+
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use axum::Router;
+use axum::body::{Body, Bytes};
+use axum::extract::State;
+use axum::http::{StatusCode, header};
+use axum::response::{IntoResponse, Json, Response};
+use axum::routing::{get, post};
+use dynamo_llm::openai::{
+    AssistantMessage, ChatChoice, ChatChunkChoice, ChatCompletion, ChatCompletionChunk,
+    ChatCompletionRequest, Completion, CompletionChoice, CompletionRequest, Delta, FinishReason,
+    ModelList, SSE_DONE, Usage, parse_body, sse_data,
+};
+use dynamo_llm::{ApiError, Endpoint, ModelDir, PreparedRequest};
+use tokio::sync::mpsc;
+use tokio_stream::StreamExt;
+use tokio_stream::wrappers::UnboundedReceiverStream;
+
+use super::engine_loop::{EngineHandle, GenEvent, SubmitError};
+use super::metrics::EngineMetricsExporter;
+use super::output_vocab::OutputVocab;
+use crate::{FinishedRequest, Rejected, tokens::splitmix64};
+
+/// Answers stop "naturally" after this many tokens at most when the client sets no
+/// limit: the mock has no EOS to sample, and vLLM's default (the rest of the context)
+/// would make a bare `curl` stream for minutes.
+const NATURAL_LENGTH: std::ops::RangeInclusive<u64> = 16..=256;
+
+pub struct AppState {
+    pub model: ModelDir,
+    pub vocab: OutputVocab,
+    pub engine: EngineHandle,
+    pub metrics: Arc<EngineMetricsExporter>,
+    pub created: u64,
+}
+
+pub fn router(state: Arc<AppState>) -> Router {
+    Router::new()
+        .route("/health", get(|| async { StatusCode::OK }))
+        .route("/v1/models", get(models))
+        .route("/v1/chat/completions", post(chat))
+        .route("/v1/completions", post(completions))
+        .route("/metrics", get(metrics))
+        .route("/reset_prefix_cache", post(reset_prefix_cache))
+        .with_state(state)
+}
+
+async fn models(State(state): State<Arc<AppState>>) -> Json<ModelList> {
+    Json(ModelList::single(
+        &state.model.name,
+        state.created,
+        state.model.max_context,
+    ))
+}
+
+async fn metrics(State(state): State<Arc<AppState>>) -> impl IntoResponse {
+    (
+        [(
+            header::CONTENT_TYPE,
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        )],
+        state.metrics.encode(),
+    )
+}
+
+async fn reset_prefix_cache(State(state): State<Arc<AppState>>) -> Result<StatusCode, ApiError> {
+    match state.engine.reset_prefix_cache().await {
+        Ok(true) => Ok(StatusCode::OK),
+        Ok(false) => Err(ApiError::bad_request(
+            "requests are running; the prefix cache can be reset only when idle",
+            None,
+        )),
+        Err(e) => Err(ApiError::unavailable(e.to_string())),
+    }
+}
+
+async fn chat(State(state): State<Arc<AppState>>, body: Bytes) -> Result<Response, ApiError> {
+    let req: ChatCompletionRequest = parse_body(&body)?;
+    let prepared = state.model.prepare_chat(&req)?;
+    let limited = req.params.max_tokens.is_some() || req.params.max_completion_tokens.is_some();
+    generate(state, prepared, limited).await
+}
+
+async fn completions(
+    State(state): State<Arc<AppState>>,
+    body: Bytes,
+) -> Result<Response, ApiError> {
+    let req: CompletionRequest = parse_body(&body)?;
+    let prepared = state.model.prepare_completion(&req)?;
+    generate(state, prepared, req.params.max_tokens.is_some()).await
+}
+
+/// Runs a prepared request; `limited` says whether the client set a token limit.
+async fn generate(
+    state: Arc<AppState>,
+    req: PreparedRequest,
+    limited: bool,
+) -> Result<Response, ApiError> {
+    let seed = req.seed;
+    // Without a limit (and unless told to ignore EOS) the answer ends "naturally" after a
+    // length fixed by the prompt and seed, reported as `stop` like a real EOS.
+    let natural = (!limited && !req.ignore_eos).then(|| {
+        let key = splitmix64(req.token_ids.len() as u64 ^ seed.unwrap_or(0));
+        let span = NATURAL_LENGTH.end() - NATURAL_LENGTH.start() + 1;
+        NATURAL_LENGTH.start() + key % span
+    });
+    let max_tokens = natural.map_or(req.max_tokens, |n| n.min(req.max_tokens));
+    let (id, events) = state
+        .engine
+        .submit(req.token_ids.clone(), max_tokens as usize, seed)
+        .await
+        .map_err(|e| match e {
+            SubmitError::Rejected(r @ Rejected::TooLong { .. }) => ApiError {
+                code: Some("context_length_exceeded"),
+                ..ApiError::bad_request(
+                    format!("The request does not fit in the KV cache: {r}"),
+                    Some("max_tokens"),
+                )
+            },
+            SubmitError::Rejected(r) => ApiError::bad_request(r.to_string(), None),
+            SubmitError::Stopped => ApiError::unavailable("the engine has stopped"),
+        })?;
+    let answer = Answer {
+        state,
+        endpoint: req.endpoint,
+        id: match req.endpoint {
+            Endpoint::Chat => format!("chatcmpl-{id:016x}"),
+            Endpoint::Completions => format!("cmpl-{id:016x}"),
+        },
+        created: unix_now(),
+        natural_stop: natural.is_some(),
+        include_usage: req.include_usage,
+        sent_role: false,
+    };
+    if req.stream {
+        Ok(answer.stream(events))
+    } else {
+        answer.whole(events).await
+    }
+}
+
+/// Formats one request's answer.
+struct Answer {
+    state: Arc<AppState>,
+    endpoint: Endpoint,
+    id: String,
+    created: u64,
+    natural_stop: bool,
+    include_usage: bool,
+    sent_role: bool,
+}
+
+impl Answer {
+    fn finish_reason(&self, done: &FinishedRequest) -> FinishReason {
+        match done.reason {
+            crate::FinishReason::Length if !self.natural_stop => FinishReason::Length,
+            _ => FinishReason::Stop,
+        }
+    }
+
+    fn usage(done: &FinishedRequest) -> Usage {
+        Usage::new(
+            done.prompt_tokens as u64,
+            done.output_tokens as u64,
+            done.cached_prompt_tokens as u64,
+        )
+    }
+
+    async fn whole(
+        self,
+        mut events: mpsc::UnboundedReceiver<GenEvent>,
+    ) -> Result<Response, ApiError> {
+        let mut text = String::new();
+        while let Some(event) = events.recv().await {
+            match event {
+                GenEvent::Token(token) => text.push_str(self.state.vocab.piece(token)),
+                GenEvent::Finished(done) => {
+                    let model = self.state.model.name.clone();
+                    let (reason, usage) = (self.finish_reason(&done), Self::usage(&done));
+                    let body = match self.endpoint {
+                        Endpoint::Chat => serde_json::to_value(ChatCompletion {
+                            id: self.id,
+                            object: "chat.completion".into(),
+                            created: self.created,
+                            model,
+                            choices: vec![ChatChoice {
+                                index: 0,
+                                message: AssistantMessage {
+                                    role: "assistant".into(),
+                                    content: text,
+                                },
+                                finish_reason: Some(reason),
+                            }],
+                            usage,
+                            kv_transfer_params: None,
+                        }),
+                        Endpoint::Completions => serde_json::to_value(Completion {
+                            id: self.id,
+                            object: "text_completion".into(),
+                            created: self.created,
+                            model,
+                            choices: vec![CompletionChoice {
+                                index: 0,
+                                text,
+                                finish_reason: Some(reason),
+                            }],
+                            usage: Some(usage),
+                            kv_transfer_params: None,
+                        }),
+                    }
+                    .expect("answers serialize");
+                    return Ok(Json(body).into_response());
+                }
+            }
+        }
+        Err(ApiError::unavailable(
+            "the engine stopped before the answer was complete",
+        ))
+    }
+
+    /// SSE, one chunk per token as the engine produces it. Dropping the body (the client
+    /// left) drops the receiver, and the engine aborts the request.
+    fn stream(mut self, events: mpsc::UnboundedReceiver<GenEvent>) -> Response {
+        let frames = UnboundedReceiverStream::new(events)
+            .map(move |event| Ok::<_, Infallible>(self.frames(event)));
+        Response::builder()
+            .header(header::CONTENT_TYPE, "text/event-stream")
+            .header(header::CACHE_CONTROL, "no-cache")
+            .body(Body::from_stream(frames))
+            .expect("static headers are valid")
+    }
+
+    /// The SSE frames for one engine event (the last event also closes the stream).
+    fn frames(&mut self, event: GenEvent) -> String {
+        match event {
+            GenEvent::Token(token) => {
+                let piece = self.state.vocab.piece(token).to_owned();
+                let mut out = String::new();
+                if self.endpoint == Endpoint::Chat && !self.sent_role {
+                    // OpenAI opens a chat stream with the role alone.
+                    self.sent_role = true;
+                    out.push_str(&self.chat_chunk(
+                        Delta {
+                            role: Some("assistant".into()),
+                            content: Some(String::new()),
+                        },
+                        None,
+                    ));
+                }
+                out.push_str(&match self.endpoint {
+                    Endpoint::Chat => self.chat_chunk(
+                        Delta {
+                            role: None,
+                            content: Some(piece),
+                        },
+                        None,
+                    ),
+                    Endpoint::Completions => self.completion_chunk(piece, None),
+                });
+                out
+            }
+            GenEvent::Finished(done) => {
+                let reason = self.finish_reason(&done);
+                let mut out = match self.endpoint {
+                    Endpoint::Chat => self.chat_chunk(Delta::default(), Some(reason)),
+                    Endpoint::Completions => self.completion_chunk(String::new(), Some(reason)),
+                };
+                if self.include_usage {
+                    out.push_str(&self.usage_chunk(Self::usage(&done)));
+                }
+                out.push_str(SSE_DONE);
+                out
+            }
+        }
+    }
+
+    fn chat_chunk(&self, delta: Delta, finish_reason: Option<FinishReason>) -> String {
+        sse_data(&ChatCompletionChunk {
+            id: self.id.clone(),
+            object: "chat.completion.chunk".into(),
+            created: self.created,
+            model: self.state.model.name.clone(),
+            choices: vec![ChatChunkChoice {
+                index: 0,
+                delta,
+                finish_reason,
+            }],
+            usage: None,
+        })
+    }
+
+    fn completion_chunk(&self, text: String, finish_reason: Option<FinishReason>) -> String {
+        sse_data(&Completion {
+            id: self.id.clone(),
+            object: "text_completion".into(),
+            created: self.created,
+            model: self.state.model.name.clone(),
+            choices: vec![CompletionChoice {
+                index: 0,
+                text,
+                finish_reason,
+            }],
+            usage: None,
+            kv_transfer_params: None,
+        })
+    }
+
+    /// OpenAI's last chunk when `stream_options.include_usage`: no choices, only usage.
+    fn usage_chunk(&self, usage: Usage) -> String {
+        match self.endpoint {
+            Endpoint::Chat => sse_data(&ChatCompletionChunk {
+                id: self.id.clone(),
+                object: "chat.completion.chunk".into(),
+                created: self.created,
+                model: self.state.model.name.clone(),
+                choices: vec![],
+                usage: Some(usage),
+            }),
+            Endpoint::Completions => sse_data(&Completion {
+                id: self.id.clone(),
+                object: "text_completion".into(),
+                created: self.created,
+                model: self.state.model.name.clone(),
+                choices: vec![],
+                usage: Some(usage),
+                kv_transfer_params: None,
+            }),
+        }
+    }
+}
+
+pub fn unix_now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}

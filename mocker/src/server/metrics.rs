@@ -1,0 +1,208 @@
+//! vLLM's Prometheus metrics, so dashboards, the router and the planner read the mock
+//! engine exactly as they read vLLM.
+//!
+//! Names, label `model_name` and histogram buckets follow vLLM v1's Prometheus logger
+//! (`vllm/v1/metrics/loggers.py`); prometheus-client appends `_total` to counters as
+//! Python's `prometheus_client` does, so `vllm:prefix_cache_queries` is exported as
+//! `vllm:prefix_cache_queries_total` by both.
+
+use std::sync::Mutex;
+use std::sync::atomic::AtomicU64;
+
+use prometheus_client::encoding::text::encode;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::registry::Registry;
+
+use crate::{EngineMetrics, FinishReason, FinishedRequest, SchedulerCounters};
+
+const TTFT_BUCKETS: [f64; 22] = [
+    0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
+    20.0, 40.0, 80.0, 160.0, 640.0, 2560.0,
+];
+const ITL_BUCKETS: [f64; 19] = [
+    0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
+    40.0, 80.0,
+];
+const E2E_BUCKETS: [f64; 21] = [
+    0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0,
+    480.0, 960.0, 1920.0, 7680.0,
+];
+
+type Labels = Vec<(String, String)>;
+
+/// The engine's metrics registry, fed by the engine task.
+pub struct EngineMetricsExporter {
+    registry: Registry,
+    running: Gauge,
+    waiting: Gauge,
+    kv_cache_usage: Gauge<f64, AtomicU64>,
+    prefix_cache_queries: Counter,
+    prefix_cache_hits: Counter,
+    prompt_tokens: Counter,
+    generation_tokens: Counter,
+    preemptions: Counter,
+    ttft: Histogram,
+    itl: Histogram,
+    e2e: Histogram,
+    success: Family<Labels, Counter>,
+    /// Engine counters at the last update, to add only what changed since.
+    seen: Mutex<SchedulerCounters>,
+}
+
+impl EngineMetricsExporter {
+    pub fn new(model_name: &str, block_size: usize, num_gpu_blocks: usize) -> Self {
+        let mut r = Registry::with_labels(
+            [("model_name".into(), model_name.to_owned().into())].into_iter(),
+        );
+        let running = Gauge::default();
+        let waiting = Gauge::default();
+        let kv_cache_usage = Gauge::<f64, AtomicU64>::default();
+        let prefix_cache_queries = Counter::default();
+        let prefix_cache_hits = Counter::default();
+        let prompt_tokens = Counter::default();
+        let generation_tokens = Counter::default();
+        let preemptions = Counter::default();
+        let ttft = Histogram::new(TTFT_BUCKETS);
+        let itl = Histogram::new(ITL_BUCKETS);
+        let e2e = Histogram::new(E2E_BUCKETS);
+        let success = Family::<Labels, Counter>::default();
+        let cache_config = Family::<Labels, Gauge>::default();
+        cache_config
+            .get_or_create(&vec![
+                ("block_size".into(), block_size.to_string()),
+                ("num_gpu_blocks".into(), num_gpu_blocks.to_string()),
+            ])
+            .set(1);
+        r.register(
+            "vllm:num_requests_running",
+            "Requests in the running batch",
+            running.clone(),
+        );
+        r.register(
+            "vllm:num_requests_waiting",
+            "Requests waiting to be scheduled",
+            waiting.clone(),
+        );
+        r.register(
+            "vllm:kv_cache_usage_perc",
+            "Fraction of KV cache blocks in use (0 to 1)",
+            kv_cache_usage.clone(),
+        );
+        r.register(
+            "vllm:prefix_cache_queries",
+            "Prompt tokens looked up in the prefix cache",
+            prefix_cache_queries.clone(),
+        );
+        r.register(
+            "vllm:prefix_cache_hits",
+            "Prompt tokens found in the prefix cache",
+            prefix_cache_hits.clone(),
+        );
+        r.register(
+            "vllm:prompt_tokens",
+            "Prompt tokens prefilled",
+            prompt_tokens.clone(),
+        );
+        r.register(
+            "vllm:generation_tokens",
+            "Tokens generated",
+            generation_tokens.clone(),
+        );
+        r.register(
+            "vllm:num_preemptions",
+            "Requests preempted for lack of KV blocks",
+            preemptions.clone(),
+        );
+        r.register(
+            "vllm:time_to_first_token_seconds",
+            "Time to first token",
+            ttft.clone(),
+        );
+        r.register(
+            "vllm:inter_token_latency_seconds",
+            "Time between output tokens",
+            itl.clone(),
+        );
+        r.register(
+            "vllm:e2e_request_latency_seconds",
+            "Arrival to last token",
+            e2e.clone(),
+        );
+        r.register(
+            "vllm:request_success",
+            "Finished requests by reason",
+            success.clone(),
+        );
+        r.register(
+            "vllm:cache_config_info",
+            "KV cache configuration",
+            cache_config,
+        );
+        Self {
+            registry: r,
+            running,
+            waiting,
+            kv_cache_usage,
+            prefix_cache_queries,
+            prefix_cache_hits,
+            prompt_tokens,
+            generation_tokens,
+            preemptions,
+            ttft,
+            itl,
+            e2e,
+            success,
+            seen: Mutex::new(SchedulerCounters::default()),
+        }
+    }
+
+    /// Gauges from the engine's state, counters by what changed since the last call.
+    pub fn update(&self, m: &EngineMetrics) {
+        self.running.set(m.num_requests_running as i64);
+        self.waiting.set(m.num_requests_waiting as i64);
+        self.kv_cache_usage.set(m.kv_cache_usage);
+        let mut seen = self.seen.lock().expect("metrics lock");
+        let now = m.counters;
+        self.prefix_cache_queries
+            .inc_by(now.prefix_cache_queries - seen.prefix_cache_queries);
+        self.prefix_cache_hits
+            .inc_by(now.prefix_cache_hits - seen.prefix_cache_hits);
+        self.prompt_tokens
+            .inc_by(now.prefill_tokens - seen.prefill_tokens);
+        self.generation_tokens
+            .inc_by(now.generation_tokens - seen.generation_tokens);
+        self.preemptions
+            .inc_by(now.num_preemptions - seen.num_preemptions);
+        *seen = now;
+    }
+
+    pub fn observe_token(&self, ttft_ms: Option<f64>, itl_ms: Option<f64>) {
+        if let Some(ms) = ttft_ms {
+            self.ttft.observe(ms / 1000.0);
+        }
+        if let Some(ms) = itl_ms {
+            self.itl.observe(ms / 1000.0);
+        }
+    }
+
+    pub fn observe_finished(&self, f: &FinishedRequest) {
+        self.e2e.observe((f.finished_ms - f.arrival_ms) / 1000.0);
+        let reason = match f.reason {
+            FinishReason::Length => "length",
+            FinishReason::Aborted => "abort",
+        };
+        self.success
+            .get_or_create(&vec![("finished_reason".into(), reason.into())])
+            .inc();
+    }
+
+    /// The text exposition format.
+    pub fn encode(&self) -> String {
+        let mut out = String::new();
+        encode(&mut out, &self.registry).expect("writing to a String cannot fail");
+        out
+    }
+}

@@ -1,0 +1,109 @@
+//! The mock engine as a server: vLLM's HTTP API, metrics and ZMQ KV events over the
+//! engine core, on wall-clock time.
+
+mod engine_loop;
+mod http;
+mod kv_publisher;
+mod metrics;
+mod output_vocab;
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use dynamo_llm::ModelDir;
+use tokio::net::TcpListener;
+use tokio::sync::mpsc;
+
+use crate::{Engine, EngineConfig, RealClock};
+
+pub use engine_loop::{EngineHandle, GenEvent, SubmitError};
+
+/// Everything the server needs to start.
+#[derive(Clone, Debug)]
+pub struct ServerConfig {
+    pub model_path: PathBuf,
+    /// Served model name; the model directory's name when `None`.
+    pub model_name: Option<String>,
+    pub listen: SocketAddr,
+    /// ZMQ PUB endpoint for KV events; `None` publishes none.
+    pub kv_events_endpoint: Option<String>,
+    pub engine: EngineConfig,
+}
+
+/// A started server.
+pub struct RunningServer {
+    pub http_addr: SocketAddr,
+    /// The bound KV event endpoint (port 0 resolved).
+    pub kv_events_endpoint: Option<String>,
+    pub model_name: String,
+    serve: tokio::task::JoinHandle<std::io::Result<()>>,
+}
+
+impl RunningServer {
+    /// Serves until `shutdown` resolves, then stops accepting and finishes in-flight
+    /// requests (axum's graceful shutdown).
+    pub async fn wait(self) -> anyhow::Result<()> {
+        self.serve.await??;
+        Ok(())
+    }
+}
+
+/// Loads the model, binds the sockets and starts serving; returns once listening.
+pub async fn start(
+    mut config: ServerConfig,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> anyhow::Result<RunningServer> {
+    let model = ModelDir::load(&config.model_path, config.model_name.as_deref())?;
+    let vocab = output_vocab::OutputVocab::from_model(&model);
+    config.engine.vocab_size = vocab.len();
+    config
+        .engine
+        .model_name
+        .get_or_insert_with(|| model.name.clone());
+
+    let listener = TcpListener::bind(config.listen).await?;
+    let http_addr = listener.local_addr()?;
+
+    let (kv_sink, kv_events_endpoint) = match &config.kv_events_endpoint {
+        Some(endpoint) => {
+            // vLLM's topic convention for this deployment: `kv@<host:port>@<model>`.
+            let topic = format!("kv@{http_addr}@{}", model.name);
+            let publisher = kv_publisher::KvPublisher::bind(endpoint, topic).await?;
+            let bound = publisher.endpoint.clone();
+            let (sink, batches) = mpsc::unbounded_channel();
+            tokio::spawn(publisher.run(batches));
+            (Some(sink), Some(bound))
+        }
+        None => (None, None),
+    };
+
+    let metrics = Arc::new(metrics::EngineMetricsExporter::new(
+        &model.name,
+        config.engine.block_size,
+        config.engine.num_gpu_blocks,
+    ));
+    let engine = Engine::new(config.engine.clone(), RealClock::default())?;
+    let (engine, _engine_task) = engine_loop::spawn(engine, metrics.clone(), kv_sink);
+
+    let model_name = model.name.clone();
+    let state = Arc::new(http::AppState {
+        model,
+        vocab,
+        engine,
+        metrics,
+        created: http::unix_now(),
+    });
+    let app = http::router(state);
+    let serve = tokio::spawn(async move {
+        axum::serve(listener, app)
+            .with_graceful_shutdown(shutdown)
+            .await
+    });
+    Ok(RunningServer {
+        http_addr,
+        kv_events_endpoint,
+        model_name,
+        serve,
+    })
+}

@@ -1,0 +1,262 @@
+//! The mock engine as a client meets it: real HTTP, SSE and ZMQ sockets on loopback.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use dynamo_mocker::kv_events::decode_message;
+use dynamo_mocker::server::{RunningServer, ServerConfig, start};
+use dynamo_mocker::{EngineConfig, KvEvent};
+use serde_json::{Value, json};
+use zeromq::{Socket, SocketRecv, SubSocket};
+
+fn model_dir() -> PathBuf {
+    let dir = PathBuf::from(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../.cache/models/qwen-mock"
+    ));
+    assert!(
+        dir.join("tokenizer.json").exists(),
+        "run `make model` first"
+    );
+    dir
+}
+
+async fn serve(engine: EngineConfig) -> RunningServer {
+    let config = ServerConfig {
+        model_path: model_dir(),
+        model_name: Some("qwen".into()),
+        listen: "127.0.0.1:0".parse().unwrap(),
+        kv_events_endpoint: Some("tcp://127.0.0.1:0".into()),
+        engine,
+    };
+    start(config, std::future::pending())
+        .await
+        .expect("server starts")
+}
+
+fn url(server: &RunningServer, path: &str) -> String {
+    format!("http://{}{path}", server.http_addr)
+}
+
+async fn post(server: &RunningServer, path: &str, body: Value) -> (u16, Value) {
+    let resp = reqwest::Client::new()
+        .post(url(server, path))
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    (resp.status().as_u16(), resp.json().await.unwrap())
+}
+
+async fn metric(server: &RunningServer, name: &str) -> f64 {
+    let text = reqwest::get(url(server, "/metrics"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    text.lines()
+        .filter(|l| l.starts_with(name))
+        .map(|l| l.rsplit(' ').next().unwrap().parse::<f64>().unwrap())
+        .sum()
+}
+
+fn prompt(words: usize) -> String {
+    (0..words)
+        .map(|i| format!("word{i}"))
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+#[tokio::test]
+async fn chat_answers_whole_with_usage() {
+    let server = serve(EngineConfig::default()).await;
+    let (status, body) = post(
+        &server,
+        "/v1/chat/completions",
+        json!({"model": "qwen", "messages": [{"role": "user", "content": "Hello"}], "max_tokens": 5}),
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["object"], "chat.completion");
+    assert_eq!(body["choices"][0]["finish_reason"], "length");
+    let content = body["choices"][0]["message"]["content"].as_str().unwrap();
+    assert_eq!(content.split_whitespace().count(), 5, "{content:?}");
+    assert_eq!(body["usage"]["completion_tokens"], 5);
+    assert!(body["usage"]["prompt_tokens"].as_u64().unwrap() > 5);
+
+    let (_, models) = reqwest::get(url(&server, "/v1/models"))
+        .await
+        .map(|r| (r.status(), r))
+        .unwrap();
+    let models: Value = models.json().await.unwrap();
+    assert_eq!(models["data"][0]["id"], "qwen");
+}
+
+#[tokio::test]
+async fn streams_one_sse_chunk_per_token_then_usage_and_done() {
+    let server = serve(EngineConfig::default()).await;
+    let mut resp = reqwest::Client::new()
+        .post(url(&server, "/v1/chat/completions"))
+        .json(
+            &json!({"model": "qwen", "messages": [{"role": "user", "content": "Hi"}],
+            "max_tokens": 4, "stream": true, "stream_options": {"include_usage": true}}),
+        )
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.headers()["content-type"], "text/event-stream");
+    // Chunks arrive as the engine steps (each decode step is several ms), not at once.
+    let mut reads = 0;
+    let mut text = String::new();
+    while let Some(bytes) = resp.chunk().await.unwrap() {
+        reads += 1;
+        text.push_str(std::str::from_utf8(&bytes).unwrap());
+    }
+    assert!(reads >= 4, "the body came in {reads} reads");
+    let frames: Vec<&str> = text
+        .split("\n\n")
+        .filter(|f| !f.is_empty())
+        .map(|f| f.strip_prefix("data: ").unwrap())
+        .collect();
+    // role, 4 tokens, finish, usage, [DONE]
+    assert_eq!(frames.len(), 8, "{text}");
+    let chunk = |i: usize| serde_json::from_str::<Value>(frames[i]).unwrap();
+    assert_eq!(chunk(0)["choices"][0]["delta"]["role"], "assistant");
+    assert!(
+        chunk(1)["choices"][0]["delta"]["content"]
+            .as_str()
+            .unwrap()
+            .starts_with(' ')
+    );
+    assert_eq!(chunk(5)["choices"][0]["finish_reason"], "length");
+    assert_eq!(chunk(6)["usage"]["completion_tokens"], 4);
+    assert_eq!(frames[7], "[DONE]");
+}
+
+#[tokio::test]
+async fn a_repeated_prompt_hits_the_prefix_cache_and_publishes_only_new_blocks() {
+    let server = serve(EngineConfig {
+        block_size: 16,
+        ..EngineConfig::default()
+    })
+    .await;
+    let mut sub = SubSocket::new();
+    sub.connect(server.kv_events_endpoint.as_deref().unwrap())
+        .await
+        .unwrap();
+    sub.subscribe("").await.unwrap();
+    tokio::time::sleep(Duration::from_millis(200)).await; // let the subscription reach the publisher
+
+    let body = json!({"model": "qwen", "prompt": prompt(100), "max_tokens": 1});
+    let (status, first) = post(&server, "/v1/completions", body.clone()).await;
+    assert_eq!(status, 200, "{first}");
+    let prompt_tokens = first["usage"]["prompt_tokens"].as_u64().unwrap();
+    assert_eq!(first["usage"]["prompt_tokens_details"]["cached_tokens"], 0);
+
+    // The first request stores every full block of its prompt.
+    let message = tokio::time::timeout(Duration::from_secs(5), sub.recv())
+        .await
+        .expect("a KV event arrives")
+        .unwrap();
+    let frames: Vec<&[u8]> = message.iter().map(|f| f.as_ref()).collect();
+    let decoded = decode_message(&frames).unwrap();
+    assert!(String::from_utf8_lossy(&decoded.topic).ends_with("@qwen"));
+    let stored: usize = decoded
+        .batch
+        .batch
+        .events
+        .iter()
+        .map(|e| match e {
+            KvEvent::BlockStored { block_hashes, .. } => block_hashes.len(),
+            _ => 0,
+        })
+        .sum();
+    assert_eq!(stored as u64, prompt_tokens / 16);
+
+    let (_, second) = post(&server, "/v1/completions", body).await;
+    let cached = second["usage"]["prompt_tokens_details"]["cached_tokens"]
+        .as_u64()
+        .unwrap();
+    assert_eq!(cached, prompt_tokens / 16 * 16, "{second}");
+    assert_eq!(
+        metric(&server, "vllm:prefix_cache_hits_total").await,
+        cached as f64
+    );
+    // Nothing new to store: no further event within a few steps.
+    let more = tokio::time::timeout(Duration::from_millis(300), sub.recv()).await;
+    assert!(more.is_err(), "a repeated prompt published {more:?}");
+}
+
+#[tokio::test]
+async fn client_mistakes_get_openai_errors() {
+    let server = serve(EngineConfig {
+        num_gpu_blocks: 8,
+        block_size: 16,
+        ..EngineConfig::default()
+    })
+    .await;
+    let cases = [
+        (json!({"model": "nope", "prompt": "hi"}), 404, "model"),
+        (
+            json!({"model": "qwen", "prompt": "hi", "max_tokens": -3}),
+            400,
+            "max_tokens",
+        ),
+        // 8 blocks of 16 tokens cannot hold 300 prompt tokens.
+        (
+            json!({"model": "qwen", "prompt": prompt(300), "max_tokens": 1}),
+            400,
+            "max_tokens",
+        ),
+    ];
+    for (body, status, param) in cases {
+        let (got, err) = post(&server, "/v1/completions", body.clone()).await;
+        assert_eq!(got, status, "{body}: {err}");
+        assert_eq!(err["error"]["param"], param, "{err}");
+        assert_eq!(err["error"]["type"], "invalid_request_error");
+    }
+    let resp = reqwest::Client::new()
+        .post(url(&server, "/v1/chat/completions"))
+        .header("content-type", "application/json")
+        .body("{not json")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status().as_u16(), 400);
+    let err: Value = resp.json().await.unwrap();
+    assert!(
+        err["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("Invalid request body")
+    );
+}
+
+#[tokio::test]
+async fn a_client_that_leaves_cancels_its_request() {
+    let server = serve(EngineConfig::default()).await;
+    let mut resp = reqwest::Client::new()
+        .post(url(&server, "/v1/completions"))
+        .json(&json!({"model": "qwen", "prompt": "Hi", "max_tokens": 5000, "stream": true}))
+        .send()
+        .await
+        .unwrap();
+    resp.chunk().await.unwrap().expect("a first chunk");
+    assert_eq!(metric(&server, "vllm:num_requests_running").await, 1.0);
+    drop(resp);
+    let mut aborted = 0.0;
+    for _ in 0..100 {
+        aborted = metric(
+            &server,
+            "vllm:request_success_total{model_name=\"qwen\",finished_reason=\"abort\"}",
+        )
+        .await;
+        if aborted == 1.0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(aborted, 1.0, "the engine aborted the request");
+    assert_eq!(metric(&server, "vllm:num_requests_running").await, 0.0);
+}

@@ -40,15 +40,23 @@ impl Clock for SimClock {
     }
 }
 
+/// How late a wake-up may be and still count as on time. Timers fire late (tokio's
+/// have 1 ms granularity); without this, every back-to-back step would start at the
+/// late wake-up and inter-token latency would grow by the timer's lag.
+const WAKE_TOLERANCE_MS: f64 = 2.0;
+
 #[derive(Clone, Debug)]
 pub struct RealClock {
     origin: Instant,
+    /// End of the last step: the next step of a busy engine starts here.
+    last_step_end_ms: f64,
 }
 
 impl Default for RealClock {
     fn default() -> Self {
         Self {
             origin: Instant::now(),
+            last_step_end_ms: f64::NEG_INFINITY,
         }
     }
 }
@@ -61,11 +69,21 @@ impl RealClock {
 }
 
 impl Clock for RealClock {
+    /// Wall time, except just after a step ended: then the step's scheduled end, so
+    /// back-to-back steps follow the timing model's timeline however late the caller
+    /// woke (the lag delays delivery by at most the tolerance; it never accumulates).
     fn now_ms(&self) -> f64 {
-        self.origin.elapsed().as_secs_f64() * 1000.0
+        let wall = self.origin.elapsed().as_secs_f64() * 1000.0;
+        if wall <= self.last_step_end_ms + WAKE_TOLERANCE_MS {
+            self.last_step_end_ms
+        } else {
+            wall
+        }
     }
 
-    fn advance_to(&mut self, _t_ms: f64) {}
+    fn advance_to(&mut self, t_ms: f64) {
+        self.last_step_end_ms = t_ms;
+    }
 }
 
 #[cfg(test)]
@@ -78,6 +96,22 @@ mod tests {
         c.advance_to(7.5);
         c.advance_to(6.0);
         assert_eq!(c.now_ms(), 7.5);
+    }
+
+    #[test]
+    fn real_clock_keeps_back_to_back_steps_on_the_model_timeline() {
+        let mut c = RealClock::default();
+        // A step that ends in the future: time does not run past it early...
+        let end = c.now_ms() + 50.0;
+        c.advance_to(end);
+        assert_eq!(c.now_ms(), end);
+        // ...and a wake-up a little after a step's end counts as that end.
+        let slightly_late = c.origin.elapsed().as_secs_f64() * 1000.0 - 0.5;
+        c.advance_to(slightly_late);
+        assert_eq!(c.now_ms(), slightly_late);
+        // After a long idle, wall time again.
+        c.advance_to(slightly_late - 10.0);
+        assert!(c.now_ms() > slightly_late);
     }
 
     #[test]

@@ -11,6 +11,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
 
+use axum::serve::ListenerExt;
 use dynamo_llm::ModelDir;
 use tokio::net::TcpListener;
 use tokio::sync::mpsc;
@@ -64,6 +65,11 @@ pub async fn start(
 
     let listener = TcpListener::bind(config.listen).await?;
     let http_addr = listener.local_addr()?;
+    // Streamed tokens are small writes: without TCP_NODELAY, Nagle's algorithm holds
+    // them back waiting for ACKs and the first chunk arrives tens of ms late.
+    let listener = listener.tap_io(|tcp| {
+        let _ = tcp.set_nodelay(true);
+    });
 
     let (kv_sink, kv_events_endpoint) = match &config.kv_events_endpoint {
         Some(endpoint) => {

@@ -10,6 +10,7 @@ pub mod common;
 pub mod dgd;
 pub mod dgdr;
 pub mod dgdsa;
+pub mod inference_pool;
 pub mod manifests;
 pub mod validate;
 

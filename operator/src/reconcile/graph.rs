@@ -1,0 +1,313 @@
+//! The graph being reconciled, its services' roles, and the top-level [`reconcile`].
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use dynamo_crds::{
+    BackendFramework, ComponentSpec, ComponentType, DynamoGraphDeployment,
+    DynamoGraphDeploymentSpec,
+};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
+use kube::Resource;
+
+use super::{
+    Desired, ObjectKey, ObjectKind, Observed, OperatorConfig, ReconcileError, labels, names,
+    replicas, services, serving, status,
+};
+
+/// The graph and its settings, shared by every builder.
+pub(crate) struct Graph<'a> {
+    pub name: &'a str,
+    pub namespace: &'a str,
+    uid: &'a str,
+    pub generation: Option<i64>,
+    pub spec: &'a DynamoGraphDeploymentSpec,
+    pub config: &'a OperatorConfig,
+    pub annotations: BTreeMap<String, String>,
+}
+
+/// Role of an engine service, as the endpoint picker routes by it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Role {
+    Aggregated,
+    Prefill,
+    Decode,
+}
+
+impl Role {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Role::Aggregated => "aggregated",
+            Role::Prefill => "prefill",
+            Role::Decode => "decode",
+        }
+    }
+}
+
+/// How the operator realizes a service.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum ServiceKind {
+    /// Engine pods (with the sidecar), created directly.
+    Engine(Role),
+    /// The endpoint picker Deployment.
+    Epp,
+    /// Served by the endpoint picker's own HTTP frontend (no separate pods).
+    Frontend,
+    /// A plain Deployment running the service's main container.
+    Planner,
+}
+
+pub(crate) fn service_kind(spec: &ComponentSpec) -> ServiceKind {
+    let sub = spec
+        .sub_component_type
+        .as_deref()
+        .map(str::to_ascii_lowercase);
+    match spec.component_type {
+        Some(ComponentType::Frontend) => ServiceKind::Frontend,
+        Some(ComponentType::Epp) => ServiceKind::Epp,
+        Some(ComponentType::Planner) => ServiceKind::Planner,
+        Some(ComponentType::Prefill) => ServiceKind::Engine(Role::Prefill),
+        Some(ComponentType::Decode) => ServiceKind::Engine(Role::Decode),
+        _ => match sub.as_deref() {
+            Some("prefill") => ServiceKind::Engine(Role::Prefill),
+            Some("decode") => ServiceKind::Engine(Role::Decode),
+            _ => ServiceKind::Engine(Role::Aggregated),
+        },
+    }
+}
+
+impl<'a> Graph<'a> {
+    fn new(
+        dgd: &'a DynamoGraphDeployment,
+        config: &'a OperatorConfig,
+    ) -> Result<Self, ReconcileError> {
+        let meta = &dgd.metadata;
+        Ok(Self {
+            name: meta
+                .name
+                .as_deref()
+                .ok_or(ReconcileError::MissingMetadata("name"))?,
+            namespace: meta
+                .namespace
+                .as_deref()
+                .ok_or(ReconcileError::MissingMetadata("namespace"))?,
+            uid: meta
+                .uid
+                .as_deref()
+                .ok_or(ReconcileError::MissingMetadata("uid"))?,
+            generation: meta.generation,
+            spec: &dgd.spec,
+            config,
+            annotations: meta.annotations.clone().unwrap_or_default(),
+        })
+    }
+
+    pub fn is_mocker(&self) -> bool {
+        self.spec.backend_framework == Some(BackendFramework::Mocker)
+    }
+
+    /// Controller owner reference: garbage collection removes everything with the graph.
+    pub fn owner_reference(&self) -> OwnerReference {
+        OwnerReference {
+            api_version: DynamoGraphDeployment::api_version(&()).into_owned(),
+            kind: DynamoGraphDeployment::kind(&()).into_owned(),
+            name: self.name.to_string(),
+            uid: self.uid.to_string(),
+            controller: Some(true),
+            block_owner_deletion: Some(true),
+        }
+    }
+
+    /// Whether the graph is the object's controller.
+    pub fn owns(&self, pod: &k8s_openapi::api::core::v1::Pod) -> bool {
+        pod.metadata
+            .owner_references
+            .iter()
+            .flatten()
+            .any(|o| o.uid == self.uid && o.controller == Some(true))
+    }
+
+    /// `spec.labels` plus the graph label (ours wins).
+    pub fn labels(&self) -> BTreeMap<String, String> {
+        let mut labels = self.spec.labels.clone().unwrap_or_default();
+        labels.insert(labels::GRAPH.into(), self.name.into());
+        labels
+    }
+
+    /// Labels of everything generated for one service.
+    pub fn service_labels(&self, service: &str, spec: &ComponentSpec) -> BTreeMap<String, String> {
+        let mut labels = self.spec.labels.clone().unwrap_or_default();
+        labels.extend(spec.labels.clone().unwrap_or_default());
+        labels.insert(labels::GRAPH.into(), self.name.into());
+        labels.insert(labels::COMPONENT.into(), service.into());
+        let component_type = spec
+            .component_type
+            .map(|t| {
+                serde_json::to_value(t)
+                    .ok()
+                    .and_then(|v| v.as_str().map(String::from))
+                    .unwrap_or_default()
+            })
+            .unwrap_or_else(|| "worker".into());
+        labels.insert(labels::COMPONENT_TYPE.into(), component_type);
+        if let Some(sub) = &spec.sub_component_type {
+            labels.insert(labels::SUB_COMPONENT_TYPE.into(), sub.clone());
+        }
+        labels
+    }
+
+    /// Annotations of everything generated for one service: graph's, then the service's.
+    pub fn service_annotations(&self, spec: &ComponentSpec) -> Option<BTreeMap<String, String>> {
+        let mut annotations = self.spec.annotations.clone().unwrap_or_default();
+        annotations.extend(spec.annotations.clone().unwrap_or_default());
+        (!annotations.is_empty()).then_some(annotations)
+    }
+
+    /// Metadata of a generated object, owned by the graph.
+    pub fn metadata(&self, name: String, labels: BTreeMap<String, String>) -> ObjectMeta {
+        ObjectMeta {
+            name: Some(name),
+            namespace: Some(self.namespace.to_string()),
+            labels: Some(labels),
+            annotations: self.spec.annotations.clone().filter(|a| !a.is_empty()),
+            owner_references: Some(vec![self.owner_reference()]),
+            ..ObjectMeta::default()
+        }
+    }
+
+    pub fn engine_services(&self) -> impl Iterator<Item = (&'a String, &'a ComponentSpec, Role)> {
+        self.spec
+            .services
+            .iter()
+            .filter_map(|(name, spec)| match service_kind(spec) {
+                ServiceKind::Engine(role) => Some((name, spec, role)),
+                _ => None,
+            })
+    }
+
+    /// Node label of the domain a service's gangs are packed into.
+    pub fn gang_domain_label(
+        &self,
+        service: &str,
+        spec: &ComponentSpec,
+    ) -> Result<String, ReconcileError> {
+        let pack_domain = spec
+            .topology_constraint
+            .as_ref()
+            .or(self.spec.topology_constraint.as_ref())
+            .and_then(|t| t.pack_domain.as_deref());
+        match pack_domain {
+            None => Ok(self.config.default_gang_domain_label.clone()),
+            Some(domain) => self
+                .config
+                .pack_domain_labels
+                .get(domain)
+                .cloned()
+                .ok_or_else(|| ReconcileError::UnknownPackDomain {
+                    service: service.to_string(),
+                    domain: domain.to_string(),
+                    known: self
+                        .config
+                        .pack_domain_labels
+                        .keys()
+                        .cloned()
+                        .collect::<Vec<_>>()
+                        .join(", "),
+                }),
+        }
+    }
+}
+
+/// Every generated name must be a DNS-1123 label: pod hostnames and Service names are.
+fn check_names(g: &Graph) -> Result<(), ReconcileError> {
+    let mut slugs: BTreeMap<String, &String> = BTreeMap::new();
+    for (service, spec) in &g.spec.services {
+        let slug = names::service_slug(service);
+        if let Some(first) = slugs.insert(slug, service) {
+            return Err(ReconcileError::ServiceNameCollision {
+                first: first.clone(),
+                second: service.clone(),
+            });
+        }
+        let replicas = spec.replicas.unwrap_or(1).max(1) as u32;
+        let longest = if spec.multinode.is_some() {
+            names::gang_pod(
+                g.name,
+                service,
+                replicas - 1,
+                spec.node_count().max(1) as u32 - 1,
+            )
+        } else {
+            names::single_pod(g.name, service, replicas - 1)
+        };
+        for name in [longest, names::epp(g.name), names::inference_pool(g.name)] {
+            if !names::is_dns_label(&name) {
+                return Err(ReconcileError::InvalidName { name });
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Reconciles one graph: see the module documentation of [`super`].
+pub fn reconcile(
+    dgd: &DynamoGraphDeployment,
+    observed: &Observed,
+    config: &OperatorConfig,
+) -> Result<Desired, ReconcileError> {
+    let g = Graph::new(dgd, config)?;
+    check_names(&g)?;
+    let mut desired = Desired::default();
+
+    let engines = replicas::reconcile_engines(&g, observed, &mut desired)?;
+    services::build(&g, &mut desired);
+    let serving = serving::build(&g, observed, &mut desired);
+
+    // Objects of ours that nothing above wants any more (a removed service, a graph that
+    // lost its workers or its gateway annotation).
+    let wanted: BTreeSet<(ObjectKind, &str)> = desired
+        .services
+        .iter()
+        .map(|o| {
+            (
+                ObjectKind::Service,
+                o.metadata.name.as_deref().unwrap_or_default(),
+            )
+        })
+        .chain(desired.deployments.iter().map(|o| {
+            (
+                ObjectKind::Deployment,
+                o.metadata.name.as_deref().unwrap_or_default(),
+            )
+        }))
+        .chain(desired.inference_pools.iter().map(|o| {
+            (
+                ObjectKind::InferencePool,
+                o.metadata.name.as_deref().unwrap_or_default(),
+            )
+        }))
+        .chain(desired.http_routes.iter().map(|o| {
+            (
+                ObjectKind::HTTPRoute,
+                o.metadata.name.as_deref().unwrap_or_default(),
+            )
+        }))
+        .collect();
+    let observed_deployments = observed.deployments.iter().map(|d| ObjectKey {
+        kind: ObjectKind::Deployment,
+        name: d.metadata.name.clone().unwrap_or_default(),
+        uid: d.metadata.uid.clone(),
+    });
+    let mut stale: Vec<ObjectKey> = observed
+        .owned
+        .iter()
+        .cloned()
+        .chain(observed_deployments)
+        .filter(|k| k.kind != ObjectKind::Pod && !wanted.contains(&(k.kind, k.name.as_str())))
+        .collect();
+    stale.sort();
+    stale.dedup();
+    desired.deletions.extend(stale);
+
+    desired.status = status::compute(&g, dgd.status.as_ref(), observed, &engines, &serving);
+    Ok(desired)
+}

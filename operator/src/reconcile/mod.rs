@@ -1,0 +1,212 @@
+//! The DynamoGraphDeployment reconciler as a pure function.
+//!
+//! [`reconcile`] maps a graph, what exists in the cluster ([`Observed`]) and the operator's
+//! settings ([`OperatorConfig`]) to what should exist ([`Desired`]): objects to
+//! server-side apply with [`FIELD_MANAGER`], objects to delete, the graph's status, and the
+//! decisions the controller reports as Events. It does no I/O and reads no clock (the time
+//! comes in [`Observed::now`]), so the controller loop, tests and benchmarks all call the
+//! same code.
+//!
+//! Pods are created directly (Grove-style, no external scheduler); multinode replicas are
+//! gangs held behind a scheduling gate until [`gang`] finds one domain that fits them all.
+
+mod graph;
+mod pods;
+mod replicas;
+mod services;
+mod serving;
+mod status;
+
+pub mod gang;
+pub mod labels;
+pub mod names;
+
+use std::collections::BTreeMap;
+
+use dynamo_crds::DynamoGraphDeploymentStatus;
+use dynamo_crds::inference_pool::InferencePool;
+use gateway_api::apis::standard::httproutes::HttpRoute;
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::{Node, Pod, Service};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use serde::Serialize;
+
+pub use graph::reconcile;
+
+/// Field manager of every server-side apply the operator makes.
+pub const FIELD_MANAGER: &str = "dynamo-operator";
+
+/// Operator-wide settings the reconciler needs (images, defaults, topology labels).
+#[derive(Clone, Debug, PartialEq)]
+pub struct OperatorConfig {
+    /// Image of the injected `sidecar` container.
+    pub sidecar_image: String,
+    /// Image of the endpoint picker (with its OpenAI HTTP frontend).
+    pub epp_image: String,
+    /// Engine image for services that name none (vllm, sglang, trtllm).
+    pub default_engine_image: String,
+    /// Engine image for `backendFramework: mocker` services that name none.
+    pub mocker_image: String,
+    /// Model directory of the mocker (`DYNAMO_MODEL_PATH`) unless the graph sets its own.
+    pub mocker_model_path: String,
+    /// Size of /dev/shm when `sharedMemory.size` is unset.
+    pub default_shared_memory: String,
+    /// EPP routing mode (`kv`, `approx`, `round-robin`, `random`) unless the graph sets
+    /// `DYN_ROUTER_MODE` on its frontend or epp service.
+    pub default_router_mode: String,
+    /// Cluster DNS domain, for the gang leader's address.
+    pub cluster_domain: String,
+    /// `topologyConstraint.packDomain` values and the node label that defines each.
+    pub pack_domain_labels: BTreeMap<String, String>,
+    /// Node label of a gang's domain when no `packDomain` is set (the NVLink domain).
+    pub default_gang_domain_label: String,
+}
+
+impl Default for OperatorConfig {
+    fn default() -> Self {
+        let pack_domain_labels = [
+            ("nvlink", "nvidia.com/gpu.clique"),
+            ("host", "kubernetes.io/hostname"),
+            ("zone", "topology.kubernetes.io/zone"),
+            ("region", "topology.kubernetes.io/region"),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+        Self {
+            sidecar_image: "ghcr.io/example/dynamo-sidecar:0.1.0".into(),
+            epp_image: "ghcr.io/example/dynamo-epp:0.1.0".into(),
+            default_engine_image: "vllm/vllm-openai:v0.11.0".into(),
+            mocker_image: "ghcr.io/example/dynamo-mocker:0.1.0".into(),
+            mocker_model_path: "/models/model".into(),
+            default_shared_memory: "8Gi".into(),
+            default_router_mode: "kv".into(),
+            cluster_domain: "cluster.local".into(),
+            pack_domain_labels,
+            default_gang_domain_label: "nvidia.com/gpu.clique".into(),
+        }
+    }
+}
+
+/// What the controller saw in the cluster for one graph.
+#[derive(Clone, Debug, Default)]
+pub struct Observed {
+    /// Pods carrying the graph's label (any state, including terminating).
+    pub pods: Vec<Pod>,
+    /// Deployments carrying the graph's label (EPP, planner), with their status.
+    pub deployments: Vec<Deployment>,
+    /// Every other object carrying the graph's label (Services, InferencePool, HTTPRoute).
+    pub owned: Vec<ObjectKey>,
+    /// Nodes, with labels and allocatable resources.
+    pub nodes: Vec<Node>,
+    /// Pods of other workloads, for the GPUs they hold on their nodes.
+    pub other_pods: Vec<Pod>,
+    /// Time of the observation; used for condition transition times only.
+    pub now: Option<Time>,
+}
+
+/// Kinds of object the operator creates.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+pub enum ObjectKind {
+    Pod,
+    Service,
+    Deployment,
+    InferencePool,
+    HTTPRoute,
+}
+
+/// One object, by kind and name (in the graph's namespace).
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+pub struct ObjectKey {
+    pub kind: ObjectKind,
+    pub name: String,
+    /// UID to delete with as a precondition, so a recreated namesake is never deleted.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub uid: Option<String>,
+}
+
+/// Event type of a [`Decision`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub enum Severity {
+    Normal,
+    Warning,
+}
+
+/// Something the reconciler decided, reported by the controller as a Kubernetes Event.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Decision {
+    #[serde(rename = "type")]
+    pub severity: Severity,
+    /// CamelCase reason, e.g. `GangPending`.
+    pub reason: String,
+    pub message: String,
+}
+
+/// Everything one reconcile pass wants.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Desired {
+    pub pods: Vec<Pod>,
+    pub services: Vec<Service>,
+    pub deployments: Vec<Deployment>,
+    pub inference_pools: Vec<InferencePool>,
+    pub http_routes: Vec<HttpRoute>,
+    /// Objects to delete (pods being replaced or rolled, objects no longer wanted).
+    pub deletions: Vec<ObjectKey>,
+    /// Status to write to the graph's status subresource.
+    pub status: DynamoGraphDeploymentStatus,
+    pub decisions: Vec<Decision>,
+}
+
+impl Desired {
+    /// All objects to apply as one multi-document YAML (pods, services, deployments,
+    /// pools, routes, in that order), followed by a document with deletions, status and
+    /// decisions. Deterministic, so it serves as a golden file.
+    pub fn to_yaml(&self) -> String {
+        fn doc<T: Serialize>(out: &mut String, value: &T) {
+            out.push_str("---\n");
+            out.push_str(&serde_saphyr::to_string(value).expect("objects serialize to YAML"));
+        }
+        let mut out = String::new();
+        self.pods.iter().for_each(|o| doc(&mut out, o));
+        self.services.iter().for_each(|o| doc(&mut out, o));
+        self.deployments.iter().for_each(|o| doc(&mut out, o));
+        self.inference_pools.iter().for_each(|o| doc(&mut out, o));
+        self.http_routes.iter().for_each(|o| doc(&mut out, o));
+        #[derive(Serialize)]
+        struct Outcome<'a> {
+            deletions: &'a [ObjectKey],
+            status: &'a DynamoGraphDeploymentStatus,
+            decisions: &'a [Decision],
+        }
+        doc(
+            &mut out,
+            &Outcome {
+                deletions: &self.deletions,
+                status: &self.status,
+                decisions: &self.decisions,
+            },
+        );
+        out
+    }
+}
+
+/// Why a graph cannot be reconciled at all (nothing is applied; the controller reports it).
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum ReconcileError {
+    #[error("the DynamoGraphDeployment has no metadata.{0}")]
+    MissingMetadata(&'static str),
+    #[error(
+        "object name {name:?} is not a DNS-1123 label (at most 63 characters); shorten the graph or service name"
+    )]
+    InvalidName { name: String },
+    #[error("services {first:?} and {second:?} differ only in case; object names are lower-cased")]
+    ServiceNameCollision { first: String, second: String },
+    #[error(
+        "service {service:?}: unknown topologyConstraint.packDomain {domain:?}; known: {known}"
+    )]
+    UnknownPackDomain {
+        service: String,
+        domain: String,
+        known: String,
+    },
+}

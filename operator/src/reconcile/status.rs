@@ -1,0 +1,148 @@
+//! The graph's status: per-service replica counts, the lifecycle state, and the `Ready`
+//! and `GangScheduled` conditions with reasons a person can act on.
+
+use std::collections::BTreeMap;
+
+use dynamo_crds::{DynamoGraphDeploymentStatus, GraphState, ServiceReplicaStatus};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+
+use super::Observed;
+use super::graph::Graph;
+use super::replicas::EngineOutcome;
+use super::serving::DeploymentOutcome;
+
+pub const READY: &str = "Ready";
+pub const GANG_SCHEDULED: &str = "GangScheduled";
+
+pub(crate) fn compute(
+    g: &Graph,
+    previous: Option<&DynamoGraphDeploymentStatus>,
+    observed: &Observed,
+    engines: &[EngineOutcome],
+    serving: &[DeploymentOutcome],
+) -> DynamoGraphDeploymentStatus {
+    let mut services: BTreeMap<String, (ServiceReplicaStatus, bool)> = BTreeMap::new();
+    for e in engines {
+        services.insert(e.service.clone(), (e.status.clone(), e.ready));
+    }
+    for d in serving {
+        services.insert(d.service.clone(), (d.status.clone(), d.ready));
+    }
+    let ready_count = services.values().filter(|(_, ready)| *ready).count();
+    // Every service in the spec must be accounted for and ready; an empty graph is not "ready".
+    let all_ready = !g.spec.services.is_empty()
+        && g.spec
+            .services
+            .keys()
+            .all(|name| services.get(name).is_some_and(|(_, r)| *r));
+
+    let pending: Vec<&String> = engines.iter().flat_map(|e| &e.gangs_pending).collect();
+    let unschedulable: Vec<&String> = engines
+        .iter()
+        .flat_map(|e| &e.gangs_unschedulable)
+        .collect();
+    let has_gangs = engines.iter().any(|e| e.has_gangs);
+
+    let previous_state = previous.and_then(|p| p.state);
+    let same_generation = previous.and_then(|p| p.observed_generation) == g.generation;
+    let nothing_exists = observed.pods.is_empty() && observed.deployments.is_empty();
+    let state = if !unschedulable.is_empty() {
+        GraphState::Failed
+    } else if all_ready {
+        GraphState::Ready
+    } else if nothing_exists {
+        GraphState::Pending
+    } else if same_generation
+        && matches!(
+            previous_state,
+            Some(GraphState::Ready | GraphState::Degraded)
+        )
+    {
+        GraphState::Degraded
+    } else {
+        GraphState::Deploying
+    };
+
+    let join = |v: &[&String]| v.iter().map(|s| s.as_str()).collect::<Vec<_>>().join("; ");
+    let not_ready: Vec<String> = g
+        .spec
+        .services
+        .keys()
+        .filter(|name| !services.get(*name).is_some_and(|(_, r)| *r))
+        .map(|name| {
+            let desired = g.spec.services[name].replicas.unwrap_or(1);
+            let s = services
+                .get(name)
+                .map(|(s, _)| s.clone())
+                .unwrap_or_default();
+            format!(
+                "{name}: {}/{desired} ready, {}/{desired} updated",
+                s.ready_replicas, s.updated_replicas
+            )
+        })
+        .collect();
+    let ready = if all_ready {
+        (
+            "True",
+            "AllServicesReady",
+            format!("all {} services are ready", services.len()),
+        )
+    } else if !unschedulable.is_empty() {
+        ("False", "GangUnschedulable", join(&unschedulable))
+    } else if !pending.is_empty() {
+        ("False", "GangPending", join(&pending))
+    } else {
+        ("False", "ServicesNotReady", not_ready.join("; "))
+    };
+    let gang = if !has_gangs {
+        (
+            "True",
+            "NoGangs",
+            "the graph has no multinode services".to_string(),
+        )
+    } else if !unschedulable.is_empty() {
+        ("False", "GangUnschedulable", join(&unschedulable))
+    } else if !pending.is_empty() {
+        ("False", "GangPending", join(&pending))
+    } else {
+        (
+            "True",
+            "AllGangsPlaced",
+            "every gang is placed in one domain".to_string(),
+        )
+    };
+
+    let now = observed
+        .now
+        .clone()
+        .unwrap_or(Time(k8s_openapi::jiff::Timestamp::UNIX_EPOCH));
+    let previous_conditions = previous
+        .and_then(|p| p.conditions.as_deref())
+        .unwrap_or(&[]);
+    let condition = |type_: &str, (status, reason, message): (&str, &str, String)| {
+        // The transition time moves only when the status flips.
+        let last_transition_time = previous_conditions
+            .iter()
+            .find(|c| c.type_ == type_ && c.status == status)
+            .map_or_else(|| now.clone(), |c| c.last_transition_time.clone());
+        Condition {
+            type_: type_.into(),
+            status: status.into(),
+            reason: reason.into(),
+            message,
+            observed_generation: g.generation,
+            last_transition_time,
+        }
+    };
+
+    DynamoGraphDeploymentStatus {
+        observed_generation: g.generation,
+        state: Some(state),
+        ready_services: Some(format!("{ready_count}/{}", g.spec.services.len())),
+        conditions: Some(vec![
+            condition(READY, ready),
+            condition(GANG_SCHEDULED, gang),
+        ]),
+        services: Some(services.into_iter().map(|(k, (s, _))| (k, s)).collect()),
+    }
+}

@@ -1,0 +1,141 @@
+//! Hand-made clusters and graphs for the reconcile tests.
+#![allow(dead_code)]
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use dynamo_crds::DynamoGraphDeployment;
+use dynamo_operator::reconcile::{Desired, Observed, OperatorConfig, reconcile};
+use k8s_openapi::api::core::v1::{
+    Container, Node, NodeSpec, NodeStatus, Pod, PodCondition, PodSpec, PodStatus,
+    ResourceRequirements,
+};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
+
+pub fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+/// A sample from config/samples, as the API server would hand it to the controller.
+pub fn sample(name: &str) -> DynamoGraphDeployment {
+    let path = repo_root()
+        .join("config/samples")
+        .join(format!("{name}.yaml"));
+    let yaml = std::fs::read_to_string(&path).expect("sample exists");
+    let mut dgd: DynamoGraphDeployment = serde_saphyr::from_str(&yaml).expect("sample parses");
+    dgd.metadata.namespace = Some("inference".into());
+    dgd.metadata.uid = Some(format!("uid-{name}"));
+    dgd.metadata.generation = Some(1);
+    dgd
+}
+
+pub fn now() -> Time {
+    Time("2026-01-01T00:00:00Z".parse().unwrap())
+}
+
+/// A GPU node in an NVLink domain (`nvidia.com/gpu.clique`).
+pub fn gpu_node(name: &str, clique: &str, gpus: u32) -> Node {
+    Node {
+        metadata: ObjectMeta {
+            name: Some(name.into()),
+            labels: Some(BTreeMap::from([
+                ("kubernetes.io/hostname".to_string(), name.to_string()),
+                ("nvidia.com/gpu.clique".to_string(), clique.to_string()),
+            ])),
+            ..ObjectMeta::default()
+        },
+        spec: Some(NodeSpec::default()),
+        status: Some(NodeStatus {
+            allocatable: Some(BTreeMap::from([
+                ("cpu".to_string(), Quantity("64".into())),
+                ("nvidia.com/gpu".to_string(), Quantity(gpus.to_string())),
+            ])),
+            ..NodeStatus::default()
+        }),
+    }
+}
+
+/// A pod of another workload bound to `node`, holding `gpus`.
+pub fn busy_pod(name: &str, node: &str, gpus: u32) -> Pod {
+    Pod {
+        metadata: ObjectMeta {
+            name: Some(name.into()),
+            ..ObjectMeta::default()
+        },
+        spec: Some(PodSpec {
+            node_name: Some(node.into()),
+            containers: vec![Container {
+                name: "c".into(),
+                resources: Some(ResourceRequirements {
+                    limits: Some(BTreeMap::from([(
+                        "nvidia.com/gpu".to_string(),
+                        Quantity(gpus.to_string()),
+                    )])),
+                    ..ResourceRequirements::default()
+                }),
+                ..Container::default()
+            }],
+            ..PodSpec::default()
+        }),
+        status: Some(PodStatus {
+            phase: Some("Running".into()),
+            ..PodStatus::default()
+        }),
+    }
+}
+
+/// Two NVLink domains of two 8-GPU nodes each, plus one lone 8-GPU node.
+pub fn cluster() -> Vec<Node> {
+    vec![
+        gpu_node("a1", "clique-a", 8),
+        gpu_node("a2", "clique-a", 8),
+        gpu_node("b1", "clique-b", 8),
+        gpu_node("b2", "clique-b", 8),
+        gpu_node("c1", "clique-c", 8),
+    ]
+}
+
+pub fn observed(pods: Vec<Pod>, nodes: Vec<Node>) -> Observed {
+    Observed {
+        pods,
+        nodes,
+        now: Some(now()),
+        ..Observed::default()
+    }
+}
+
+pub fn run(dgd: &DynamoGraphDeployment, observed: &Observed) -> Desired {
+    reconcile(dgd, observed, &OperatorConfig::default()).expect("reconciles")
+}
+
+/// What the cluster would show after applying `desired.pods`: the pods exist, scheduled on
+/// `node` and Running/Ready when they are not gated.
+pub fn running(desired: &Desired, node: &str) -> Vec<Pod> {
+    desired
+        .pods
+        .iter()
+        .cloned()
+        .map(|mut pod| {
+            pod.metadata.uid = Some(format!("uid-{}", pod.metadata.name.clone().unwrap()));
+            let gated = pod
+                .spec
+                .as_ref()
+                .and_then(|s| s.scheduling_gates.as_ref())
+                .is_some_and(|g| !g.is_empty());
+            if !gated {
+                pod.spec.as_mut().unwrap().node_name = Some(node.into());
+                pod.status = Some(PodStatus {
+                    phase: Some("Running".into()),
+                    conditions: Some(vec![PodCondition {
+                        type_: "Ready".into(),
+                        status: "True".into(),
+                        ..PodCondition::default()
+                    }]),
+                    ..PodStatus::default()
+                });
+            }
+            pod
+        })
+        .collect()
+}

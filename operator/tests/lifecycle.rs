@@ -1,0 +1,413 @@
+//! Idempotence, replacement, rollout and status through `reconcile`.
+
+mod common;
+
+use std::collections::BTreeSet;
+
+use common::{cluster, now, observed, run, running, sample};
+use dynamo_crds::GraphState;
+use dynamo_operator::reconcile::{
+    Desired, ObjectKey, ObjectKind, Observed, OperatorConfig, ReconcileError, reconcile,
+};
+use k8s_openapi::api::apps::v1::{Deployment, DeploymentStatus};
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+
+fn owned_keys(d: &Desired) -> Vec<ObjectKey> {
+    let key = |kind, name: &Option<String>| ObjectKey {
+        kind,
+        name: name.clone().unwrap(),
+        uid: None,
+    };
+    d.services
+        .iter()
+        .map(|o| key(ObjectKind::Service, &o.metadata.name))
+        .chain(
+            d.inference_pools
+                .iter()
+                .map(|o| key(ObjectKind::InferencePool, &o.metadata.name)),
+        )
+        .chain(
+            d.http_routes
+                .iter()
+                .map(|o| key(ObjectKind::HTTPRoute, &o.metadata.name)),
+        )
+        .collect()
+}
+
+/// Deployments as the API server reports them once rolled out.
+fn rolled_out(d: &Desired) -> Vec<Deployment> {
+    d.deployments
+        .iter()
+        .cloned()
+        .map(|mut dep| {
+            let replicas = dep.spec.as_ref().unwrap().replicas;
+            dep.metadata.generation = Some(1);
+            dep.status = Some(DeploymentStatus {
+                observed_generation: Some(1),
+                replicas,
+                updated_replicas: replicas,
+                ready_replicas: replicas,
+                available_replicas: replicas,
+                ..DeploymentStatus::default()
+            });
+            dep
+        })
+        .collect()
+}
+
+/// Everything `d` asked for, as the cluster would show it once running and ready.
+fn converged(d: &Desired) -> Observed {
+    Observed {
+        pods: running(d, "a1"),
+        deployments: rolled_out(d),
+        owned: owned_keys(d),
+        nodes: cluster(),
+        now: Some(now()),
+        ..Observed::default()
+    }
+}
+
+fn names(pods: &[Pod]) -> BTreeSet<String> {
+    pods.iter()
+        .map(|p| p.metadata.name.clone().unwrap())
+        .collect()
+}
+
+#[test]
+fn a_second_pass_over_its_own_output_changes_nothing() {
+    for sample_name in ["agg-mocker", "disagg-mocker", "agg-vllm", "disagg-vllm"] {
+        let dgd = sample(sample_name);
+        let first = run(&dgd, &observed(vec![], cluster()));
+        let mut obs = observed(first.pods.clone(), cluster());
+        obs.deployments = first.deployments.clone();
+        obs.owned = owned_keys(&first);
+        let second = run(&dgd, &obs);
+        assert!(
+            second.deletions.is_empty(),
+            "{sample_name}: {:?}",
+            second.deletions
+        );
+        assert_eq!(first.pods, second.pods, "{sample_name}");
+        assert_eq!(first.services, second.services, "{sample_name}");
+        assert_eq!(first.deployments, second.deployments, "{sample_name}");
+        assert_eq!(
+            first.inference_pools, second.inference_pools,
+            "{sample_name}"
+        );
+    }
+}
+
+#[test]
+fn a_gang_graph_is_a_fixed_point_once_released() {
+    // Gangs are created gated and released on the next pass, once every member exists;
+    // from then on the output repeats.
+    let dgd = sample("multinode-vllm");
+    let first = run(&dgd, &observed(vec![], cluster()));
+    let second = run(&dgd, &observed(first.pods.clone(), cluster()));
+    let third = run(&dgd, &observed(second.pods.clone(), cluster()));
+    assert_eq!(second.pods, third.pods);
+    assert!(third.deletions.is_empty());
+    // Also once the released pods are bound to nodes.
+    let fourth = run(&dgd, &observed(running(&third, "a1"), cluster()));
+    assert_eq!(third.pods, fourth.pods);
+}
+
+#[test]
+fn ready_only_when_every_service_is_ready_at_this_generation() {
+    let dgd = sample("disagg-vllm");
+    let first = run(&dgd, &observed(vec![], cluster()));
+    assert_eq!(first.status.state, Some(GraphState::Pending));
+    assert_eq!(first.status.observed_generation, Some(1));
+
+    // Pods exist but are not ready yet.
+    let mut obs = observed(first.pods.clone(), cluster());
+    obs.deployments = first.deployments.clone();
+    let second = run(&dgd, &obs);
+    assert_eq!(second.status.state, Some(GraphState::Deploying));
+    let ready = &second.status.conditions.as_ref().unwrap()[0];
+    assert_eq!(
+        (ready.type_.as_str(), ready.status.as_str()),
+        ("Ready", "False")
+    );
+    assert_eq!(ready.reason, "ServicesNotReady");
+    assert!(
+        ready.message.contains("VllmDecodeWorker: 0/2 ready"),
+        "{}",
+        ready.message
+    );
+
+    // Everything running and ready.
+    let mut dgd = dgd;
+    let third = run(&dgd, &converged(&first));
+    assert_eq!(
+        third.status.state,
+        Some(GraphState::Ready),
+        "{:?}",
+        third.status
+    );
+    assert_eq!(third.status.ready_services.as_deref(), Some("5/5"));
+    let decode = &third.status.services.as_ref().unwrap()["VllmDecodeWorker"];
+    assert_eq!(
+        (
+            decode.replicas,
+            decode.updated_replicas,
+            decode.ready_replicas
+        ),
+        (2, 2, 2)
+    );
+    let ready = &third.status.conditions.as_ref().unwrap()[0];
+    assert_eq!(
+        (ready.status.as_str(), ready.reason.as_str()),
+        ("True", "AllServicesReady")
+    );
+
+    // A decode pod stops being ready at the same generation: degraded.
+    dgd.status = Some(third.status.clone());
+    let mut obs = converged(&first);
+    obs.now = Some(Time("2026-01-01T01:00:00Z".parse().unwrap()));
+    let pod = obs
+        .pods
+        .iter_mut()
+        .find(|p| p.metadata.name.as_deref() == Some("disagg-vllm-vllmdecodeworker-1"))
+        .unwrap();
+    pod.status.as_mut().unwrap().conditions.as_mut().unwrap()[0].status = "False".into();
+    let fourth = run(&dgd, &obs);
+    assert_eq!(fourth.status.state, Some(GraphState::Degraded));
+    let ready = &fourth.status.conditions.as_ref().unwrap()[0];
+    assert_eq!(
+        ready.last_transition_time,
+        obs.now.clone().unwrap(),
+        "flipped now"
+    );
+    let gang = &fourth.status.conditions.as_ref().unwrap()[1];
+    assert_eq!(
+        gang.last_transition_time,
+        now(),
+        "unchanged condition keeps its time"
+    );
+
+    // A new generation with a changed spec is deploying, not ready, until rolled.
+    dgd.metadata.generation = Some(2);
+    dgd.spec.services.get_mut("VllmDecodeWorker").unwrap().envs =
+        Some(vec![k8s_openapi::api::core::v1::EnvVar {
+            name: "NEW".into(),
+            value: Some("1".into()),
+            value_from: None,
+        }]);
+    let fifth = run(&dgd, &converged(&first));
+    assert_eq!(fifth.status.state, Some(GraphState::Deploying));
+    assert_eq!(fifth.status.observed_generation, Some(2));
+}
+
+#[test]
+fn a_spec_change_rolls_one_replica_at_a_time() {
+    let mut dgd = sample("agg-vllm");
+    dgd.spec.services.get_mut("VllmWorker").unwrap().replicas = Some(3);
+    let first = run(&dgd, &observed(vec![], cluster()));
+    let obs = converged(&first);
+
+    // New image for the workers.
+    let worker = dgd.spec.services.get_mut("VllmWorker").unwrap();
+    worker
+        .extra_pod_spec
+        .as_mut()
+        .unwrap()
+        .main_container
+        .as_mut()
+        .unwrap()
+        .image = Some("nvcr.io/nvidia/ai-dynamo/vllm-runtime:0.7.0".into());
+    let step = run(&dgd, &obs);
+    let deleted: Vec<&str> = step.deletions.iter().map(|k| k.name.as_str()).collect();
+    assert_eq!(
+        deleted,
+        vec!["agg-vllm-vllmworker-0"],
+        "one replica at a time"
+    );
+    assert!(step.decisions.iter().any(|d| d.reason == "RollingUpdate"));
+    // The outdated pods are left alone rather than re-applied with an immutable change.
+    assert!(!names(&step.pods).contains("agg-vllm-vllmworker-1"));
+
+    // Replica 0 is gone: it is recreated with the new spec and nothing else is deleted.
+    let mut obs2 = obs.clone();
+    obs2.pods
+        .retain(|p| p.metadata.name.as_deref() != Some("agg-vllm-vllmworker-0"));
+    let step = run(&dgd, &obs2);
+    assert!(
+        step.deletions.is_empty(),
+        "replica 0 is unavailable: {:?}",
+        step.deletions
+    );
+    let new0 = step
+        .pods
+        .iter()
+        .find(|p| p.metadata.name.as_deref() == Some("agg-vllm-vllmworker-0"))
+        .unwrap();
+    assert_eq!(
+        new0.spec.as_ref().unwrap().containers[0].image.as_deref(),
+        Some("nvcr.io/nvidia/ai-dynamo/vllm-runtime:0.7.0")
+    );
+
+    // The new replica 0 is running but not ready yet: still no second deletion.
+    let mut obs3 = obs2.clone();
+    let mut pending = new0.clone();
+    pending.metadata.uid = Some("uid-new0".into());
+    obs3.pods.push(pending.clone());
+    assert!(run(&dgd, &obs3).deletions.is_empty());
+
+    // Ready: the next replica goes.
+    let mut obs4 = obs2.clone();
+    let mut ready = running(
+        &Desired {
+            pods: vec![pending],
+            ..Desired::default()
+        },
+        "a1",
+    );
+    obs4.pods.append(&mut ready);
+    let step = run(&dgd, &obs4);
+    let deleted: Vec<&str> = step.deletions.iter().map(|k| k.name.as_str()).collect();
+    assert_eq!(deleted, vec!["agg-vllm-vllmworker-1"]);
+}
+
+#[test]
+fn a_failed_pod_is_deleted_and_recreated() {
+    let dgd = sample("agg-mocker");
+    let first = run(&dgd, &observed(vec![], cluster()));
+    let mut obs = converged(&first);
+    let failed = obs
+        .pods
+        .iter_mut()
+        .find(|p| p.metadata.name.as_deref() == Some("agg-mocker-worker-1"))
+        .unwrap();
+    failed.status.as_mut().unwrap().phase = Some("Failed".into());
+    let step = run(&dgd, &obs);
+    assert_eq!(
+        step.deletions,
+        vec![ObjectKey {
+            kind: ObjectKind::Pod,
+            name: "agg-mocker-worker-1".into(),
+            uid: Some("uid-agg-mocker-worker-1".into()),
+        }]
+    );
+    assert!(step.decisions.iter().any(|d| d.reason == "PodFailed"));
+    obs.pods
+        .retain(|p| p.metadata.name.as_deref() != Some("agg-mocker-worker-1"));
+    let step = run(&dgd, &obs);
+    assert!(names(&step.pods).contains("agg-mocker-worker-1"));
+    assert!(step.deletions.is_empty());
+}
+
+#[test]
+fn scaling_down_and_removing_services_deletes_their_objects() {
+    let mut dgd = sample("disagg-mocker");
+    let first = run(&dgd, &observed(vec![], cluster()));
+    let obs = converged(&first);
+    dgd.spec.services.get_mut("decode").unwrap().replicas = Some(1);
+    dgd.spec.services.remove("prefill");
+    let step = run(&dgd, &obs);
+    let deleted: BTreeSet<(ObjectKind, &str)> = step
+        .deletions
+        .iter()
+        .map(|k| (k.kind, k.name.as_str()))
+        .collect();
+    assert!(deleted.contains(&(ObjectKind::Pod, "disagg-mocker-decode-1")));
+    assert!(deleted.contains(&(ObjectKind::Pod, "disagg-mocker-prefill-0")));
+    assert!(deleted.contains(&(ObjectKind::Service, "disagg-mocker-prefill")));
+    assert!(!deleted.contains(&(ObjectKind::Pod, "disagg-mocker-decode-0")));
+}
+
+#[test]
+fn serving_objects_follow_the_graph() {
+    let dgd = sample("disagg-vllm");
+    let d = run(&dgd, &observed(vec![], cluster()));
+    // Frontend and Epp share one EPP Deployment; the frontend keeps a Service of its name.
+    assert_eq!(d.deployments.len(), 2, "epp and planner");
+    let epp = &d.deployments[0];
+    assert_eq!(epp.metadata.name.as_deref(), Some("disagg-vllm-epp"));
+    let args = epp
+        .spec
+        .as_ref()
+        .unwrap()
+        .template
+        .spec
+        .as_ref()
+        .unwrap()
+        .containers[0]
+        .args
+        .clone()
+        .unwrap();
+    let joined = args.join(" ");
+    assert!(joined.contains("--prefill-selector nvidia.com/dynamo-inference-pool=disagg-vllm,nvidia.com/dynamo-role=prefill"), "{joined}");
+    assert!(joined.contains("--decode-selector"), "{joined}");
+    assert!(names_of_services(&d).contains("disagg-vllm-frontend"));
+    let pool = &d.inference_pools[0];
+    assert_eq!(pool.spec.target_ports[0].number, 8000);
+    assert_eq!(pool.spec.endpoint_picker_ref.name, "disagg-vllm-epp");
+    assert_eq!(pool.spec.endpoint_picker_ref.port.unwrap().number, 9002);
+    assert!(d.http_routes.is_empty(), "no gateway annotation, no route");
+
+    let mut dgd = dgd;
+    dgd.metadata.annotations =
+        Some([("nvidia.com/dynamo-gateway".to_string(), "gw".to_string())].into());
+    let d = run(&dgd, &observed(vec![], cluster()));
+    let route = &d.http_routes[0];
+    let parent = &route.spec.parent_refs.as_ref().unwrap()[0];
+    assert_eq!(
+        (parent.name.as_str(), parent.namespace.as_deref()),
+        ("gw", None)
+    );
+    let backend = &route.spec.rules.as_ref().unwrap()[0]
+        .backend_refs
+        .as_ref()
+        .unwrap()[0];
+    assert_eq!(backend.kind.as_deref(), Some("InferencePool"));
+    assert_eq!(backend.name, "disagg-vllm-pool");
+
+    // Every object is owned by the graph, as controller.
+    for owner in d
+        .pods
+        .iter()
+        .map(|p| &p.metadata)
+        .chain(d.services.iter().map(|s| &s.metadata))
+        .chain(d.deployments.iter().map(|s| &s.metadata))
+        .chain(d.inference_pools.iter().map(|s| &s.metadata))
+        .chain(d.http_routes.iter().map(|s| &s.metadata))
+        .map(|m| &m.owner_references.as_ref().unwrap()[0])
+    {
+        assert_eq!(
+            (owner.kind.as_str(), owner.controller),
+            ("DynamoGraphDeployment", Some(true))
+        );
+    }
+}
+
+fn names_of_services(d: &Desired) -> BTreeSet<String> {
+    d.services
+        .iter()
+        .map(|s| s.metadata.name.clone().unwrap())
+        .collect()
+}
+
+#[test]
+fn unusable_graphs_are_typed_errors() {
+    let mut dgd = sample("agg-mocker");
+    dgd.metadata.uid = None;
+    assert_eq!(
+        reconcile(&dgd, &Observed::default(), &OperatorConfig::default()),
+        Err(ReconcileError::MissingMetadata("uid"))
+    );
+    let mut dgd = sample("multinode-vllm");
+    dgd.spec.topology_constraint.as_mut().unwrap().pack_domain = Some("rack".into());
+    dgd.spec
+        .services
+        .get_mut("VllmDecodeWorker")
+        .unwrap()
+        .topology_constraint = None;
+    let err = reconcile(&dgd, &Observed::default(), &OperatorConfig::default()).unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("unknown topologyConstraint.packDomain \"rack\""),
+        "{err}"
+    );
+}

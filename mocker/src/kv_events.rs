@@ -22,10 +22,16 @@
 //!
 //! The encoder writes the array layout up to `medium` (plus `lora_name` when set), the
 //! shape `DESIGN.md` names for engine events.
+//!
+//! MessagePack itself is read and written by `rmpv`. Decoding untrusted bytes stays
+//! bounded: nesting is capped (32 containers), and rmpv never preallocates an array or
+//! map from its declared length and caps a string or binary preallocation at 64 KiB
+//! (3Hren/msgpack-rust#151), so a hostile length costs at most that before the reader
+//! runs out of bytes and the payload is refused as truncated. (rmpv reads the reserved
+//! marker `0xc1` as nil rather than refusing it.)
 
+use rmpv::Value;
 use thiserror::Error;
-
-use crate::msgpack::{self, MsgpackError, Value, Writer};
 
 /// Storage medium of blocks in GPU memory, as vLLM names it (`MEDIUM_GPU`).
 pub const MEDIUM_GPU: &str = "GPU";
@@ -73,6 +79,32 @@ pub struct DecodedMessage {
     pub batch: DecodedBatch,
 }
 
+/// Containers nested deeper than this are refused: KV event batches are 4 levels deep,
+/// and a recursive reader must not overflow the stack on hostile input.
+const MAX_NESTING: usize = 32;
+
+/// The same limit in rmpv's units: it spends one level on each value, one more on each
+/// container body (2 per array or map) and up to 2 more on a string, binary or extension
+/// body. So `MAX_NESTING` containers hold any value, and one more container is let
+/// through only around a nil, bool or number; nothing deeper passes.
+const RMPV_MAX_DEPTH: usize = 2 * MAX_NESTING + 3;
+
+/// Why a payload is not exactly one well-formed MessagePack value.
+#[derive(Clone, Debug, Error, PartialEq, Eq)]
+pub enum MsgpackError {
+    /// The input ended inside a value, including a string, binary, array or map whose
+    /// declared length runs past the end of the payload.
+    #[error("unexpected end of input")]
+    Truncated,
+    #[error("nesting deeper than {MAX_NESTING} levels")]
+    TooDeep,
+    #[error("{0} trailing bytes after the value")]
+    TrailingBytes(usize),
+    /// Any other read error from the MessagePack reader (none is expected from a slice).
+    #[error("read error: {0}")]
+    Read(std::io::ErrorKind),
+}
+
 #[derive(Debug, Error, PartialEq)]
 pub enum KvEventDecodeError {
     #[error("expected 3 frames (topic, sequence, payload), got {0}")]
@@ -87,23 +119,20 @@ pub enum KvEventDecodeError {
     Event { index: usize, reason: &'static str },
 }
 
-/// Encodes a batch as vLLM's msgpack payload (array layout).
+/// Encodes a batch as vLLM's msgpack payload (array layout), every value in its smallest
+/// form (as msgspec writes it).
 pub fn encode_batch(batch: &KvEventBatch) -> Vec<u8> {
-    let mut w = Writer::default();
-    w.array_header(3);
-    w.f64(batch.ts);
-    w.array_header(batch.events.len());
-    for event in &batch.events {
-        encode_event(&mut w, event);
-    }
-    match batch.dp_rank {
-        Some(r) => w.int(r),
-        None => w.nil(),
-    }
-    w.buf
+    let value = Value::Array(vec![
+        Value::F64(batch.ts),
+        Value::Array(batch.events.iter().map(event_value).collect()),
+        batch.dp_rank.map_or(Value::Nil, Value::from),
+    ]);
+    let mut buf = Vec::new();
+    rmpv::encode::write_value(&mut buf, &value).expect("writing to a Vec cannot fail");
+    buf
 }
 
-fn encode_event(w: &mut Writer, event: &KvEvent) {
+fn event_value(event: &KvEvent) -> Value {
     match event {
         KvEvent::BlockStored {
             block_hashes,
@@ -114,55 +143,38 @@ fn encode_event(w: &mut Writer, event: &KvEvent) {
             medium,
             lora_name,
         } => {
-            w.array_header(if lora_name.is_some() { 8 } else { 7 });
-            w.str("BlockStored");
-            hashes(w, block_hashes);
-            match parent_hash {
-                Some(h) => w.uint(*h),
-                None => w.nil(),
-            }
-            w.array_header(token_ids.len());
-            for &t in token_ids {
-                w.uint(t as u64);
-            }
-            w.uint(*block_size as u64);
-            match lora_id {
-                Some(id) => w.int(*id),
-                None => w.nil(),
-            }
-            opt_str(w, medium.as_deref());
+            let mut fields = vec![
+                Value::from("BlockStored"),
+                hashes_value(block_hashes),
+                parent_hash.map_or(Value::Nil, Value::from),
+                Value::Array(token_ids.iter().map(|&t| Value::from(t)).collect()),
+                Value::from(*block_size),
+                lora_id.map_or(Value::Nil, Value::from),
+                opt_str_value(medium.as_deref()),
+            ];
             if let Some(name) = lora_name {
-                w.str(name);
+                fields.push(Value::from(name.as_str()));
             }
+            Value::Array(fields)
         }
         KvEvent::BlockRemoved {
             block_hashes,
             medium,
-        } => {
-            w.array_header(3);
-            w.str("BlockRemoved");
-            hashes(w, block_hashes);
-            opt_str(w, medium.as_deref());
-        }
-        KvEvent::AllBlocksCleared => {
-            w.array_header(1);
-            w.str("AllBlocksCleared");
-        }
+        } => Value::Array(vec![
+            Value::from("BlockRemoved"),
+            hashes_value(block_hashes),
+            opt_str_value(medium.as_deref()),
+        ]),
+        KvEvent::AllBlocksCleared => Value::Array(vec![Value::from("AllBlocksCleared")]),
     }
 }
 
-fn hashes(w: &mut Writer, hs: &[u64]) {
-    w.array_header(hs.len());
-    for &h in hs {
-        w.uint(h);
-    }
+fn hashes_value(hs: &[u64]) -> Value {
+    Value::Array(hs.iter().map(|&h| Value::from(h)).collect())
 }
 
-fn opt_str(w: &mut Writer, s: Option<&str>) {
-    match s {
-        Some(s) => w.str(s),
-        None => w.nil(),
-    }
+fn opt_str_value(s: Option<&str>) -> Value {
+    s.map_or(Value::Nil, Value::from)
 }
 
 /// The three frames of one ZMQ message: topic, 8-byte big-endian sequence, payload.
@@ -222,7 +234,7 @@ pub fn decode_message(frames: &[&[u8]]) -> Result<DecodedMessage, KvEventDecodeE
 /// Decodes a msgpack payload in either layout; unknown event kinds are counted and skipped.
 pub fn decode_batch(payload: &[u8]) -> Result<DecodedBatch, KvEventDecodeError> {
     use KvEventDecodeError::Batch;
-    let (ts, events, dp_rank) = match msgpack::decode(payload)? {
+    let (ts, events, dp_rank) = match read_value(payload)? {
         Value::Array(items) => {
             let mut it = items.into_iter();
             let ts = it.next().ok_or(Batch("missing ts"))?;
@@ -234,10 +246,10 @@ pub fn decode_batch(payload: &[u8]) -> Result<DecodedBatch, KvEventDecodeError> 
             let mut events = None;
             let mut dp = Value::Nil;
             for (k, v) in entries {
-                match k {
-                    Value::Str(k) if k == "ts" => ts = Some(v),
-                    Value::Str(k) if k == "events" => events = Some(v),
-                    Value::Str(k) if k == "data_parallel_rank" => dp = v,
+                match k.as_str() {
+                    Some("ts") => ts = Some(v),
+                    Some("events") => events = Some(v),
+                    Some("data_parallel_rank") => dp = v,
                     _ => {}
                 }
             }
@@ -250,14 +262,16 @@ pub fn decode_batch(payload: &[u8]) -> Result<DecodedBatch, KvEventDecodeError> 
         _ => return Err(Batch("not an array or map")),
     };
     let ts = match ts {
-        Value::Float(f) => f,
-        Value::Int(i) => i as f64,
-        _ => return Err(Batch("ts is not a number")),
+        Value::F64(f) => f,
+        Value::F32(f) => f as f64,
+        v => int(&v).ok_or(Batch("ts is not a number"))? as f64,
     };
     let dp_rank = match dp_rank {
         Value::Nil => None,
-        Value::Int(i) => Some(i64::try_from(i).map_err(|_| Batch("dp_rank out of range"))?),
-        _ => return Err(Batch("dp_rank is not an integer")),
+        v => {
+            let i = int(&v).ok_or(Batch("dp_rank is not an integer"))?;
+            Some(i64::try_from(i).map_err(|_| Batch("dp_rank out of range"))?)
+        }
     };
     let Value::Array(raw_events) = events else {
         return Err(Batch("events is not an array"));
@@ -310,9 +324,10 @@ fn decode_event(raw: Value) -> Result<Option<KvEvent>, &'static str> {
     let (tag, mut fields, positional_len) = match raw {
         Value::Array(items) => {
             let mut it = items.into_iter();
-            let Some(Value::Str(tag)) = it.next() else {
-                return Err("array event without a string tag");
-            };
+            let tag = it
+                .next()
+                .and_then(string)
+                .ok_or("array event without a string tag")?;
             let values: Vec<Value> = it.collect();
             let n = values.len();
             (tag, Fields { values }, n)
@@ -321,9 +336,9 @@ fn decode_event(raw: Value) -> Result<Option<KvEvent>, &'static str> {
             let mut tag = None;
             let mut named = Vec::new();
             for (k, v) in entries {
-                if let Value::Str(k) = k {
+                if let Some(k) = string(k) {
                     if k == "type" {
-                        if let Value::Str(t) = v {
+                        if let Some(t) = string(v) {
                             tag = Some(t);
                         }
                     } else {
@@ -364,19 +379,19 @@ fn decode_event(raw: Value) -> Result<Option<KvEvent>, &'static str> {
             };
             let token_ids = tokens
                 .into_iter()
-                .map(|t| match t {
-                    Value::Int(i) => u32::try_from(i).map_err(|_| "token id out of range"),
-                    _ => Err("token id is not an integer"),
+                .map(|t| {
+                    let i = int(&t).ok_or("token id is not an integer")?;
+                    u32::try_from(i).map_err(|_| "token id out of range")
                 })
                 .collect::<Result<_, _>>()?;
-            let block_size = match fields.get(3) {
-                Value::Int(i) => u32::try_from(i).map_err(|_| "block_size out of range")?,
-                _ => return Err("block_size is not an integer"),
-            };
+            let block_size = int(&fields.get(3)).ok_or("block_size is not an integer")?;
+            let block_size = u32::try_from(block_size).map_err(|_| "block_size out of range")?;
             let lora_id = match fields.get(4) {
                 Value::Nil => None,
-                Value::Int(i) => Some(i64::try_from(i).map_err(|_| "lora_id out of range")?),
-                _ => return Err("lora_id is not an integer"),
+                v => {
+                    let i = int(&v).ok_or("lora_id is not an integer")?;
+                    Some(i64::try_from(i).map_err(|_| "lora_id out of range")?)
+                }
             };
             KvEvent::BlockStored {
                 block_hashes,
@@ -413,20 +428,54 @@ fn hash_list(v: Value) -> Result<Vec<u64>, &'static str> {
 /// (big-endian, low 64 bits kept, as `maybe_convert_block_hash`).
 fn hash(v: Value) -> Result<u64, &'static str> {
     match v {
-        Value::Int(i) => Ok(i as u64),
-        Value::Bin(b) => {
+        Value::Binary(b) => {
             let tail = &b[b.len().saturating_sub(8)..];
             Ok(tail.iter().fold(0u64, |acc, &x| (acc << 8) | x as u64))
         }
-        _ => Err("block hash is neither an integer nor bytes"),
+        v => int(&v)
+            .map(|i| i as u64)
+            .ok_or("block hash is neither an integer nor bytes"),
     }
 }
 
 fn opt_string(v: Value, err: &'static str) -> Result<Option<String>, &'static str> {
     match v {
         Value::Nil => Ok(None),
-        Value::Str(s) => Ok(Some(s)),
-        _ => Err(err),
+        v => string(v).map(Some).ok_or(err),
+    }
+}
+
+/// Any MessagePack integer (uint64 or int64 family) as `i128`, which holds both.
+fn int(v: &Value) -> Option<i128> {
+    let Value::Integer(i) = v else { return None };
+    i.as_u64()
+        .map(i128::from)
+        .or_else(|| i.as_i64().map(i128::from))
+}
+
+/// A UTF-8 string value (rmpv keeps invalid UTF-8 as a string too; that is not one here).
+fn string(v: Value) -> Option<String> {
+    match v {
+        Value::String(s) => s.into_str(),
+        _ => None,
+    }
+}
+
+/// Reads exactly one value spanning all of `payload`, nesting bounded.
+fn read_value(payload: &[u8]) -> Result<Value, MsgpackError> {
+    use rmpv::decode::Error;
+    let mut rd = payload;
+    let value =
+        rmpv::decode::read_value_with_max_depth(&mut rd, RMPV_MAX_DEPTH).map_err(|e| match e {
+            Error::DepthLimitExceeded => MsgpackError::TooDeep,
+            Error::InvalidMarkerRead(e) | Error::InvalidDataRead(e) => match e.kind() {
+                std::io::ErrorKind::UnexpectedEof => MsgpackError::Truncated,
+                kind => MsgpackError::Read(kind),
+            },
+        })?;
+    match rd.len() {
+        0 => Ok(value),
+        n => Err(MsgpackError::TrailingBytes(n)),
     }
 }
 
@@ -606,6 +655,82 @@ mod tests {
         assert_eq!(m.batch.batch.events, events);
         assert_eq!(m.batch.batch.dp_rank, Some(2));
         assert_eq!(m.batch.batch.ts, 12.25);
+    }
+
+    #[test]
+    fn hostile_declared_lengths_are_truncation_errors() {
+        use KvEventDecodeError::Msgpack;
+        // array32, map32, str32, bin32, ext32 claiming 4 GiB, alone and as the events
+        // of a batch, then nothing (or a little) behind them.
+        for header in [
+            "dd ffffffff",
+            "df ffffffff",
+            "db ffffffff",
+            "c6 ffffffff",
+            "c9 ffffffff 01",
+        ] {
+            assert_eq!(
+                decode_batch(&hex(header)),
+                Err(Msgpack(MsgpackError::Truncated)),
+                "{header}"
+            );
+            let batch = hex(&format!(
+                "93 cb3ff0000000000000 {header} {}",
+                "c0".repeat(1000)
+            ));
+            assert_eq!(
+                decode_batch(&batch),
+                Err(Msgpack(MsgpackError::Truncated)),
+                "{header} in a batch"
+            );
+        }
+        // Nested: every level claims u32::MAX elements.
+        let bytes = hex(&"dd ffffffff".repeat(20));
+        assert!(matches!(decode_batch(&bytes), Err(Msgpack(_))));
+    }
+
+    #[test]
+    fn nesting_is_bounded_at_32_containers() {
+        use KvEventDecodeError::Msgpack;
+        assert_eq!(
+            decode_batch(&[0x91; 100]),
+            Err(Msgpack(MsgpackError::TooDeep))
+        );
+        // 32 nested containers around a string still parse (then fail as a batch).
+        let mut ok = vec![0x91; 16];
+        ok.extend([0x81, 0xa1, b'k'].repeat(16));
+        ok.extend(hex("a1 78"));
+        assert!(matches!(
+            decode_batch(&ok),
+            Err(KvEventDecodeError::Batch(_))
+        ));
+        // 33 around a string, or 34 around anything, are refused.
+        let mut deep = vec![0x91; 33];
+        deep.extend(hex("a1 78"));
+        assert_eq!(decode_batch(&deep), Err(Msgpack(MsgpackError::TooDeep)));
+        let mut deep = vec![0x91; 34];
+        deep.push(0xc0);
+        assert_eq!(decode_batch(&deep), Err(Msgpack(MsgpackError::TooDeep)));
+    }
+
+    #[test]
+    fn truncated_trailing_and_non_utf8_payloads_are_typed_errors() {
+        use KvEventDecodeError::Msgpack;
+        assert_eq!(decode_batch(&[]), Err(Msgpack(MsgpackError::Truncated)));
+        let mut bytes = hex(STORED_BATCH);
+        bytes.push(0xc0);
+        assert_eq!(
+            decode_batch(&bytes),
+            Err(Msgpack(MsgpackError::TrailingBytes(1)))
+        );
+        bytes.truncate(bytes.len() - 2);
+        assert_eq!(decode_batch(&bytes), Err(Msgpack(MsgpackError::Truncated)));
+        // An event tag that is not UTF-8.
+        let bytes = hex("92 cb3ff0000000000000 91 91 a2 ff fe");
+        assert!(matches!(
+            decode_batch(&bytes),
+            Err(KvEventDecodeError::Event { index: 0, .. })
+        ));
     }
 
     fn arb_event() -> impl Strategy<Value = KvEvent> {

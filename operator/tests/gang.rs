@@ -4,7 +4,7 @@ mod common;
 
 use common::{busy_pod, cluster, gpu_node, observed, run, running, sample};
 use dynamo_operator::reconcile::gang::{GangPlacement, GangRequest, place};
-use dynamo_operator::reconcile::{ObjectKind, Severity};
+use dynamo_operator::reconcile::{ObjectKind, Severity, is_gated, pinned_domain};
 use k8s_openapi::api::core::v1::Pod;
 
 fn request(pods: u32, gpus: u32) -> GangRequest {
@@ -17,29 +17,8 @@ fn request(pods: u32, gpus: u32) -> GangRequest {
     }
 }
 
-fn is_gated(pod: &Pod) -> bool {
-    pod.spec
-        .as_ref()
-        .and_then(|s| s.scheduling_gates.as_ref())
-        .is_some_and(|g| g.iter().any(|g| g.name == "nvidia.com/dynamo-gang"))
-}
-
 fn pinned_clique(pod: &Pod) -> Option<String> {
-    let terms = &pod
-        .spec
-        .as_ref()?
-        .affinity
-        .as_ref()?
-        .node_affinity
-        .as_ref()?
-        .required_during_scheduling_ignored_during_execution
-        .as_ref()?
-        .node_selector_terms;
-    terms
-        .iter()
-        .flat_map(|t| t.match_expressions.iter().flatten())
-        .find(|r| r.key == "nvidia.com/gpu.clique")
-        .and_then(|r| r.values.as_ref()?.first().cloned())
+    pinned_domain(pod, "nvidia.com/gpu.clique")
 }
 
 #[test]

@@ -32,6 +32,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use serde::Serialize;
 
 pub use graph::reconcile;
+pub use pods::{is_gated, pinned_domain};
 
 /// Field manager of every server-side apply the operator makes.
 pub const FIELD_MANAGER: &str = "dynamo-operator";

@@ -223,7 +223,7 @@ pub(crate) fn release(pod: &mut Pod, domain_label: &str, domain: &str) {
 }
 
 /// The domain an already released gang pod was pinned to by [`release`].
-pub(crate) fn pinned_domain(pod: &Pod, domain_label: &str) -> Option<String> {
+pub fn pinned_domain(pod: &Pod, domain_label: &str) -> Option<String> {
     let terms = &pod
         .spec
         .as_ref()?
@@ -242,7 +242,7 @@ pub(crate) fn pinned_domain(pod: &Pod, domain_label: &str) -> Option<String> {
 }
 
 /// Whether the pod still waits behind the gang gate.
-pub(crate) fn is_gated(pod: &Pod) -> bool {
+pub fn is_gated(pod: &Pod) -> bool {
     pod.spec
         .as_ref()
         .and_then(|s| s.scheduling_gates.as_ref())

@@ -10,17 +10,20 @@
 //! and LoRA name so that two models never share blocks. The router, the sidecar and the
 //! mock engine all call this module, which is what makes their hashes comparable.
 
+use serde::{Deserialize, Serialize};
 use xxhash_rust::xxh3::xxh3_64_with_seed;
 
 /// Seed of every hash when nothing salts it (`DESIGN.md`, "Block hashing").
 pub const BASE_SEED: u64 = 1337;
 
 /// Hash of one block's tokens alone.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(transparent)]
 pub struct LocalHash(pub u64);
 
 /// Hash of a block and every block before it: the identity of a prefix.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(transparent)]
 pub struct SeqHash(pub u64);
 
 /// Hashes token sequences for one (model, LoRA, block size).

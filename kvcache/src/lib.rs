@@ -1,8 +1,42 @@
 //! KV cache core shared by the endpoint picker, the sidecar and the mock engine.
 //!
 //! No I/O lives here: only the contracts and data structures every part must agree on
-//! (see `DESIGN.md`, "Block hashing").
+//! (`DESIGN.md`, "Block hashing", "Sidecar -> EPP: KV event stream", "Scheduling (EPP)").
+//!
+//! - [`hash`]: block identity (chained XXH3 sequence hashes);
+//! - [`events`]: KV events as the router sees them, and gap detection on a pod's stream;
+//! - [`index`]: exact index of which pod holds which block, fed by events;
+//! - [`approx`]: approximate index learnt from the router's own decisions, with a TTL;
+//! - [`overlap`]: the shared answer of both indexes, per pod and tier;
+//! - [`load`]: prefill/decode blocks in flight per pod, and saturation;
+//! - [`scheduler`]: the pure cost function and pick;
+//! - [`queue`]: where requests wait while every pod is saturated.
 
+pub mod approx;
+pub mod events;
+mod fast_map;
 pub mod hash;
+pub mod index;
+pub mod load;
+pub mod overlap;
+pub mod queue;
+pub mod scheduler;
+pub mod worker;
 
+pub use approx::{ApproxConfig, ApproxIndex};
+pub use events::{
+    Continuity, KvEvent, KvEventEnvelope, RemovedBlock, StoredBlock, StreamCursor, Tier,
+    UnknownTier,
+};
 pub use hash::{BlockHasher, LocalHash, SeqHash};
+pub use index::{IndexError, KvIndex};
+pub use load::{EngineMetrics, LoadError, LoadTracker, RequestId, SaturationThreshold, WorkerLoad};
+pub use overlap::{OverlapScores, TierCounts, TierCredits};
+pub use queue::{
+    QueueFull, QueuePolicy, QueuedRequest, Ticket, UnknownQueuePolicy, WaitingQueue, WorkModel,
+};
+pub use scheduler::{
+    Decision, RouterMode, ScheduleError, Scheduler, SchedulerConfig, UnknownRouterMode,
+    pick_by_cost,
+};
+pub use worker::WorkerId;

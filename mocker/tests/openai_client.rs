@@ -3,10 +3,10 @@
 use std::path::PathBuf;
 use std::process::Command;
 
-use dynamo_mocker::EngineConfig;
-use dynamo_mocker::server::{ServerConfig, start};
+mod common;
 
-const ROOT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/..");
+use common::{ROOT, serve};
+use dynamo_mocker::EngineConfig;
 
 #[tokio::test(flavor = "multi_thread")]
 async fn the_official_openai_client_chats_whole_and_streamed() {
@@ -15,18 +15,7 @@ async fn the_official_openai_client_chats_whole_and_streamed() {
         python.exists(),
         "run `make pyenv` first (installs the openai client)"
     );
-    let server = start(
-        ServerConfig {
-            model_path: PathBuf::from(ROOT).join(".cache/models/qwen-mock"),
-            model_name: Some("qwen".into()),
-            listen: "127.0.0.1:0".parse().unwrap(),
-            kv_events_endpoint: None,
-            engine: EngineConfig::default(),
-        },
-        std::future::pending(),
-    )
-    .await
-    .expect("server starts");
+    let server = serve(EngineConfig::default()).await;
     let base_url = format!("http://{}/v1", server.http_addr);
     let out = tokio::task::spawn_blocking(move || {
         Command::new(python)

@@ -1,38 +1,15 @@
 //! The mock engine as a client meets it: real HTTP, SSE and ZMQ sockets on loopback.
 
-use std::path::PathBuf;
 use std::time::Duration;
 
+use common::serve;
 use dynamo_mocker::kv_events::decode_message;
-use dynamo_mocker::server::{RunningServer, ServerConfig, start};
+use dynamo_mocker::server::RunningServer;
 use dynamo_mocker::{EngineConfig, KvEvent};
 use serde_json::{Value, json};
 use zeromq::{Socket, SocketRecv, SubSocket};
 
-fn model_dir() -> PathBuf {
-    let dir = PathBuf::from(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../.cache/models/qwen-mock"
-    ));
-    assert!(
-        dir.join("tokenizer.json").exists(),
-        "run `make model` first"
-    );
-    dir
-}
-
-async fn serve(engine: EngineConfig) -> RunningServer {
-    let config = ServerConfig {
-        model_path: model_dir(),
-        model_name: Some("qwen".into()),
-        listen: "127.0.0.1:0".parse().unwrap(),
-        kv_events_endpoint: Some("tcp://127.0.0.1:0".into()),
-        engine,
-    };
-    start(config, std::future::pending())
-        .await
-        .expect("server starts")
-}
+mod common;
 
 fn url(server: &RunningServer, path: &str) -> String {
     format!("http://{}{path}", server.http_addr)

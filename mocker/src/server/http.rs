@@ -281,57 +281,56 @@ impl Answer {
     }
 
     fn chat_chunk(&self, delta: Delta, finish_reason: Option<FinishReason>) -> String {
-        sse_data(&ChatCompletionChunk {
-            id: self.id.clone(),
-            object: "chat.completion.chunk".into(),
-            created: self.created,
-            model: self.state.model.name.clone(),
-            choices: vec![ChatChunkChoice {
+        self.chat_frame(
+            vec![ChatChunkChoice {
                 index: 0,
                 delta,
                 finish_reason,
             }],
-            usage: None,
-        })
+            None,
+        )
     }
 
     fn completion_chunk(&self, text: String, finish_reason: Option<FinishReason>) -> String {
-        sse_data(&Completion {
-            id: self.id.clone(),
-            object: "text_completion".into(),
-            created: self.created,
-            model: self.state.model.name.clone(),
-            choices: vec![CompletionChoice {
+        self.completion_frame(
+            vec![CompletionChoice {
                 index: 0,
                 text,
                 finish_reason,
             }],
-            usage: None,
-            kv_transfer_params: None,
-        })
+            None,
+        )
     }
 
     /// OpenAI's last chunk when `stream_options.include_usage`: no choices, only usage.
     fn usage_chunk(&self, usage: Usage) -> String {
         match self.endpoint {
-            Endpoint::Chat => sse_data(&ChatCompletionChunk {
-                id: self.id.clone(),
-                object: "chat.completion.chunk".into(),
-                created: self.created,
-                model: self.state.model.name.clone(),
-                choices: vec![],
-                usage: Some(usage),
-            }),
-            Endpoint::Completions => sse_data(&Completion {
-                id: self.id.clone(),
-                object: "text_completion".into(),
-                created: self.created,
-                model: self.state.model.name.clone(),
-                choices: vec![],
-                usage: Some(usage),
-                kv_transfer_params: None,
-            }),
+            Endpoint::Chat => self.chat_frame(vec![], Some(usage)),
+            Endpoint::Completions => self.completion_frame(vec![], Some(usage)),
         }
+    }
+
+    fn chat_frame(&self, choices: Vec<ChatChunkChoice>, usage: Option<Usage>) -> String {
+        sse_data(&ChatCompletionChunk {
+            id: self.id.clone(),
+            object: "chat.completion.chunk".into(),
+            created: self.created,
+            model: self.state.model.name.clone(),
+            choices,
+            usage,
+        })
+    }
+
+    fn completion_frame(&self, choices: Vec<CompletionChoice>, usage: Option<Usage>) -> String {
+        sse_data(&Completion {
+            id: self.id.clone(),
+            object: "text_completion".into(),
+            created: self.created,
+            model: self.state.model.name.clone(),
+            choices,
+            usage,
+            kv_transfer_params: None,
+        })
     }
 }
 

@@ -1,0 +1,28 @@
+//! Starting a mock engine server for a test.
+
+use std::path::PathBuf;
+
+use dynamo_mocker::EngineConfig;
+use dynamo_mocker::server::{RunningServer, ServerConfig, start};
+
+/// The repository root, where `make model` and `make pyenv` put their output.
+pub const ROOT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/..");
+
+/// A server for model `qwen` on a free loopback port, KV events on a free port too.
+pub async fn serve(engine: EngineConfig) -> RunningServer {
+    let model_path = PathBuf::from(ROOT).join(".cache/models/qwen-mock");
+    assert!(
+        model_path.join("tokenizer.json").exists(),
+        "run `make model` first"
+    );
+    let config = ServerConfig {
+        model_path,
+        model_name: Some("qwen".into()),
+        listen: "127.0.0.1:0".parse().unwrap(),
+        kv_events_endpoint: Some("tcp://127.0.0.1:0".into()),
+        engine,
+    };
+    start(config, std::future::pending())
+        .await
+        .expect("server starts")
+}

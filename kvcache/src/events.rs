@@ -178,6 +178,11 @@ impl StreamCursor {
         verdict
     }
 
+    /// Sets the position to a snapshot's: `event_id` is the last event it includes.
+    pub fn restart_at(&mut self, instance_id: u64, event_id: u64) {
+        self.last = Some((instance_id, event_id));
+    }
+
     /// Forgets the position, e.g. before resubscribing after a gap.
     pub fn reset(&mut self) {
         self.last = None;
@@ -259,5 +264,7 @@ mod tests {
         assert_eq!(c.advance(&env(2, 1)), Continuity::Next);
         c.reset();
         assert_eq!(c.advance(&env(2, 9)), Continuity::NewInstance);
+        c.restart_at(3, 40);
+        assert_eq!(c.advance(&env(3, 41)), Continuity::Next);
     }
 }

@@ -10,7 +10,9 @@
 //! - [`overlap`]: the shared answer of both indexes, per pod and tier;
 //! - [`load`]: prefill/decode blocks in flight per pod, and saturation;
 //! - [`scheduler`]: the pure cost function and pick;
-//! - [`queue`]: where requests wait while every pod is saturated.
+//! - [`queue`]: where requests wait while every pod is saturated;
+//! - [`vllm_events`]: vLLM's ZMQ KV event wire format as bytes, shared by the sidecar
+//!   (decoding) and the mock engine (encoding).
 
 pub mod approx;
 pub mod events;
@@ -21,6 +23,7 @@ pub mod load;
 pub mod overlap;
 pub mod queue;
 pub mod scheduler;
+pub mod vllm_events;
 pub mod worker;
 
 pub use approx::{ApproxConfig, ApproxIndex};

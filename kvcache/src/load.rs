@@ -4,8 +4,13 @@
 //! *prefill* load from the pick until its first token, then all its blocks are *decode*
 //! load (their KV stays resident) until it finishes. Engine metrics, scraped elsewhere
 //! and passed in as numbers, correct that view: EPP replicas are active-active, so each
-//! sees only its own share of a pod's traffic, and the engine's own KV usage is a floor
-//! under the decode load this replica believes in.
+//! sees only its own share of a pod's traffic. When metrics arrive, the engine's resident
+//! blocks beyond what this router tracks at that moment are taken as *untracked* load
+//! (other replicas' requests) and added to the decode load until the next scrape. Only
+//! the excess is kept, not the total: a scrape taken while this router's own request ran
+//! would otherwise keep charging the pod for that request after it finished, until the
+//! next scrape, and steer the next request sharing its prefix away from the pod that
+//! caches it.
 
 use serde::{Deserialize, Serialize};
 
@@ -77,6 +82,8 @@ pub enum LoadError {
 struct PodLoad {
     prefill: u64,
     decode: u64,
+    /// Resident blocks the last scrape showed beyond this router's own decode load.
+    untracked: u64,
     metrics: Option<EngineMetrics>,
 }
 
@@ -170,26 +177,24 @@ impl LoadTracker {
 
     /// Latest metrics of `worker`'s engine; they replace the previous ones.
     pub fn observe_metrics(&mut self, worker: WorkerId, metrics: EngineMetrics) {
-        self.pods.entry(worker).or_default().metrics = Some(metrics);
+        let pod = self.pods.entry(worker).or_default();
+        let resident = metrics
+            .num_gpu_blocks
+            .map(|n| (n as f64 * metrics.kv_cache_usage_perc.clamp(0.0, 1.0)).round() as u64);
+        pod.untracked = resident.map_or(0, |r| r.saturating_sub(pod.decode));
+        pod.metrics = Some(metrics);
     }
 
-    /// `worker`'s load: tracked prefill, and tracked decode raised to what the engine's
-    /// KV usage says is resident (other routers' requests included).
+    /// `worker`'s load: tracked prefill, and tracked decode plus the resident blocks of
+    /// other routers' requests as of the last scrape.
     pub fn load(&self, worker: WorkerId) -> WorkerLoad {
         let Some(pod) = self.pods.get(&worker) else {
             return WorkerLoad::idle(worker);
         };
-        let resident = pod
-            .metrics
-            .and_then(|m| {
-                let blocks = m.num_gpu_blocks? as f64 * m.kv_cache_usage_perc.clamp(0.0, 1.0);
-                Some(blocks.round() as u64)
-            })
-            .unwrap_or(0);
         WorkerLoad {
             worker,
             prefill_blocks: pod.prefill,
-            decode_blocks: pod.decode.max(resident),
+            decode_blocks: pod.decode + pod.untracked,
         }
     }
 
@@ -266,28 +271,35 @@ mod tests {
     }
 
     #[test]
-    fn engine_kv_usage_is_a_floor_under_decode_load() {
+    fn engine_kv_usage_adds_the_load_this_router_does_not_track() {
+        let usage = |kv_cache_usage_perc| EngineMetrics {
+            num_requests_waiting: 0,
+            kv_cache_usage_perc,
+            num_gpu_blocks: Some(100),
+        };
         let mut t = LoadTracker::new();
         t.on_pick(RequestId(1), W, 10, 10).unwrap();
         t.on_first_token(RequestId(1)).unwrap();
-        t.observe_metrics(
-            W,
-            EngineMetrics {
-                num_requests_waiting: 0,
-                kv_cache_usage_perc: 0.5,
-                num_gpu_blocks: Some(100),
-            },
-        );
-        // Another replica's traffic fills 50 of 100 blocks; we only know of 10.
+        // Another replica's traffic fills 40 of the 50 resident blocks; we know of 10.
+        t.observe_metrics(W, usage(0.5));
         assert_eq!(t.load(W).decode_blocks, 50);
+        // Our request ends: only the other replica's 40 remain until the next scrape.
+        t.on_finish(RequestId(1)).unwrap();
+        assert_eq!(t.load(W).decode_blocks, 40);
+        // A scrape showing less than we track adds nothing.
+        t.on_pick(RequestId(2), W, 10, 10).unwrap();
+        t.on_first_token(RequestId(2)).unwrap();
+        t.observe_metrics(W, usage(0.01));
+        assert_eq!(t.load(W).decode_blocks, 10);
+        // Without the cache size, usage cannot be turned into blocks.
         t.observe_metrics(
             W,
             EngineMetrics {
-                kv_cache_usage_perc: 0.01,
-                ..EngineMetrics::default()
+                num_gpu_blocks: None,
+                ..usage(0.9)
             },
         );
-        assert_eq!(t.load(W).decode_blocks, 10, "tracked load wins when higher");
+        assert_eq!(t.load(W).decode_blocks, 10);
     }
 
     #[test]

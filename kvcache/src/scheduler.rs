@@ -7,8 +7,9 @@
 //! have queued if it took the request, the second the memory pressure it is under.
 //!
 //! Temperature 0 takes the cheapest pod; ties go to the lower load (prefill + decode
-//! blocks in flight), then the lower `WorkerId`, so equal inputs always give the same
-//! pod. Above 0, costs are normalised to [0, 1] (0 = cheapest) and a pod is drawn with
+//! blocks in flight), then to a pod drawn uniformly from those still tied (as Dynamo's
+//! KV router does): a fixed order would pile every cold prompt of an idle pool onto one
+//! pod, while a draw spreads them; a seeded random source makes it repeatable. Above 0, costs are normalised to [0, 1] (0 = cheapest) and a pod is drawn with
 //! probability proportional to exp(-normalised cost / temperature).
 
 use std::fmt;
@@ -164,28 +165,29 @@ pub fn pick_by_cost<R: Rng + ?Sized>(
     // Worker order, not the caller's, decides sampling, so a seed replays the same pick.
     options.sort_by_key(|(d, _)| d.worker);
     options.dedup_by_key(|(d, _)| d.worker);
-    let cheapest = options
+    let best = options
         .iter()
-        .min_by(|(a, la), (b, lb)| {
-            a.cost
-                .total_cmp(&b.cost)
-                .then(la.cmp(lb))
-                .then(a.worker.cmp(&b.worker))
-        })
-        .map(|(d, _)| *d)
+        .min_by(|(a, la), (b, lb)| a.cost.total_cmp(&b.cost).then(la.cmp(lb)))
+        .map(|(d, load)| (d.cost, *load))
         .ok_or(ScheduleError::NoWorkers)?;
     if t == 0.0 {
-        return Ok(cheapest);
+        let tied: Vec<Decision> = options
+            .iter()
+            .filter(|(d, load)| d.cost == best.0 && *load == best.1)
+            .map(|(d, _)| *d)
+            .collect();
+        return Ok(tied[rng.random_range(0..tied.len())]);
     }
+    let cheapest = best.0;
     let max = options.iter().map(|(d, _)| d.cost).fold(f64::MIN, f64::max);
-    let span = max - cheapest.cost;
+    let span = max - cheapest;
     if span <= 0.0 {
         let i = rng.random_range(0..options.len());
         return Ok(options[i].0);
     }
     let weights: Vec<f64> = options
         .iter()
-        .map(|(d, _)| (-((d.cost - cheapest.cost) / span) / t).exp())
+        .map(|(d, _)| (-((d.cost - cheapest) / span) / t).exp())
         .collect();
     let mut draw = rng.random::<f64>() * weights.iter().sum::<f64>();
     for ((d, _), w) in options.iter().zip(&weights) {
@@ -326,15 +328,24 @@ mod tests {
     }
 
     #[test]
-    fn ties_go_to_the_lower_load_then_the_lower_id() {
+    fn ties_go_to_the_lower_load_then_to_a_seeded_draw() {
         // Ten blocks. Pod 5: overlap 10, prefill 0, decode 12 -> (0+10-10)+12 = 12, load 12.
         // Pod 4: no overlap, prefill 0, decode 2 -> 10 + 2 = 12, load 2.
-        // Pod 3: same as pod 4.  Pod 4 and 3 tie on cost and load: 3 wins.
+        // Pod 3: same as pod 4. Pods 4 and 3 tie on cost and load; pod 5 never wins.
         let scores = OverlapScores::from_entries(vec![(WorkerId(5), counts(10, 0, 0))]);
         let loads = [load(5, 0, 12), load(4, 0, 2), load(3, 0, 2)];
         let cfg = SchedulerConfig::default();
-        let d = pick_by_cost(&scores, &loads, 10, &cfg, &mut StdRng::seed_from_u64(0)).unwrap();
-        assert_eq!(d.worker, WorkerId(3));
+        let pick = |seed| {
+            pick_by_cost(&scores, &loads, 10, &cfg, &mut StdRng::seed_from_u64(seed))
+                .unwrap()
+                .worker
+        };
+        let winners: std::collections::BTreeSet<_> = (0..64).map(pick).collect();
+        assert_eq!(
+            winners.into_iter().collect::<Vec<_>>(),
+            [WorkerId(3), WorkerId(4)]
+        );
+        assert_eq!(pick(7), pick(7), "a seed replays the same draw");
     }
 
     #[test]

@@ -16,9 +16,8 @@
 use std::collections::HashMap;
 
 use dynamo_kvcache::SeqHash;
+use dynamo_kvcache::vllm_events::{KvEvent, MEDIUM_GPU};
 use thiserror::Error;
-
-use crate::kv_events::{KvEvent, MEDIUM_GPU};
 
 pub type BlockId = u32;
 

@@ -5,12 +5,12 @@
 //! its uncached prompt (the first token is sampled by the prefill step itself, as in
 //! vLLM), and each later token arrives one decode step after the previous one.
 
+use dynamo_kvcache::vllm_events::KvEvent;
 use dynamo_kvcache::{BlockHasher, SeqHash};
 
 use crate::block_pool::BlockPool;
 use crate::clock::{Clock, SimClock};
 use crate::config::{ConfigError, EngineConfig};
-use crate::kv_events::KvEvent;
 use crate::scheduler::{
     FinishedRequest, Limits, Rejected, Request, RequestId, Scheduler, SchedulerCounters,
     TokenOutput,

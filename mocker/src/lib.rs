@@ -8,7 +8,6 @@ pub mod block_pool;
 pub mod clock;
 pub mod config;
 pub mod engine;
-pub mod kv_events;
 pub mod replay;
 pub mod scheduler;
 pub mod server;
@@ -19,8 +18,6 @@ pub use block_pool::{BlockId, BlockPool, OutOfBlocks};
 pub use clock::{Clock, RealClock, SimClock};
 pub use config::{ConfigError, EngineConfig};
 pub use engine::{Engine, EngineMetrics, StepOutcome};
-pub use kv_events::MsgpackError;
-pub use kv_events::{KvEvent, KvEventBatch, KvEventDecodeError, KvEventEncoder};
 pub use scheduler::{
     FinishReason, FinishedRequest, Rejected, Request, RequestId, SchedulerCounters, TokenOutput,
 };

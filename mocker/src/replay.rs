@@ -8,12 +8,15 @@
 //! Engines advance independently; before a request arriving at `t` is routed, every
 //! engine runs its steps until its clock reaches `t` (an engine mid-step at `t` shows the
 //! router its state at that step's end, and the request joins at the next step, as in
-//! vLLM).
+//! vLLM). The router sees every step's outcome (tokens, finished requests and, when it
+//! asks for them, KV events), as a real router follows streams and event feeds.
+//!
+//! [`replay`] takes a trace; [`replay_requests`] takes any workload as token ids.
 
 use std::fmt;
 
 use dynamo_kvcache::SeqHash;
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
 use crate::clock::Clock;
@@ -80,9 +83,20 @@ pub fn synthesize_prompt(rec: &TraceRecord, index: u64, vocab_size: u32) -> Vec<
         .collect()
 }
 
+/// One request of a replay.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ReplayRequest {
+    /// Simulated arrival time; requests come in non-decreasing order.
+    pub arrival_ms: f64,
+    pub token_ids: Vec<u32>,
+    pub max_tokens: usize,
+}
+
 /// What a router sees of a request.
 pub struct RouteQuery<'a> {
+    /// Position in the workload; also the engine's request id.
     pub index: usize,
+    pub arrival_ms: f64,
     pub token_ids: &'a [u32],
     /// Sequence hashes of the prompt's full blocks, from the engines' hasher.
     pub block_hashes: &'a [SeqHash],
@@ -91,6 +105,19 @@ pub struct RouteQuery<'a> {
 /// Picks the engine index for each request.
 pub trait Router {
     fn route(&mut self, query: &RouteQuery<'_>, engines: &[Engine]) -> usize;
+
+    /// Sees one step of engine `engine`: its tokens (`index` 0 is a first token),
+    /// finished requests and, if [`Router::wants_kv_events`], its KV events.
+    fn observe(&mut self, _engine: usize, _outcome: &StepOutcome) {}
+
+    /// Engine `engine` refused the request it was routed (it can never fit there).
+    fn rejected(&mut self, _engine: usize, _index: usize) {}
+
+    /// Whether the engines should record KV events for [`Router::observe`] (off by
+    /// default: collecting them costs time).
+    fn wants_kv_events(&self) -> bool {
+        false
+    }
 }
 
 impl<F: FnMut(&RouteQuery<'_>, &[Engine]) -> usize> Router for F {
@@ -137,7 +164,7 @@ impl Router for MostCachedPrefix {
 }
 
 /// p50/p90/p99 by nearest rank, and the mean.
-#[derive(Clone, Copy, Debug, Default, PartialEq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize)]
 pub struct Percentiles {
     pub p50: f64,
     pub p90: f64,
@@ -174,6 +201,8 @@ pub struct ReplayReport {
     pub sim_duration_ms: f64,
     pub ttft_ms: Percentiles,
     pub itl_ms: Percentiles,
+    /// Arrival to last token, per completed request.
+    pub e2e_ms: Percentiles,
     pub requests_per_s: f64,
     pub output_tokens_per_s: f64,
     /// Prefix cache hits / queries, in tokens, over all engines.
@@ -202,7 +231,11 @@ impl fmt::Display for ReplayReport {
             self.output_tokens_per_s,
             self.prefix_cache_hit_rate * 100.0
         )?;
-        for (name, p) in [("TTFT", self.ttft_ms), ("ITL", self.itl_ms)] {
+        for (name, p) in [
+            ("TTFT", self.ttft_ms),
+            ("ITL", self.itl_ms),
+            ("E2E", self.e2e_ms),
+        ] {
             writeln!(
                 f,
                 "{name} ms: p50 {:.1}  p90 {:.1}  p99 {:.1}  mean {:.1}  (n={})",
@@ -217,6 +250,7 @@ impl fmt::Display for ReplayReport {
 struct Collector {
     ttft: Vec<f64>,
     itl: Vec<f64>,
+    e2e: Vec<f64>,
     completed: usize,
     output_tokens: u64,
     last_ms: f64,
@@ -230,17 +264,21 @@ impl Collector {
             self.itl.extend(t.itl_ms);
         }
         self.completed += o.finished.len();
+        self.e2e
+            .extend(o.finished.iter().map(|f| f.finished_ms - f.arrival_ms));
         if !o.outputs.is_empty() {
             self.last_ms = self.last_ms.max(o.ended_ms());
         }
     }
 }
 
-/// Steps `engine` until its clock reaches `t_ms` (or it runs dry, then jumps to `t_ms`).
-fn run_until(engine: &mut Engine, t_ms: f64, c: &mut Collector) {
+/// Steps `engine` (number `k`) until its clock reaches `t_ms` (or it runs dry, then
+/// jumps to `t_ms`), showing the router each step.
+fn run_until(engine: &mut Engine, k: usize, t_ms: f64, router: &mut dyn Router, c: &mut Collector) {
     while engine.has_work() && engine.clock().now_ms() < t_ms {
         let o = engine.step();
         c.take(&o);
+        router.observe(k, &o);
         if o.duration_ms == 0.0 {
             break; // nothing could be scheduled; cannot happen with admitted requests
         }
@@ -255,28 +293,45 @@ pub fn replay(
     num_engines: usize,
     router: &mut dyn Router,
 ) -> Result<ReplayReport, ReplayError> {
+    let requests = records.iter().enumerate().map(|(i, rec)| ReplayRequest {
+        arrival_ms: rec.timestamp,
+        token_ids: synthesize_prompt(rec, i as u64, config.vocab_size),
+        max_tokens: rec.output_length.max(1),
+    });
+    replay_requests(requests, config, num_engines, router)
+}
+
+/// Replays `requests` (built lazily, one at a time) over `num_engines` engines.
+pub fn replay_requests(
+    requests: impl IntoIterator<Item = ReplayRequest>,
+    config: &EngineConfig,
+    num_engines: usize,
+    router: &mut dyn Router,
+) -> Result<ReplayReport, ReplayError> {
     if num_engines == 0 {
         return Err(ReplayError::NoEngines);
     }
     let mut engines = Vec::with_capacity(num_engines);
     for _ in 0..num_engines {
         let mut e = Engine::simulated(config.clone())?;
-        e.set_emit_kv_events(false);
+        e.set_emit_kv_events(router.wants_kv_events());
         engines.push(e);
     }
     let hasher = engines[0].hasher().clone();
     let mut c = Collector::default();
-    let mut rejected = 0;
-    let first_ms = records.first().map_or(0.0, |r| r.timestamp);
-    for (i, rec) in records.iter().enumerate() {
-        for e in &mut engines {
-            run_until(e, rec.timestamp, &mut c);
+    let (mut count, mut rejected) = (0, 0);
+    let mut first_ms = None;
+    for (i, req) in requests.into_iter().enumerate() {
+        count += 1;
+        first_ms.get_or_insert(req.arrival_ms);
+        for (k, e) in engines.iter_mut().enumerate() {
+            run_until(e, k, req.arrival_ms, router, &mut c);
         }
-        let tokens = synthesize_prompt(rec, i as u64, config.vocab_size);
-        let hashes = hasher.seq_hashes(&tokens);
+        let hashes = hasher.seq_hashes(&req.token_ids);
         let query = RouteQuery {
             index: i,
-            token_ids: &tokens,
+            arrival_ms: req.arrival_ms,
+            token_ids: &req.token_ids,
             block_hashes: &hashes,
         };
         let k = router.route(&query, &engines);
@@ -286,18 +341,19 @@ pub fn replay(
                 engines: engines.len(),
             });
         }
-        let req = Request {
+        let request = Request {
             id: i as u64,
-            token_ids: tokens,
-            max_tokens: rec.output_length.max(1),
+            token_ids: req.token_ids,
+            max_tokens: req.max_tokens,
             seed: None,
         };
-        if engines[k].submit_at(req, rec.timestamp).is_err() {
+        if engines[k].submit_at(request, req.arrival_ms).is_err() {
             rejected += 1;
+            router.rejected(k, i);
         }
     }
-    for e in &mut engines {
-        run_until(e, f64::INFINITY, &mut c);
+    for (k, e) in engines.iter_mut().enumerate() {
+        run_until(e, k, f64::INFINITY, router, &mut c);
     }
 
     let (mut queries, mut hits, mut preemptions, mut steps) = (0u64, 0u64, 0u64, 0u64);
@@ -308,7 +364,7 @@ pub fn replay(
         preemptions += m.counters.num_preemptions;
         steps += m.steps;
     }
-    let sim_duration_ms = (c.last_ms - first_ms).max(0.0);
+    let sim_duration_ms = (c.last_ms - first_ms.unwrap_or(0.0)).max(0.0);
     let per_s = |x: f64| {
         if sim_duration_ms > 0.0 {
             x * 1000.0 / sim_duration_ms
@@ -317,13 +373,14 @@ pub fn replay(
         }
     };
     Ok(ReplayReport {
-        requests: records.len(),
+        requests: count,
         rejected,
         completed: c.completed,
         output_tokens: c.output_tokens,
         sim_duration_ms,
         ttft_ms: Percentiles::of(&mut c.ttft),
         itl_ms: Percentiles::of(&mut c.itl),
+        e2e_ms: Percentiles::of(&mut c.e2e),
         requests_per_s: per_s(c.completed as f64),
         output_tokens_per_s: per_s(c.output_tokens as f64),
         prefix_cache_hit_rate: if queries > 0 {
@@ -339,6 +396,7 @@ pub fn replay(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use dynamo_kvcache::vllm_events::KvEvent;
 
     const TRACE: &str = r#"
 {"timestamp": 0, "input_length": 1100, "output_length": 4, "hash_ids": [0, 1, 2]}
@@ -404,6 +462,65 @@ mod tests {
             parse_trace("{\"timestamp\": 0}\n"),
             Err(ReplayError::Trace { line: 1, .. })
         ));
+    }
+
+    /// Routes to engine 0 and records what it is shown.
+    #[derive(Default)]
+    struct Watcher {
+        first_tokens: Vec<u64>,
+        finished: Vec<u64>,
+        stored_blocks: usize,
+        rejected: Vec<(usize, usize)>,
+        arrivals: Vec<f64>,
+    }
+
+    impl Router for Watcher {
+        fn route(&mut self, q: &RouteQuery<'_>, _: &[Engine]) -> usize {
+            self.arrivals.push(q.arrival_ms);
+            0
+        }
+
+        fn observe(&mut self, engine: usize, o: &StepOutcome) {
+            assert_eq!(engine, 0);
+            let firsts = o.outputs.iter().filter(|t| t.index == 0);
+            self.first_tokens.extend(firsts.map(|t| t.id));
+            self.finished.extend(o.finished.iter().map(|f| f.id));
+            for e in &o.kv_events {
+                if let KvEvent::BlockStored { block_hashes, .. } = e {
+                    self.stored_blocks += block_hashes.len();
+                }
+            }
+        }
+
+        fn rejected(&mut self, engine: usize, index: usize) {
+            self.rejected.push((engine, index));
+        }
+
+        fn wants_kv_events(&self) -> bool {
+            true
+        }
+    }
+
+    #[test]
+    fn routers_see_first_tokens_finishes_kv_events_and_rejections() {
+        let requests =
+            [(0.0, 40, 3), (5.0, 10_000, 2), (7.0, 20, 2)].map(|(at, len, out)| ReplayRequest {
+                arrival_ms: at,
+                token_ids: (0..len).collect(),
+                max_tokens: out,
+            });
+        let mut w = Watcher::default();
+        let r = replay_requests(requests, &small(), 2, &mut w).unwrap();
+        assert_eq!((r.requests, r.completed, r.rejected), (3, 2, 1));
+        assert_eq!(w.arrivals, [0.0, 5.0, 7.0]);
+        assert_eq!(w.rejected, [(0, 1)], "10,000 tokens never fit in 256 x 16");
+        w.first_tokens.sort_unstable();
+        w.finished.sort_unstable();
+        assert_eq!((w.first_tokens, w.finished), (vec![0, 2], vec![0, 2]));
+        // 40 + 3 and 20 + 2 tokens, the last token never computed: 2 + 1 full blocks of
+        // 16 tokens; request 2 shares its first block with request 0.
+        assert_eq!(w.stored_blocks, 2);
+        assert_eq!(r.e2e_ms.count, 2);
     }
 
     #[test]

@@ -1,9 +1,8 @@
 //! Engine behaviour through the public API, on simulated time.
 
-use dynamo_mocker::kv_events::{MEDIUM_GPU, decode_message};
+use dynamo_kvcache::vllm_events::{KvEvent, KvEventEncoder, MEDIUM_GPU, decode_message};
 use dynamo_mocker::{
-    Clock, Engine, EngineConfig, FinishReason, KvEvent, KvEventEncoder, Rejected, Request,
-    StepOutcome, TimingModel,
+    Clock, Engine, EngineConfig, FinishReason, Rejected, Request, StepOutcome, TimingModel,
 };
 
 fn config(blocks: usize, block_size: usize) -> EngineConfig {

@@ -3,9 +3,9 @@
 use std::time::Duration;
 
 use common::serve;
-use dynamo_mocker::kv_events::decode_message;
+use dynamo_kvcache::vllm_events::{KvEvent, decode_message};
+use dynamo_mocker::EngineConfig;
 use dynamo_mocker::server::RunningServer;
-use dynamo_mocker::{EngineConfig, KvEvent};
 use serde_json::{Value, json};
 use zeromq::{Socket, SocketRecv, SubSocket};
 

@@ -7,10 +7,11 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use dynamo_kvcache::vllm_events::KvEvent;
 use tokio::sync::{mpsc, oneshot};
 
 use super::metrics::EngineMetricsExporter;
-use crate::{Engine, FinishedRequest, KvEvent, RealClock, Rejected, Request, RequestId};
+use crate::{Engine, FinishedRequest, RealClock, Rejected, Request, RequestId};
 
 /// What a request's stream receives.
 #[derive(Debug)]

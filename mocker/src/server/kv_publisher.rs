@@ -1,14 +1,14 @@
 //! Publishes the engine's KV events on a ZMQ PUB socket in vLLM's wire format
-//! (`[topic, 8-byte big-endian sequence, msgpack batch]`, see `kv_events`), so a sidecar
-//! subscribes to the mock engine exactly as to vLLM.
+//! (`[topic, 8-byte big-endian sequence, msgpack batch]`, see
+//! `dynamo_kvcache::vllm_events`), so a sidecar subscribes to the mock engine exactly as
+//! to vLLM.
 
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
+use dynamo_kvcache::vllm_events::{KvEvent, KvEventEncoder};
 use tokio::sync::mpsc;
 use zeromq::{PubSocket, Socket, SocketSend, ZmqMessage};
-
-use crate::{KvEvent, KvEventEncoder};
 
 /// A bound PUB socket; `endpoint` is the resolved address (a port 0 gets its real port).
 pub struct KvPublisher {

@@ -1,4 +1,5 @@
-//! vLLM's ZMQ KV event wire format, as bytes (no sockets here).
+//! vLLM's ZMQ KV event wire format, as bytes (no sockets here): the sidecar decodes what
+//! an engine publishes, the mock engine encodes what it publishes.
 //!
 //! A message is three ZMQ frames: `[topic, sequence (8-byte big-endian), payload]`; the
 //! payload is a MessagePack `EventBatch` `[ts, events, data_parallel_rank]`. Events are

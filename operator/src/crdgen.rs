@@ -1,4 +1,5 @@
-//! `dynamo crds`: writes every generated file where it is checked in.
+//! `dynamo crds`: writes every generated file where it is checked in (the CRDs, the API
+//! reference, the chart's RBAC rules).
 
 use std::path::Path;
 use std::process::ExitCode;
@@ -8,7 +9,8 @@ use anyhow::Context;
 /// Writes each generated file under `root`, and removes YAML files that a rename or a
 /// removed resource left behind in the generated folders.
 pub fn write_all(root: &Path) -> anyhow::Result<ExitCode> {
-    let files = dynamo_crds::generated_files();
+    let mut files = dynamo_crds::generated_files();
+    files.extend(dynamo_operator::controller::rbac::generated_files());
     for dir in dynamo_crds::GENERATED_CRD_DIRS {
         let dir = root.join(dir);
         std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;

@@ -1,4 +1,6 @@
-//! Library side of the `dynamo` operator: the pure reconcile function and gang placement
-//! that the controller loop (to come) calls.
+//! Library side of the `dynamo` binary: the pure reconcile function with gang placement,
+//! the controllers that apply it to a cluster, and the local runner.
 
+pub mod controller;
+pub mod local;
 pub mod reconcile;

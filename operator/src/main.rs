@@ -37,6 +37,11 @@ enum Command {
         #[arg(short = 'f', long = "file", required = true, num_args = 1..)]
         files: Vec<PathBuf>,
     },
+    /// Run a DynamoGraphDeployment on this machine as processes (engines, sidecars, the
+    /// endpoint picker with its OpenAI frontend).
+    Run(dynamo_operator::local::RunArgs),
+    /// Run the Kubernetes controllers (DynamoGraphDeployment, scaling adapters).
+    Operator(dynamo_operator::controller::OperatorArgs),
 }
 
 fn main() -> ExitCode {
@@ -44,6 +49,10 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Crds { root } => crdgen::write_all(&root),
         Command::Validate { files } => validate::run(&files),
+        Command::Run(args) => dynamo_operator::local::run(args).map(|()| ExitCode::SUCCESS),
+        Command::Operator(args) => {
+            dynamo_operator::controller::run(args).map(|()| ExitCode::SUCCESS)
+        }
     };
     match result {
         Ok(code) => code,

@@ -57,7 +57,10 @@ fn crds_writes_every_generated_file_and_removes_stale_yaml() {
     assert!(out.status.success(), "{out:?}");
 
     assert!(!stale.exists(), "a YAML file no type generates is removed");
-    for (path, content) in dynamo_crds::generated_files() {
+    let generated = dynamo_crds::generated_files()
+        .into_iter()
+        .chain(dynamo_operator::controller::rbac::generated_files());
+    for (path, content) in generated {
         let written = std::fs::read_to_string(root.join(&path)).unwrap();
         assert_eq!(written, content, "{}", path.display());
     }

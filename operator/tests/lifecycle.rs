@@ -7,7 +7,8 @@ use std::collections::BTreeSet;
 use common::{cluster, now, observed, run, running, sample};
 use dynamo_crds::GraphState;
 use dynamo_operator::reconcile::{
-    Desired, ObjectKey, ObjectKind, Observed, OperatorConfig, ReconcileError, reconcile,
+    Desired, ObjectKey, ObjectKind, Observed, OperatorConfig, ReconcileError, pod_selector,
+    reconcile,
 };
 use k8s_openapi::api::apps::v1::{Deployment, DeploymentStatus};
 use k8s_openapi::api::core::v1::Pod;
@@ -32,6 +33,12 @@ fn owned_keys(d: &Desired) -> Vec<ObjectKey> {
                 .iter()
                 .map(|o| key(ObjectKind::HTTPRoute, &o.metadata.name)),
         )
+        .chain(d.scaling_adapters.iter().map(|o| {
+            key(
+                ObjectKind::DynamoGraphDeploymentScalingAdapter,
+                &o.metadata.name,
+            )
+        }))
         .collect()
 }
 
@@ -95,7 +102,95 @@ fn a_second_pass_over_its_own_output_changes_nothing() {
             first.inference_pools, second.inference_pools,
             "{sample_name}"
         );
+        assert!(
+            second.scaling_adapters.is_empty(),
+            "{sample_name}: an existing adapter is never written again"
+        );
     }
+}
+
+#[test]
+fn scaling_adapters_are_created_once_and_removed_with_the_setting() {
+    let mut dgd = sample("disagg-vllm");
+    let first = run(&dgd, &observed(vec![], cluster()));
+    let adapters: Vec<(&str, i32, &str)> = first
+        .scaling_adapters
+        .iter()
+        .map(|a| {
+            (
+                a.metadata.name.as_deref().unwrap(),
+                a.spec.replicas,
+                a.spec.dgd_ref.service.as_str(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        adapters,
+        vec![
+            ("disagg-vllm-vllmdecodeworker", 2, "VllmDecodeWorker"),
+            ("disagg-vllm-vllmprefillworker", 1, "VllmPrefillWorker"),
+        ]
+    );
+
+    // The decode service stops using its adapter: the adapter goes, the other stays.
+    let obs = converged(&first);
+    dgd.spec
+        .services
+        .get_mut("VllmDecodeWorker")
+        .unwrap()
+        .scaling_adapter = None;
+    let step = run(&dgd, &obs);
+    assert!(step.scaling_adapters.is_empty());
+    let deleted: Vec<(ObjectKind, &str)> = step
+        .deletions
+        .iter()
+        .map(|k| (k.kind, k.name.as_str()))
+        .collect();
+    assert_eq!(
+        deleted,
+        vec![(
+            ObjectKind::DynamoGraphDeploymentScalingAdapter,
+            "disagg-vllm-vllmdecodeworker"
+        )]
+    );
+}
+
+#[test]
+fn an_adapter_selects_the_pods_of_its_service() {
+    let dgd = sample("disagg-vllm");
+    let selector = |service: &str| {
+        dynamo_operator::reconcile::labels::selector_string(&pod_selector(
+            "disagg-vllm",
+            service,
+            &dgd.spec.services[service],
+        ))
+    };
+    assert_eq!(
+        selector("VllmDecodeWorker"),
+        "nvidia.com/dynamo-component=VllmDecodeWorker,nvidia.com/dynamo-graph-deployment-name=disagg-vllm"
+    );
+    // A frontend is served by the endpoint picker's pods.
+    assert_eq!(
+        selector("Frontend"),
+        "nvidia.com/dynamo-component-type=epp,nvidia.com/dynamo-graph-deployment-name=disagg-vllm"
+    );
+    // The selector matches the labels of the pods reconcile makes for the service.
+    let d = run(&dgd, &observed(vec![], cluster()));
+    let decode_pods = d
+        .pods
+        .iter()
+        .filter(|p| {
+            let labels = p.metadata.labels.as_ref().unwrap();
+            pod_selector(
+                "disagg-vllm",
+                "VllmDecodeWorker",
+                &dgd.spec.services["VllmDecodeWorker"],
+            )
+            .iter()
+            .all(|(k, v)| labels.get(k) == Some(v))
+        })
+        .count();
+    assert_eq!(decode_pods, 2);
 }
 
 #[test]

@@ -63,7 +63,7 @@ pub enum GangPlacement {
 
 /// Places `request` on `nodes`, given every pod bound to a node (from any workload).
 pub fn place(request: &GangRequest, nodes: &[Node], bound_pods: &[Pod]) -> GangPlacement {
-    Capacity::from_cluster(nodes, bound_pods).place(request)
+    Capacity::from_cluster(nodes, bound_pods.iter()).place(request)
 }
 
 /// Free resources per schedulable node, updated as gangs are placed in one pass.
@@ -92,7 +92,7 @@ impl NodeCapacity {
 
 impl Capacity {
     /// Free resources of the schedulable nodes, after the requests of `bound_pods`.
-    pub fn from_cluster(nodes: &[Node], bound_pods: &[Pod]) -> Self {
+    pub fn from_cluster<'p>(nodes: &[Node], bound_pods: impl IntoIterator<Item = &'p Pod>) -> Self {
         let mut capacity = Capacity::default();
         for node in nodes {
             let Some(name) = node.metadata.name.clone() else {
@@ -115,7 +115,7 @@ impl Capacity {
             let labels = node.metadata.labels.clone().unwrap_or_default();
             capacity.nodes.insert(name, NodeCapacity { labels, free });
         }
-        for pod in bound_pods.iter().filter(|p| !is_terminated(p)) {
+        for pod in bound_pods.into_iter().filter(|p| !is_terminated(p)) {
             let Some(node) = pod.spec.as_ref().and_then(|s| s.node_name.as_deref()) else {
                 continue;
             };

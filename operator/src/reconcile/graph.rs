@@ -10,8 +10,8 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference}
 use kube::Resource;
 
 use super::{
-    Desired, ObjectKey, ObjectKind, Observed, OperatorConfig, ReconcileError, labels, names,
-    replicas, services, serving, status,
+    Desired, ObjectKey, ObjectKind, Observed, OperatorConfig, ReconcileError, adapters, labels,
+    names, replicas, services, serving, status,
 };
 
 /// The graph and its settings, shared by every builder.
@@ -261,9 +261,10 @@ pub fn reconcile(
     let engines = replicas::reconcile_engines(&g, observed, &mut desired)?;
     services::build(&g, &mut desired);
     let serving = serving::build(&g, observed, &mut desired);
+    let adapters = adapters::build(&g, observed, &mut desired);
 
     // Objects of ours that nothing above wants any more (a removed service, a graph that
-    // lost its workers or its gateway annotation).
+    // lost its workers or its gateway annotation, a service no longer scaled by an adapter).
     let wanted: BTreeSet<(ObjectKind, &str)> = desired
         .services
         .iter()
@@ -289,6 +290,12 @@ pub fn reconcile(
             (
                 ObjectKind::HTTPRoute,
                 o.metadata.name.as_deref().unwrap_or_default(),
+            )
+        }))
+        .chain(adapters.iter().map(|name| {
+            (
+                ObjectKind::DynamoGraphDeploymentScalingAdapter,
+                name.as_str(),
             )
         }))
         .collect();

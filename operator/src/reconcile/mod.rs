@@ -10,6 +10,7 @@
 //! Pods are created directly (Grove-style, no external scheduler); multinode replicas are
 //! gangs held behind a scheduling gate until [`gang`] finds one domain that fits them all.
 
+mod adapters;
 mod graph;
 mod pods;
 mod replicas;
@@ -23,16 +24,18 @@ pub mod names;
 
 use std::collections::BTreeMap;
 
-use dynamo_crds::DynamoGraphDeploymentStatus;
 use dynamo_crds::inference_pool::InferencePool;
+use dynamo_crds::{DynamoGraphDeploymentScalingAdapter, DynamoGraphDeploymentStatus};
 use gateway_api::apis::standard::httproutes::HttpRoute;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{Node, Pod, Service};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use serde::Serialize;
 
+pub use adapters::{adapter_enabled, pod_selector};
 pub use graph::reconcile;
 pub use pods::{is_gated, pinned_domain};
+pub use status::{GANG_SCHEDULED, READY};
 
 /// Field manager of every server-side apply the operator makes.
 pub const FIELD_MANAGER: &str = "dynamo-operator";
@@ -96,7 +99,8 @@ pub struct Observed {
     pub pods: Vec<Pod>,
     /// Deployments carrying the graph's label (EPP, planner), with their status.
     pub deployments: Vec<Deployment>,
-    /// Every other object carrying the graph's label (Services, InferencePool, HTTPRoute).
+    /// Every other object the graph controls (Services, InferencePool, HTTPRoute,
+    /// scaling adapters).
     pub owned: Vec<ObjectKey>,
     /// Nodes, with labels and allocatable resources.
     pub nodes: Vec<Node>,
@@ -114,6 +118,7 @@ pub enum ObjectKind {
     Deployment,
     InferencePool,
     HTTPRoute,
+    DynamoGraphDeploymentScalingAdapter,
 }
 
 /// One object, by kind and name (in the graph's namespace).
@@ -151,6 +156,9 @@ pub struct Desired {
     pub deployments: Vec<Deployment>,
     pub inference_pools: Vec<InferencePool>,
     pub http_routes: Vec<HttpRoute>,
+    /// Scaling adapters to create: only missing ones, as an existing adapter's replicas
+    /// belong to whoever scales it.
+    pub scaling_adapters: Vec<DynamoGraphDeploymentScalingAdapter>,
     /// Objects to delete (pods being replaced or rolled, objects no longer wanted).
     pub deletions: Vec<ObjectKey>,
     /// Status to write to the graph's status subresource.
@@ -160,7 +168,7 @@ pub struct Desired {
 
 impl Desired {
     /// All objects to apply as one multi-document YAML (pods, services, deployments,
-    /// pools, routes, in that order), followed by a document with deletions, status and
+    /// pools, routes, adapters, in that order), followed by a document with deletions, status and
     /// decisions. Deterministic, so it serves as a golden file.
     pub fn to_yaml(&self) -> String {
         fn doc<T: Serialize>(out: &mut String, value: &T) {
@@ -173,6 +181,7 @@ impl Desired {
         self.deployments.iter().for_each(|o| doc(&mut out, o));
         self.inference_pools.iter().for_each(|o| doc(&mut out, o));
         self.http_routes.iter().for_each(|o| doc(&mut out, o));
+        self.scaling_adapters.iter().for_each(|o| doc(&mut out, o));
         #[derive(Serialize)]
         struct Outcome<'a> {
             deletions: &'a [ObjectKey],

@@ -41,6 +41,11 @@ pub fn service(dgd: &str, service: &str) -> String {
     replica_base(dgd, service)
 }
 
+/// Scaling adapter of one graph service.
+pub fn scaling_adapter(dgd: &str, service: &str) -> String {
+    replica_base(dgd, service)
+}
+
 /// The endpoint picker's Deployment and Service.
 pub fn epp(dgd: &str) -> String {
     format!("{dgd}-epp")

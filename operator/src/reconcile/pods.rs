@@ -394,10 +394,10 @@ fn sidecar_container(g: &Graph, service: &str, role: Role) -> Container {
         ]),
         env: Some(vec![
             plain_env(
-                "DYNAMO_ENGINE_URL",
+                "DYNAMO_SIDECAR_ENGINE_URL",
                 &format!("http://127.0.0.1:{ENGINE_PORT}"),
             ),
-            plain_env("DYNAMO_ENGINE_KV_EVENTS", "tcp://127.0.0.1:5557"),
+            plain_env("DYNAMO_SIDECAR_ENGINE_KV_EVENTS", "tcp://127.0.0.1:5557"),
             plain_env("DYNAMO_GRAPH", g.name),
             plain_env("DYNAMO_COMPONENT", service),
             plain_env("DYNAMO_ROLE", role.as_str()),

@@ -88,15 +88,13 @@ pub(crate) fn reconcile_engines(
         .filter_map(|p| Some((p.metadata.name.as_deref()?, *p)))
         .collect();
 
-    let bound: Vec<Pod> = observed
+    let bound = observed
         .other_pods
         .iter()
         .chain(observed.pods.iter())
-        .filter(|p| p.spec.as_ref().and_then(|s| s.node_name.as_ref()).is_some())
-        .cloned()
-        .collect();
-    let mut capacity = Capacity::from_cluster(&observed.nodes, &bound);
-    let empty_cluster = Capacity::from_cluster(&observed.nodes, &[]);
+        .filter(|p| p.spec.as_ref().and_then(|s| s.node_name.as_ref()).is_some());
+    let mut capacity = Capacity::from_cluster(&observed.nodes, bound);
+    let empty_cluster = Capacity::from_cluster(&observed.nodes, []);
 
     let mut expected: BTreeSet<String> = BTreeSet::new();
     let mut outcomes = Vec::new();

@@ -1,6 +1,8 @@
 //! Hand-made clusters and graphs for the reconcile tests.
 #![allow(dead_code)]
 
+pub mod api;
+
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
@@ -138,4 +140,54 @@ pub fn running(desired: &Desired, node: &str) -> Vec<Pod> {
             pod
         })
         .collect()
+}
+
+/// Path of a namespaced object in the fake API server.
+pub fn path(group_version: &str, namespace: &str, plural: &str, name: &str) -> String {
+    let prefix = if group_version.contains('/') {
+        format!("/apis/{group_version}")
+    } else {
+        format!("/api/{group_version}")
+    };
+    format!("{prefix}/namespaces/{namespace}/{plural}/{name}")
+}
+
+pub fn graph_path(name: &str) -> String {
+    path(
+        "nvidia.com/v1alpha1",
+        "inference",
+        "dynamographdeployments",
+        name,
+    )
+}
+
+pub fn pod_path(name: &str) -> String {
+    path("v1", "inference", "pods", name)
+}
+
+/// Watch caches filled with what the fake API server holds, as the reflectors would.
+pub fn caches(api: &api::FakeApi) -> dynamo_operator::controller::Stores {
+    fn store_of<K>(objects: Vec<K>) -> kube::runtime::reflector::Store<K>
+    where
+        K: kube::Resource<DynamicType = ()> + Clone + 'static,
+    {
+        use kube::runtime::watcher::Event;
+        let (store, mut writer) = kube::runtime::reflector::store();
+        writer.apply_watcher_event(&Event::Init);
+        for o in objects {
+            writer.apply_watcher_event(&Event::InitApply(o));
+        }
+        writer.apply_watcher_event(&Event::InitDone);
+        store
+    }
+    dynamo_operator::controller::Stores {
+        graphs: store_of(api.objects_of()),
+        adapters: store_of(api.objects_of()),
+        pods: store_of(api.objects_of()),
+        nodes: store_of(api.objects_of()),
+        deployments: store_of(api.objects_of()),
+        services: store_of(api.objects_of()),
+        inference_pools: Some(store_of(api.objects_of())),
+        http_routes: Some(store_of(api.objects_of())),
+    }
 }

@@ -1,0 +1,22 @@
+//! `dynamo-e2e`: measures serving graphs from the outside and compares router modes.
+//!
+//! - [`workload`]: what to send, as token ids: shared-prefix synthetic, Mooncake trace;
+//! - [`arrivals`]: when to send it: Poisson or fixed rate, trace time, fixed concurrency;
+//! - [`client`]: one streamed OpenAI request, timed chunk by chunk;
+//! - [`bench`]: the load generator over HTTP;
+//! - [`replay`]: the same workload through simulated mock engines and the router's real
+//!   scheduler, in simulated time;
+//! - [`launch`]: starting and stopping a graph per router mode for live comparisons;
+//! - [`report`]: the figures of a run, JSON and Markdown tables, ratios to round-robin;
+//! - [`cli`]: the `dynamo-e2e` command line.
+//!
+//! See `docs/performance.md`.
+
+pub mod arrivals;
+pub mod bench;
+pub mod cli;
+pub mod client;
+pub mod launch;
+pub mod replay;
+pub mod report;
+pub mod workload;

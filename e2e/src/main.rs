@@ -1,0 +1,9 @@
+//! `dynamo-e2e bench | replay`: see `docs/performance.md`.
+
+use clap::Parser;
+use dynamo_e2e::cli::{self, Cli};
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    cli::main(Cli::parse()).await
+}

@@ -1,0 +1,371 @@
+//! Command-line flags (each with an environment twin) and the checked configuration the
+//! rest of the crate runs on.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::Parser;
+use dynamo_kvcache::{QueuePolicy, RouterMode, SaturationThreshold};
+
+/// Endpoint picker: Gateway API Inference Extension ext_proc server and OpenAI HTTP
+/// frontend, routing on KV cache overlap and load.
+#[derive(Parser, Debug, Clone)]
+#[command(name = "dynamo-epp", version, about)]
+pub struct Args {
+    /// Hugging Face-style model directory (tokenizer.json, tokenizer_config.json, config.json).
+    #[arg(long, env = "DYNAMO_MODEL_PATH")]
+    pub model_path: PathBuf,
+    /// Served model name [default: the directory's name].
+    #[arg(long, env = "DYNAMO_MODEL_NAME")]
+    pub model_name: Option<String>,
+
+    /// Address the HTTP frontend, ext_proc and metrics listeners bind.
+    #[arg(long, env = "DYNAMO_EPP_HOST", default_value = "0.0.0.0")]
+    pub host: String,
+    /// OpenAI HTTP frontend (also `/health`, `/live`, `/metrics`); 0 picks a free port.
+    #[arg(long, env = "DYNAMO_EPP_HTTP_PORT", default_value_t = 8000)]
+    pub http_port: u16,
+    /// Envoy ext_proc gRPC server with the gRPC health services; 0 picks a free port.
+    #[arg(
+        long,
+        alias = "grpc-port",
+        env = "DYNAMO_EPP_EXT_PROC_PORT",
+        default_value_t = 9002
+    )]
+    pub ext_proc_port: u16,
+    /// Extra listener serving only `/metrics`, `/health` and `/live` (e.g. 9090 in a pod).
+    #[arg(long, env = "DYNAMO_EPP_METRICS_PORT")]
+    pub metrics_port: Option<u16>,
+
+    /// Static endpoints `ip:port,...` (the pods' inference port, 8000 for a sidecar).
+    #[arg(long, env = "DYNAMO_EPP_ENDPOINTS", value_delimiter = ',')]
+    pub endpoints: Vec<SocketAddr>,
+    /// JSON file `{"endpoints": [{"address", "kv_events"?, "role"?}]}`, re-read on change.
+    #[arg(long, env = "DYNAMO_EPP_ENDPOINTS_FILE")]
+    pub endpoints_file: Option<PathBuf>,
+    /// How often the endpoints file is checked for changes.
+    #[arg(long, env = "DYNAMO_EPP_ENDPOINTS_FILE_POLL", default_value = "500ms", value_parser = parse_duration)]
+    pub endpoints_file_poll: Duration,
+
+    /// Kubernetes: the InferencePool whose pods to route to (selector and target port).
+    #[arg(long, env = "DYNAMO_EPP_POOL_NAME")]
+    pub pool_name: Option<String>,
+    /// Kubernetes namespace of the pool and its pods [default: the client's namespace].
+    #[arg(long, env = "DYNAMO_EPP_POOL_NAMESPACE")]
+    pub pool_namespace: Option<String>,
+    /// Kubernetes label selector `k=v,...` of the pods (ANDed with the pool's when both are given).
+    #[arg(long, env = "DYNAMO_EPP_SELECTOR")]
+    pub selector: Option<String>,
+    /// Pods' inference port when no InferencePool names one.
+    #[arg(long, env = "DYNAMO_EPP_TARGET_PORT", default_value_t = 8000)]
+    pub target_port: u16,
+    /// Pods matching this selector are prefill workers.
+    #[arg(long, env = "DYNAMO_EPP_PREFILL_SELECTOR")]
+    pub prefill_selector: Option<String>,
+    /// Pods matching this selector are decode workers.
+    #[arg(long, env = "DYNAMO_EPP_DECODE_SELECTOR")]
+    pub decode_selector: Option<String>,
+
+    /// Port of each pod's KV event stream (the sidecar's gRPC port).
+    #[arg(long, env = "DYNAMO_EPP_KV_EVENTS_PORT", default_value_t = 9100)]
+    pub kv_events_port: u16,
+    /// Tokens per KV block; must match the engines'.
+    #[arg(long, env = "DYNAMO_EPP_BLOCK_SIZE", default_value_t = 16)]
+    pub block_size: usize,
+    /// kv (overlap from KV events), approx (from past picks), round-robin or random.
+    #[arg(long, env = "DYN_ROUTER_MODE", default_value = "kv")]
+    pub router_mode: RouterMode,
+    /// 0 picks the cheapest pod; above 0 samples a softmax over costs.
+    #[arg(long, env = "DYNAMO_EPP_ROUTER_TEMPERATURE", default_value_t = 0.0)]
+    pub router_temperature: f64,
+    /// Weight of prefill work (uncached prompt blocks) against decode load.
+    #[arg(
+        long,
+        alias = "prefill-load-scale",
+        env = "DYNAMO_EPP_OVERLAP_SCORE_WEIGHT",
+        default_value_t = 1.0
+    )]
+    pub overlap_score_weight: f64,
+    /// Most blocks the exact index holds, over all pods.
+    #[arg(
+        long,
+        env = "DYNAMO_EPP_MAX_INDEX_BLOCKS",
+        default_value_t = 10_000_000
+    )]
+    pub max_index_blocks: usize,
+    /// approx mode: how long a routed prompt is believed cached on its pod.
+    #[arg(long, env = "DYNAMO_EPP_APPROX_TTL", default_value = "120s", value_parser = parse_duration)]
+    pub approx_ttl: Duration,
+
+    /// How often each pod's `/metrics` is read for load correction; 0 turns it off.
+    #[arg(long, env = "DYNAMO_EPP_METRICS_POLL_INTERVAL", default_value = "1s", value_parser = parse_duration)]
+    pub metrics_poll_interval: Duration,
+    /// /health waits at most this long for a new pod's first KV snapshot.
+    #[arg(long, env = "DYNAMO_EPP_WARMUP", default_value = "5s", value_parser = parse_duration)]
+    pub warmup: Duration,
+    /// A pod that refused a connection is avoided for this long.
+    #[arg(long, env = "DYNAMO_EPP_UNHEALTHY_FOR", default_value = "5s", value_parser = parse_duration)]
+    pub unhealthy_for: Duration,
+
+    /// Order of requests waiting while every pod is saturated: fcfs, lcfs or wspt.
+    #[arg(long, env = "DYNAMO_EPP_QUEUE_POLICY", default_value = "fcfs")]
+    pub queue_policy: QueuePolicy,
+    /// Requests that may wait; one more is refused with 429. 0 sheds at once.
+    #[arg(long, env = "DYNAMO_EPP_QUEUE_CAPACITY", default_value_t = 1024)]
+    pub queue_capacity: usize,
+    /// A pod is saturated with more requests than this waiting in its engine.
+    #[arg(long, env = "DYNAMO_EPP_MAX_WAITING_REQUESTS")]
+    pub max_waiting_requests: Option<u64>,
+    /// A pod is saturated above this KV cache usage (0 to 1).
+    #[arg(long, env = "DYNAMO_EPP_MAX_KV_USAGE")]
+    pub max_kv_usage: Option<f64>,
+    /// A pod is saturated with more prefill plus decode blocks in flight than this.
+    #[arg(long, env = "DYNAMO_EPP_MAX_BLOCKS_IN_FLIGHT")]
+    pub max_blocks_in_flight: Option<u64>,
+}
+
+/// Where the pods come from.
+#[derive(Debug, Clone, PartialEq)]
+pub enum DiscoveryConfig {
+    Static(Vec<SocketAddr>),
+    File { path: PathBuf, poll: Duration },
+    Kubernetes(KubernetesConfig),
+}
+
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct KubernetesConfig {
+    pub pool_name: Option<String>,
+    pub namespace: Option<String>,
+    pub selector: Option<String>,
+    pub target_port: u16,
+    pub prefill_selector: Option<String>,
+    pub decode_selector: Option<String>,
+}
+
+/// Routing settings the router runs on.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RouterConfig {
+    pub mode: RouterMode,
+    pub temperature: f64,
+    pub prefill_load_scale: f64,
+    pub block_size: usize,
+    pub max_index_blocks: usize,
+    pub approx_ttl: Duration,
+    pub warmup: Duration,
+    pub unhealthy_for: Duration,
+    pub queue_policy: QueuePolicy,
+    pub queue_capacity: usize,
+    pub saturation: SaturationThreshold,
+}
+
+impl Default for RouterConfig {
+    fn default() -> Self {
+        Self {
+            mode: RouterMode::Kv,
+            temperature: 0.0,
+            prefill_load_scale: 1.0,
+            block_size: 16,
+            max_index_blocks: 10_000_000,
+            approx_ttl: Duration::from_secs(120),
+            warmup: Duration::from_secs(5),
+            unhealthy_for: Duration::from_secs(5),
+            queue_policy: QueuePolicy::Fcfs,
+            queue_capacity: 1024,
+            saturation: SaturationThreshold::default(),
+        }
+    }
+}
+
+/// Everything [`crate::start`] needs.
+#[derive(Debug, Clone)]
+pub struct Config {
+    pub model_path: PathBuf,
+    pub model_name: Option<String>,
+    pub http_addr: SocketAddr,
+    pub ext_proc_addr: SocketAddr,
+    pub metrics_addr: Option<SocketAddr>,
+    pub discovery: DiscoveryConfig,
+    pub kv_events_port: u16,
+    pub metrics_poll_interval: Option<Duration>,
+    pub router: RouterConfig,
+}
+
+impl Args {
+    /// Checks the flags together and resolves the listen addresses.
+    pub fn into_config(self) -> anyhow::Result<Config> {
+        let sources = [
+            !self.endpoints.is_empty(),
+            self.endpoints_file.is_some(),
+            self.pool_name.is_some() || self.selector.is_some(),
+        ];
+        let discovery = match sources {
+            [true, false, false] => DiscoveryConfig::Static(self.endpoints),
+            [false, true, false] => DiscoveryConfig::File {
+                path: self.endpoints_file.expect("checked"),
+                poll: self.endpoints_file_poll.max(Duration::from_millis(10)),
+            },
+            [false, false, true] => DiscoveryConfig::Kubernetes(KubernetesConfig {
+                pool_name: self.pool_name,
+                namespace: self.pool_namespace,
+                selector: self.selector,
+                target_port: self.target_port,
+                prefill_selector: self.prefill_selector,
+                decode_selector: self.decode_selector,
+            }),
+            _ => anyhow::bail!(
+                "give exactly one endpoint source: --endpoints, --endpoints-file, or \
+                 --pool-name/--selector (Kubernetes)"
+            ),
+        };
+        if let DiscoveryConfig::Kubernetes(k8s) = &discovery {
+            crate::discovery::kubernetes::check(k8s).map_err(anyhow::Error::msg)?;
+        }
+        anyhow::ensure!(self.block_size > 0, "--block-size must be positive");
+        anyhow::ensure!(
+            self.router_temperature.is_finite() && self.router_temperature >= 0.0,
+            "--router-temperature must be >= 0, got {}",
+            self.router_temperature
+        );
+        anyhow::ensure!(
+            self.overlap_score_weight.is_finite() && self.overlap_score_weight >= 0.0,
+            "--overlap-score-weight must be >= 0, got {}",
+            self.overlap_score_weight
+        );
+        if let Some(usage) = self.max_kv_usage {
+            anyhow::ensure!(
+                (0.0..=1.0).contains(&usage),
+                "--max-kv-usage must be between 0 and 1, got {usage}"
+            );
+        }
+        let ip: std::net::IpAddr = self
+            .host
+            .parse()
+            .map_err(|e| anyhow::anyhow!("--host {:?}: {e}", self.host))?;
+        Ok(Config {
+            model_path: self.model_path,
+            model_name: self.model_name,
+            http_addr: SocketAddr::new(ip, self.http_port),
+            ext_proc_addr: SocketAddr::new(ip, self.ext_proc_port),
+            metrics_addr: self.metrics_port.map(|p| SocketAddr::new(ip, p)),
+            discovery,
+            kv_events_port: self.kv_events_port,
+            metrics_poll_interval: (!self.metrics_poll_interval.is_zero())
+                .then_some(self.metrics_poll_interval),
+            router: RouterConfig {
+                mode: self.router_mode,
+                temperature: self.router_temperature,
+                prefill_load_scale: self.overlap_score_weight,
+                block_size: self.block_size,
+                max_index_blocks: self.max_index_blocks,
+                approx_ttl: self.approx_ttl,
+                warmup: self.warmup,
+                unhealthy_for: self.unhealthy_for,
+                queue_policy: self.queue_policy,
+                queue_capacity: self.queue_capacity,
+                saturation: SaturationThreshold {
+                    max_waiting_requests: self.max_waiting_requests,
+                    max_kv_usage: self.max_kv_usage,
+                    max_blocks_in_flight: self.max_blocks_in_flight,
+                },
+            },
+        })
+    }
+}
+
+/// `250ms`, `2s`, `1m`, or a bare number of seconds (`0.5`).
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    let s = s.trim();
+    let (number, scale) = if let Some(n) = s.strip_suffix("ms") {
+        (n, 1e-3)
+    } else if let Some(n) = s.strip_suffix('s') {
+        (n, 1.0)
+    } else if let Some(n) = s.strip_suffix('m') {
+        (n, 60.0)
+    } else {
+        (s, 1.0)
+    };
+    number
+        .trim()
+        .parse::<f64>()
+        .ok()
+        .filter(|v| v.is_finite() && *v >= 0.0)
+        .map(|v| Duration::from_secs_f64(v * scale))
+        .ok_or_else(|| format!("invalid duration {s:?}: expected e.g. 500ms, 2s, 1m or 0.5"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(extra: &[&str]) -> Result<Config, String> {
+        let mut argv = vec!["dynamo-epp", "--model-path", "/m"];
+        argv.extend_from_slice(extra);
+        Args::try_parse_from(argv)
+            .map_err(|e| e.to_string())?
+            .into_config()
+            .map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn durations_take_units_or_seconds() {
+        assert_eq!(parse_duration("250ms"), Ok(Duration::from_millis(250)));
+        assert_eq!(parse_duration("2s"), Ok(Duration::from_secs(2)));
+        assert_eq!(parse_duration("1m"), Ok(Duration::from_secs(60)));
+        assert_eq!(parse_duration("0.5"), Ok(Duration::from_millis(500)));
+        assert!(parse_duration("-1s").is_err());
+        assert!(parse_duration("soon").is_err());
+    }
+
+    #[test]
+    fn exactly_one_endpoint_source() {
+        let c = args(&["--endpoints", "10.0.0.1:8000,10.0.0.2:8000"]).unwrap();
+        assert_eq!(
+            c.discovery,
+            DiscoveryConfig::Static(vec![
+                "10.0.0.1:8000".parse().unwrap(),
+                "10.0.0.2:8000".parse().unwrap()
+            ])
+        );
+        let err = args(&[]).unwrap_err();
+        assert!(err.contains("exactly one endpoint source"), "{err}");
+        let err = args(&["--endpoints", "10.0.0.1:8000", "--endpoints-file", "/f"]).unwrap_err();
+        assert!(err.contains("exactly one endpoint source"), "{err}");
+        // The operator's spelling of the flags.
+        let c = args(&[
+            "--pool-name",
+            "g-pool",
+            "--pool-namespace",
+            "ns",
+            "--selector",
+            "a=b",
+            "--grpc-port",
+            "9002",
+            "--metrics-port",
+            "9090",
+        ])
+        .unwrap();
+        assert!(
+            matches!(c.discovery, DiscoveryConfig::Kubernetes(ref k) if k.pool_name.as_deref() == Some("g-pool"))
+        );
+        assert_eq!(c.metrics_addr.unwrap().port(), 9090);
+    }
+
+    #[test]
+    fn bad_values_are_refused_with_the_flag_name() {
+        let e = args(&["--endpoints", "10.0.0.1:8000", "--router-mode", "best"]).unwrap_err();
+        assert!(e.contains("unknown router mode"), "{e}");
+        let e = args(&["--endpoints", "10.0.0.1:8000", "--max-kv-usage", "3"]).unwrap_err();
+        assert!(e.contains("--max-kv-usage"), "{e}");
+        let e = args(&["--endpoints", "nowhere"]).unwrap_err();
+        assert!(e.contains("nowhere"), "{e}");
+        let c = args(&[
+            "--endpoints",
+            "10.0.0.1:8000",
+            "--metrics-poll-interval",
+            "0",
+        ])
+        .unwrap();
+        assert_eq!(c.metrics_poll_interval, None);
+    }
+}

@@ -1,0 +1,151 @@
+//! Endpoints from a JSON file, re-read when its content changes (the local runner
+//! rewrites it when it scales):
+//!
+//! ```json
+//! {"endpoints": [{"address": "127.0.0.1:18000", "kv_events": "http://127.0.0.1:19100", "role": "worker"}]}
+//! ```
+//!
+//! `kv_events` defaults to the address's IP on `--kv-events-port`, `role` to `worker`.
+//! Unknown fields are ignored so the writer may add its own. Polling (not inotify) keeps
+//! it portable and catches writers that replace the file by rename.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use serde::Deserialize;
+use tokio::sync::watch;
+
+use super::{EndpointSet, EndpointSpec, Role, normalize};
+
+#[derive(Deserialize)]
+struct FileBody {
+    endpoints: Vec<FileEntry>,
+}
+
+#[derive(Deserialize)]
+struct FileEntry {
+    address: SocketAddr,
+    #[serde(default)]
+    kv_events: Option<String>,
+    #[serde(default)]
+    role: Role,
+}
+
+/// Parses the file's content; the message names what is wrong.
+pub fn parse(text: &str, kv_events_port: u16) -> Result<EndpointSet, String> {
+    let body: FileBody = serde_json::from_str(text).map_err(|e| e.to_string())?;
+    let mut set = Vec::with_capacity(body.endpoints.len());
+    for (i, entry) in body.endpoints.into_iter().enumerate() {
+        let mut spec = EndpointSpec::new(entry.address, kv_events_port, entry.role);
+        if let Some(url) = entry.kv_events {
+            if !(url.starts_with("http://") || url.starts_with("https://")) {
+                return Err(format!(
+                    "endpoints[{i}].kv_events {url:?} must be an http:// or https:// URL"
+                ));
+            }
+            spec.kv_events = url;
+        }
+        set.push(spec);
+    }
+    Ok(normalize(set))
+}
+
+/// Publishes the file's endpoints on `tx` now and after each change, until every
+/// receiver is gone. A missing file is an empty set; a file that does not parse is
+/// reported and the previous set kept, so a half-written file never drops live pods.
+pub async fn watch(
+    path: PathBuf,
+    poll: Duration,
+    kv_events_port: u16,
+    tx: watch::Sender<EndpointSet>,
+) {
+    let mut last: Option<Vec<u8>> = None;
+    loop {
+        let content = match tokio::fs::read(&path).await {
+            Ok(bytes) => bytes,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
+            Err(e) => {
+                tracing::warn!(path = %path.display(), error = %e, "cannot read the endpoints file");
+                last.clone().unwrap_or_default()
+            }
+        };
+        if last.as_ref() != Some(&content) {
+            let parsed = if content.is_empty() {
+                tracing::warn!(path = %path.display(), "endpoints file missing or empty: no endpoints");
+                Ok(EndpointSet::new())
+            } else {
+                parse(&String::from_utf8_lossy(&content), kv_events_port)
+            };
+            match parsed {
+                Ok(set) => {
+                    tracing::info!(path = %path.display(), endpoints = set.len(), "endpoints file read");
+                    tx.send_if_modified(|current| {
+                        let changed = *current != set;
+                        *current = set;
+                        changed
+                    });
+                }
+                Err(e) => {
+                    tracing::error!(path = %path.display(), error = %e, "invalid endpoints file; keeping the previous endpoints")
+                }
+            }
+            last = Some(content);
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(poll) => {}
+            _ = tx.closed() => return,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn entries_get_defaults_and_are_sorted() {
+        let set = parse(
+            r#"{"endpoints": [
+                {"address": "127.0.0.1:18001", "role": "decode", "name": "ignored"},
+                {"address": "127.0.0.1:18000", "kv_events": "http://127.0.0.1:19000"}
+            ]}"#,
+            9100,
+        )
+        .unwrap();
+        assert_eq!(
+            set,
+            vec![
+                EndpointSpec {
+                    address: "127.0.0.1:18000".parse().unwrap(),
+                    kv_events: "http://127.0.0.1:19000".into(),
+                    role: Role::Worker,
+                },
+                EndpointSpec {
+                    address: "127.0.0.1:18001".parse().unwrap(),
+                    kv_events: "http://127.0.0.1:9100".into(),
+                    role: Role::Decode,
+                },
+            ]
+        );
+    }
+
+    #[test]
+    fn bad_files_say_what_is_wrong() {
+        let e = parse(r#"{"endpoints": [{"address": "localhost"}]}"#, 9100).unwrap_err();
+        assert!(e.contains("invalid socket address"), "{e}");
+        let e = parse(
+            r#"{"endpoints": [{"address": "1.2.3.4:5", "role": "boss"}]}"#,
+            9100,
+        )
+        .unwrap_err();
+        assert!(e.contains("unknown variant `boss`"), "{e}");
+        let e = parse(
+            r#"{"endpoints": [{"address": "1.2.3.4:5", "kv_events": "1.2.3.4:9100"}]}"#,
+            9100,
+        )
+        .unwrap_err();
+        assert!(e.contains("endpoints[0].kv_events"), "{e}");
+        assert!(parse("[]", 9100).is_err());
+    }
+}

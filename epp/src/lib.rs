@@ -1,0 +1,167 @@
+//! `dynamo-epp`: the endpoint picker. It learns the pool's pods (static list, JSON file
+//! or Kubernetes), follows each pod's KV event stream into one shared index, and routes
+//! each request to the pod with the best cache overlap for its load, as an Envoy
+//! `ext_proc` server for a Gateway API inference gateway and as an OpenAI HTTP frontend.
+//! See `docs/epp.md`.
+//!
+//! - [`config`]: flags and checked configuration;
+//! - [`discovery`]: where the pods come from; [`pool`]: keeps the router's pods current;
+//! - [`events`]: KV event followers; [`engine_metrics`]: engine load polling;
+//! - [`router`]: the shared routing state, picks and load accounting;
+//! - [`request`]: OpenAI request checks and tokenization; [`meter`]: response metrics;
+//! - [`frontend`]: the HTTP frontend; [`ext_proc`]: the gateway's ext_proc server;
+//! - [`metrics`]: the Prometheus registry.
+
+pub mod config;
+pub mod discovery;
+pub mod engine_metrics;
+pub mod events;
+pub mod ext_proc;
+pub mod frontend;
+pub mod meter;
+pub mod metrics;
+pub mod pool;
+pub mod request;
+pub mod router;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::serve::ListenerExt;
+use dynamo_llm::ModelDir;
+use tokio::net::TcpListener;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+pub use config::{Args, Config};
+pub use router::Router;
+
+use crate::ext_proc::ExtProc;
+use crate::frontend::Frontend;
+use crate::metrics::Metrics;
+
+/// A running picker; dropping it does not stop it, [`Epp::shutdown`] does.
+pub struct Epp {
+    pub http_addr: SocketAddr,
+    pub ext_proc_addr: SocketAddr,
+    pub metrics_addr: Option<SocketAddr>,
+    pub model_name: String,
+    pub router: Arc<Router>,
+    pub metrics: Arc<Metrics>,
+    stop: CancellationToken,
+    tasks: Vec<JoinHandle<anyhow::Result<()>>>,
+    pool: JoinHandle<()>,
+}
+
+impl Epp {
+    /// Stops accepting, lets the servers finish in-flight requests, and stops the
+    /// per-pod tasks.
+    pub async fn shutdown(self) -> anyhow::Result<()> {
+        self.stop.cancel();
+        self.wait().await
+    }
+
+    /// A token that stops the picker when cancelled (for signal handlers).
+    pub fn stop_token(&self) -> CancellationToken {
+        self.stop.clone()
+    }
+
+    /// Serves until stopped or until a server fails.
+    pub async fn wait(self) -> anyhow::Result<()> {
+        let servers = self.tasks.into_iter().map(|t| async move { t.await? });
+        let result = futures::future::try_join_all(servers).await.map(|_| ());
+        self.stop.cancel();
+        self.pool.abort();
+        result
+    }
+}
+
+/// Loads the model, binds every listener, starts discovery, and serves.
+pub async fn start(config: Config) -> anyhow::Result<Epp> {
+    let model = Arc::new(ModelDir::load(
+        &config.model_path,
+        config.model_name.as_deref(),
+    )?);
+    let metrics = Arc::new(Metrics::new());
+    let router = Arc::new(Router::new(
+        config.router.clone(),
+        &model.name,
+        metrics.clone(),
+    ));
+    let client = reqwest::Client::builder()
+        .connect_timeout(Duration::from_secs(2))
+        .tcp_nodelay(true)
+        .build()?;
+    let endpoints = discovery::start(&config.discovery, config.kv_events_port).await?;
+    let pool = tokio::spawn(pool::run(
+        router.clone(),
+        endpoints,
+        config.metrics_poll_interval,
+        client.clone(),
+    ));
+
+    let stop = CancellationToken::new();
+    let frontend = Arc::new(Frontend::new(
+        model.clone(),
+        router.clone(),
+        metrics.clone(),
+        client,
+    ));
+    let mut tasks = Vec::new();
+
+    let http = TcpListener::bind(config.http_addr).await?;
+    let http_addr = http.local_addr()?;
+    tasks.push(serve_http(http, frontend::routes(frontend.clone()), &stop));
+
+    let metrics_addr = match config.metrics_addr {
+        Some(addr) => {
+            let listener = TcpListener::bind(addr).await?;
+            let bound = listener.local_addr()?;
+            let app = frontend::ops_routes().with_state(frontend);
+            tasks.push(serve_http(listener, app, &stop));
+            Some(bound)
+        }
+        None => None,
+    };
+
+    let grpc = TcpListener::bind(config.ext_proc_addr).await?;
+    let ext_proc_addr = grpc.local_addr()?;
+    let service = ExtProc::new(model.clone(), router.clone(), metrics.clone());
+    let shutdown = stop.clone().cancelled_owned();
+    tasks.push(tokio::spawn(async move {
+        ext_proc::serve(grpc, service, shutdown).await?;
+        Ok(())
+    }));
+
+    Ok(Epp {
+        http_addr,
+        ext_proc_addr,
+        metrics_addr,
+        model_name: model.name.clone(),
+        router,
+        metrics,
+        stop,
+        tasks,
+        pool,
+    })
+}
+
+fn serve_http(
+    listener: TcpListener,
+    app: axum::Router,
+    stop: &CancellationToken,
+) -> JoinHandle<anyhow::Result<()>> {
+    // Streamed tokens are small writes: without TCP_NODELAY, Nagle's algorithm holds
+    // them back waiting for ACKs.
+    let listener = listener.tap_io(|tcp| {
+        let _ = tcp.set_nodelay(true);
+    });
+    let shutdown = stop.clone().cancelled_owned();
+    tokio::spawn(async move {
+        axum::serve(listener, app)
+            .with_graceful_shutdown(shutdown)
+            .await?;
+        Ok(())
+    })
+}

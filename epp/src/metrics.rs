@@ -1,0 +1,236 @@
+//! The picker's Prometheus metrics, served on `/metrics`.
+//!
+//! `dynamo_frontend_*` describe requests as a client sees them (both through the HTTP
+//! frontend and through the gateway's ext_proc stream); the names are those of Dynamo's
+//! frontend, which the planner reads (request rate, ISL, OSL, TTFT, ITL).
+//! `dynamo_epp_*` describe the routing itself. prometheus-client appends `_total` to
+//! counters.
+
+use std::sync::atomic::AtomicU64;
+
+use prometheus_client::encoding::text::encode;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::registry::Registry;
+
+type Labels = Vec<(&'static str, String)>;
+type Histograms = Family<Labels, Histogram, fn() -> Histogram>;
+
+/// Seconds, 1 ms to 4 min: TTFT and request duration.
+const LATENCY_BUCKETS: [f64; 20] = [
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 10.0,
+    20.0, 40.0, 80.0, 160.0, 240.0,
+];
+/// Seconds, 0.5 ms to 2 s: gaps between tokens.
+const ITL_BUCKETS: [f64; 15] = [
+    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.25, 0.5, 1.0, 2.0,
+];
+/// Tokens, 16 to 128 k (powers of two).
+const TOKEN_BUCKETS: [f64; 14] = [
+    16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0, 2048.0, 4096.0, 8192.0, 16384.0, 32768.0,
+    65536.0, 131072.0,
+];
+/// Seconds, 1 µs to 100 ms: the pick itself.
+const PICK_BUCKETS: [f64; 16] = [
+    1e-6, 2.5e-6, 5e-6, 1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 2.5e-2,
+    5e-2, 1e-1,
+];
+/// Fraction of the prompt's blocks the chosen pod holds.
+const RATIO_BUCKETS: [f64; 10] = [0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9];
+
+fn latency() -> Histogram {
+    Histogram::new(LATENCY_BUCKETS)
+}
+fn itl() -> Histogram {
+    Histogram::new(ITL_BUCKETS)
+}
+fn tokens() -> Histogram {
+    Histogram::new(TOKEN_BUCKETS)
+}
+
+/// Every metric of the process, cheap to clone into tasks.
+pub struct Metrics {
+    registry: Registry,
+    // Frontend, per model.
+    pub requests: Family<Labels, Counter>,
+    pub inflight: Family<Labels, Gauge>,
+    pub ttft: Histograms,
+    pub itl: Histograms,
+    pub isl: Histograms,
+    pub osl: Histograms,
+    pub duration: Histograms,
+    // Routing.
+    pub picks: Family<Labels, Counter>,
+    pub prompt_blocks: Counter,
+    pub matched_blocks: Counter,
+    pub hit_ratio: Histogram,
+    pub pick_seconds: Histogram,
+    pub queue_wait_seconds: Histogram,
+    pub queue_depth: Gauge,
+    pub upstream_failures: Family<Labels, Counter>,
+    // Pods and their event streams.
+    pub endpoints: Family<Labels, Gauge>,
+    pub index_blocks: Gauge,
+    pub kv_updates: Family<Labels, Counter>,
+    pub kv_index_full: Counter,
+    pub kv_sync_seconds: Histogram,
+    pub engine_polls: Family<Labels, Counter>,
+    pub engine_kv_usage: Family<Labels, Gauge<f64, AtomicU64>>,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Metrics {
+    pub fn new() -> Self {
+        let mut r = Registry::default();
+        let m = Self {
+            requests: Family::default(),
+            inflight: Family::default(),
+            ttft: Family::new_with_constructor(latency),
+            itl: Family::new_with_constructor(itl),
+            isl: Family::new_with_constructor(tokens),
+            osl: Family::new_with_constructor(tokens),
+            duration: Family::new_with_constructor(latency),
+            picks: Family::default(),
+            prompt_blocks: Counter::default(),
+            matched_blocks: Counter::default(),
+            hit_ratio: Histogram::new(RATIO_BUCKETS),
+            pick_seconds: Histogram::new(PICK_BUCKETS),
+            queue_wait_seconds: latency(),
+            queue_depth: Gauge::default(),
+            upstream_failures: Family::default(),
+            endpoints: Family::default(),
+            index_blocks: Gauge::default(),
+            kv_updates: Family::default(),
+            kv_index_full: Counter::default(),
+            kv_sync_seconds: latency(),
+            engine_polls: Family::default(),
+            engine_kv_usage: Family::default(),
+            registry: Registry::default(),
+        };
+        r.register(
+            "dynamo_frontend_requests",
+            "Requests by model, route and HTTP status",
+            m.requests.clone(),
+        );
+        r.register(
+            "dynamo_frontend_inflight_requests",
+            "Requests being served",
+            m.inflight.clone(),
+        );
+        r.register(
+            "dynamo_frontend_time_to_first_token_seconds",
+            "From request arrival to the first response byte of the engine",
+            m.ttft.clone(),
+        );
+        r.register(
+            "dynamo_frontend_inter_token_latency_seconds",
+            "Gaps between streamed tokens",
+            m.itl.clone(),
+        );
+        r.register(
+            "dynamo_frontend_input_sequence_tokens",
+            "Prompt tokens per request",
+            m.isl.clone(),
+        );
+        r.register(
+            "dynamo_frontend_output_sequence_tokens",
+            "Generated tokens per request",
+            m.osl.clone(),
+        );
+        r.register(
+            "dynamo_frontend_request_duration_seconds",
+            "From request arrival to the end of the response",
+            m.duration.clone(),
+        );
+        r.register(
+            "dynamo_epp_picks",
+            "Requests routed, by pod and role",
+            m.picks.clone(),
+        );
+        r.register(
+            "dynamo_epp_prompt_blocks",
+            "Full prompt blocks of routed requests",
+            m.prompt_blocks.clone(),
+        );
+        r.register(
+            "dynamo_epp_matched_blocks",
+            "Prompt blocks the chosen pod already held (any tier); matched / prompt = KV hit ratio",
+            m.matched_blocks.clone(),
+        );
+        r.register(
+            "dynamo_epp_kv_hit_ratio",
+            "Per request, the fraction of prompt blocks the chosen pod held",
+            m.hit_ratio.clone(),
+        );
+        r.register(
+            "dynamo_epp_pick_duration_seconds",
+            "Time to choose a pod (index lookup, cost, accounting), queueing excluded",
+            m.pick_seconds.clone(),
+        );
+        r.register(
+            "dynamo_epp_queue_wait_seconds",
+            "Time requests waited while every pod was saturated",
+            m.queue_wait_seconds.clone(),
+        );
+        r.register(
+            "dynamo_epp_queue_depth",
+            "Requests waiting for a pod",
+            m.queue_depth.clone(),
+        );
+        r.register(
+            "dynamo_epp_upstream_failures",
+            "Requests a pod refused before answering, by pod",
+            m.upstream_failures.clone(),
+        );
+        r.register(
+            "dynamo_epp_endpoints",
+            "Known pods, by role and state (ready: KV snapshot received or warm-up over)",
+            m.endpoints.clone(),
+        );
+        r.register(
+            "dynamo_epp_index_blocks",
+            "Distinct blocks in the exact KV index",
+            m.index_blocks.clone(),
+        );
+        r.register(
+            "dynamo_epp_kv_updates",
+            "KV stream updates applied, by pod and kind (snapshot, event, lost)",
+            m.kv_updates.clone(),
+        );
+        r.register(
+            "dynamo_epp_kv_index_full",
+            "Stored events the index could not hold in full (bound reached)",
+            m.kv_index_full.clone(),
+        );
+        r.register(
+            "dynamo_epp_kv_sync_seconds",
+            "From a pod's discovery to its first KV snapshot",
+            m.kv_sync_seconds.clone(),
+        );
+        r.register(
+            "dynamo_epp_engine_metric_polls",
+            "Reads of the pods' /metrics, by result",
+            m.engine_polls.clone(),
+        );
+        r.register(
+            "dynamo_epp_engine_kv_usage",
+            "KV cache usage (0 to 1) each pod's engine reported last",
+            m.engine_kv_usage.clone(),
+        );
+        Self { registry: r, ..m }
+    }
+
+    /// The OpenMetrics text of every metric.
+    pub fn encode(&self) -> String {
+        let mut out = String::new();
+        encode(&mut out, &self.registry).expect("writing to a String cannot fail");
+        out
+    }
+}

@@ -1,0 +1,109 @@
+//! Keeps the router's pods equal to what discovery reports: a new pod gets a fresh
+//! `WorkerId`, a KV event follower (kv mode) and an engine metrics poller; a pod that
+//! leaves has its tasks stopped before its state is dropped, so no late event of a gone
+//! pod reaches the index.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use dynamo_kvcache::{RouterMode, WorkerId};
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+use crate::discovery::{EndpointSet, EndpointSpec};
+use crate::router::Router;
+use crate::{engine_metrics, events};
+
+struct Member {
+    worker: WorkerId,
+    tasks: Vec<JoinHandle<()>>,
+}
+
+/// Reconciles until discovery stops publishing; aborting this task stops every
+/// per-pod task too.
+pub async fn run(
+    router: Arc<Router>,
+    mut endpoints: watch::Receiver<EndpointSet>,
+    metrics_poll: Option<Duration>,
+    client: reqwest::Client,
+) {
+    let mut members = Members::default();
+    loop {
+        let set = endpoints.borrow_and_update().clone();
+        members.reconcile(&router, set, metrics_poll, &client).await;
+        if endpoints.changed().await.is_err() {
+            // The source ended (it logged why): keep the last set.
+            std::future::pending::<()>().await;
+        }
+    }
+}
+
+#[derive(Default)]
+struct Members {
+    live: HashMap<EndpointSpec, Member>,
+    last_id: u64,
+}
+
+impl Members {
+    async fn reconcile(
+        &mut self,
+        router: &Arc<Router>,
+        set: EndpointSet,
+        metrics_poll: Option<Duration>,
+        client: &reqwest::Client,
+    ) {
+        let gone: Vec<EndpointSpec> = self
+            .live
+            .keys()
+            .filter(|spec| !set.contains(spec))
+            .cloned()
+            .collect();
+        for spec in gone {
+            let member = self.live.remove(&spec).expect("listed");
+            for task in &member.tasks {
+                task.abort();
+            }
+            for task in member.tasks {
+                let _ = task.await;
+            }
+            router.remove_endpoint(member.worker);
+            tracing::info!(address = %spec.address, role = spec.role.as_str(), "endpoint removed");
+        }
+        for spec in set {
+            if self.live.contains_key(&spec) {
+                continue;
+            }
+            self.last_id += 1;
+            let worker = WorkerId(self.last_id);
+            router.add_endpoint(worker, spec.clone());
+            let mut tasks = Vec::new();
+            if router.config().mode == RouterMode::Kv {
+                tasks.push(tokio::spawn(events::follow(
+                    router.clone(),
+                    worker,
+                    spec.kv_events.clone(),
+                )));
+            }
+            if let Some(interval) = metrics_poll {
+                tasks.push(tokio::spawn(engine_metrics::poll(
+                    router.clone(),
+                    worker,
+                    spec.address,
+                    interval,
+                    client.clone(),
+                )));
+            }
+            tracing::info!(address = %spec.address, kv_events = %spec.kv_events, role = spec.role.as_str(), "endpoint added");
+            self.live.insert(spec, Member { worker, tasks });
+        }
+    }
+}
+
+impl Drop for Members {
+    fn drop(&mut self) {
+        for task in self.live.values().flat_map(|m| &m.tasks) {
+            task.abort();
+        }
+    }
+}

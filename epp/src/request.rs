@@ -1,0 +1,81 @@
+//! From an OpenAI request body to what the router needs: the same checks and
+//! tokenization an engine applies (`dynamo-llm`), so a bad request is refused here with
+//! the engine's 4xx before any pod is bothered.
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use dynamo_llm::openai::{ChatCompletionRequest, CompletionRequest, parse_body};
+use dynamo_llm::{ApiError, ModelDir, PreparedRequest};
+
+use crate::router::RouteRequest;
+
+/// The OpenAI APIs the picker understands.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Api {
+    Chat,
+    Completions,
+}
+
+impl Api {
+    pub const fn path(self) -> &'static str {
+        match self {
+            Api::Chat => "/v1/chat/completions",
+            Api::Completions => "/v1/completions",
+        }
+    }
+
+    /// The API a request path (query string allowed) addresses.
+    pub fn from_path(path: &str) -> Option<Self> {
+        let path = path.split('?').next().unwrap_or(path).trim_end_matches('/');
+        [Api::Chat, Api::Completions]
+            .into_iter()
+            .find(|api| path == api.path())
+    }
+}
+
+/// Checks and tokenizes `body` for `api`.
+pub fn prepare(model: &ModelDir, api: Api, body: &[u8]) -> Result<PreparedRequest, ApiError> {
+    match api {
+        Api::Chat => model.prepare_chat(&parse_body::<ChatCompletionRequest>(body)?),
+        Api::Completions => model.prepare_completion(&parse_body::<CompletionRequest>(body)?),
+    }
+}
+
+/// [`prepare`] on the blocking pool: a long prompt's template and tokenization take
+/// milliseconds (3 ms for 5k tokens), too long to hold an async worker.
+pub async fn prepare_off_runtime(
+    model: Arc<ModelDir>,
+    api: Api,
+    body: Bytes,
+) -> Result<PreparedRequest, ApiError> {
+    tokio::task::spawn_blocking(move || prepare(&model, api, &body))
+        .await
+        .unwrap_or_else(|e| Err(ApiError::internal(format!("tokenization failed: {e}"))))
+}
+
+/// The routing inputs of a prepared request.
+pub fn route_request(prepared: &PreparedRequest) -> RouteRequest {
+    RouteRequest {
+        tokens: prepared.token_ids.clone(),
+        max_tokens: prepared.max_tokens,
+        priority: prepared.priority,
+        ..RouteRequest::default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn paths_map_to_apis() {
+        assert_eq!(Api::from_path("/v1/chat/completions"), Some(Api::Chat));
+        assert_eq!(
+            Api::from_path("/v1/completions?x=1"),
+            Some(Api::Completions)
+        );
+        assert_eq!(Api::from_path("/v1/completions/"), Some(Api::Completions));
+        assert_eq!(Api::from_path("/v1/models"), None);
+    }
+}

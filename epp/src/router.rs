@@ -1,0 +1,988 @@
+//! The shared routing state: known pods, the exact KV index fed by their event streams,
+//! the approximate index, per-pod load, the scheduler and the waiting queue.
+//!
+//! A request is routed by [`Router::route`], which returns an [`Assignment`]: the chosen
+//! pod (and, in a disaggregated pool, a prefill pod), with its load accounted until the
+//! assignment is dropped. The caller reports the first token with
+//! [`Assignment::first_token`]; dropping the assignment (response finished, failed, or
+//! the client left) ends the request's load.
+//!
+//! Locks: `state` may take `index` (read) while held; event application takes `index`
+//! alone. Nothing takes `state` while holding `index`, so they cannot deadlock. Waiters
+//! are answered only after `state` is released, because an assignment dropped by a
+//! waiter that left re-enters the router.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError, RwLock};
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
+
+use dynamo_kvcache::{
+    ApproxConfig, ApproxIndex, BlockHasher, Decision, EngineMetrics, IndexError, KvIndex,
+    LoadTracker, OverlapScores, QueuedRequest, RequestId, RouterMode, Scheduler, SchedulerConfig,
+    SeqHash, Ticket, WaitingQueue, WorkModel, WorkerId,
+};
+use dynamo_kvstream::PodUpdate;
+use rand::SeedableRng;
+use rand::rngs::StdRng;
+use tokio::sync::oneshot;
+
+use crate::config::RouterConfig;
+use crate::discovery::{EndpointSpec, Role};
+use crate::metrics::Metrics;
+
+/// Roles that answer the client; prefill pods are only ever a request's helper.
+const SERVING_ROLES: [Role; 2] = [Role::Worker, Role::Decode];
+
+/// What the router needs to know of a request.
+#[derive(Clone, Debug, Default)]
+pub struct RouteRequest {
+    /// The prompt's token ids (chat template applied).
+    pub tokens: Vec<u32>,
+    /// Output tokens at most (for the WSPT queue order).
+    pub max_tokens: u64,
+    /// `nvext.agent_hints.priority`: higher waits less when requests queue.
+    pub priority: i64,
+    /// Only these pods may serve it (the gateway's subset hint).
+    pub subset: Option<Vec<SocketAddr>>,
+    /// Pods that already failed this request.
+    pub exclude: Vec<SocketAddr>,
+}
+
+/// Why a request got no pod.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RouteError {
+    /// 503: no pod could serve it.
+    #[error("no ready endpoint: {0}")]
+    NoEndpoint(String),
+    /// 429: every pod is saturated and the waiting queue is full.
+    #[error("every endpoint is saturated and {capacity} requests are already waiting")]
+    Overloaded { capacity: usize },
+}
+
+/// A pod as the router knows it.
+#[derive(Debug)]
+struct Endpoint {
+    spec: EndpointSpec,
+    added: Instant,
+    /// The first KV snapshot of the pod arrived.
+    synced: bool,
+    /// Avoided until then after refusing a connection.
+    unhealthy_until: Option<Instant>,
+}
+
+/// A request's routing inputs, kept while it waits.
+#[derive(Debug)]
+struct Job {
+    hashes: Vec<SeqHash>,
+    subset: Option<Vec<SocketAddr>>,
+    exclude: Vec<SocketAddr>,
+}
+
+#[derive(Debug)]
+struct Waiter {
+    job: Job,
+    enqueued: Instant,
+    tx: oneshot::Sender<Result<Assignment, RouteError>>,
+}
+
+type Delivery = (
+    oneshot::Sender<Result<Assignment, RouteError>>,
+    Result<Assignment, RouteError>,
+);
+
+struct State {
+    endpoints: BTreeMap<WorkerId, Endpoint>,
+    load: LoadTracker,
+    scheduler: Scheduler,
+    prefill_scheduler: Scheduler,
+    approx: ApproxIndex,
+    queue: WaitingQueue<Waiter>,
+    rng: StdRng,
+    next_request: u64,
+}
+
+/// The router; share it as `Arc<Router>`.
+pub struct Router {
+    config: RouterConfig,
+    hasher: BlockHasher,
+    metrics: Arc<Metrics>,
+    index: RwLock<KvIndex>,
+    state: Mutex<State>,
+    /// Origin of the approximate index's clock.
+    origin: Instant,
+}
+
+/// A routed request: the pod it goes to, accounted as load until dropped.
+pub struct Assignment {
+    router: Arc<Router>,
+    request: RequestId,
+    prefill_request: Option<RequestId>,
+    first_token_seen: bool,
+    pub worker: WorkerId,
+    /// Where to send the request (`ip:port`).
+    pub address: SocketAddr,
+    /// The prefill pod of a disaggregated pool (`x-prefiller-host-port`).
+    pub prefill: Option<SocketAddr>,
+    pub decision: Decision,
+    /// Full blocks of the prompt.
+    pub prompt_blocks: u64,
+}
+
+impl std::fmt::Debug for Assignment {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Assignment")
+            .field("request", &self.request)
+            .field("address", &self.address)
+            .field("prefill", &self.prefill)
+            .field("decision", &self.decision)
+            .finish()
+    }
+}
+
+impl Assignment {
+    /// The response's first token arrived: the request's prefill is over.
+    pub fn first_token(&mut self) {
+        if !self.first_token_seen {
+            self.first_token_seen = true;
+            self.router
+                .on_first_token(self.request, self.prefill_request);
+        }
+    }
+}
+
+impl Drop for Assignment {
+    fn drop(&mut self) {
+        self.router.on_finish(self.request, self.prefill_request);
+    }
+}
+
+/// Takes a queued request out of the queue if its caller stops waiting.
+struct QueueGuard<'a> {
+    router: &'a Router,
+    ticket: Option<Ticket>,
+}
+
+impl Drop for QueueGuard<'_> {
+    fn drop(&mut self) {
+        if let Some(ticket) = self.ticket.take() {
+            let mut st = self.router.lock();
+            st.queue.cancel(ticket);
+            self.router.metrics.queue_depth.set(st.queue.len() as i64);
+        }
+    }
+}
+
+impl Router {
+    pub fn new(config: RouterConfig, model_name: &str, metrics: Arc<Metrics>) -> Self {
+        let seed = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos() as u64);
+        let scheduler_config = SchedulerConfig {
+            prefill_load_scale: config.prefill_load_scale,
+            temperature: config.temperature,
+            ..SchedulerConfig::default()
+        };
+        let state = State {
+            endpoints: BTreeMap::new(),
+            load: LoadTracker::new(),
+            scheduler: Scheduler::new(config.mode, scheduler_config),
+            // Its own scheduler, so the round-robin positions of the two roles do not
+            // interfere.
+            prefill_scheduler: Scheduler::new(config.mode, scheduler_config),
+            approx: ApproxIndex::new(ApproxConfig {
+                ttl: config.approx_ttl,
+                ..ApproxConfig::default()
+            }),
+            queue: WaitingQueue::new(
+                config.queue_policy,
+                WorkModel::default(),
+                config.queue_capacity,
+            ),
+            rng: StdRng::seed_from_u64(seed),
+            next_request: 0,
+        };
+        Self {
+            // Same salt as the engines (the served model name), so prompt hashes meet
+            // the hashes of the blocks the sidecars announce (`DESIGN.md`, "Block hashing").
+            hasher: BlockHasher::new(config.block_size, model_name, None),
+            index: RwLock::new(KvIndex::new(config.max_index_blocks)),
+            config,
+            metrics,
+            state: Mutex::new(state),
+            origin: Instant::now(),
+        }
+    }
+
+    pub fn config(&self) -> &RouterConfig {
+        &self.config
+    }
+
+    pub fn metrics(&self) -> &Arc<Metrics> {
+        &self.metrics
+    }
+
+    pub fn hasher(&self) -> &BlockHasher {
+        &self.hasher
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        // A panic under the lock leaves counters, not broken invariants: keep serving.
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Chooses a pod for `request`, waiting in the queue while every pod is saturated.
+    pub async fn route(self: &Arc<Self>, request: RouteRequest) -> Result<Assignment, RouteError> {
+        let started = Instant::now();
+        let job = Job {
+            hashes: self.hasher.seq_hashes(&request.tokens),
+            subset: request.subset,
+            exclude: request.exclude,
+        };
+        let (rx, ticket, deliveries) = {
+            let mut st = self.lock();
+            let serving = self.candidates(&st, &job, &SERVING_ROLES);
+            if serving.is_empty() {
+                return Err(self.no_endpoint(&st, &job));
+            }
+            if st.queue.is_empty() && !self.saturated(&st, &serving) {
+                return self.assign(&mut st, &job, started);
+            }
+            let (tx, rx) = oneshot::channel();
+            // Which blocks will be cached by dispatch time is unknown: WSPT ranks on all.
+            let prompt_blocks = job.hashes.len() as u64;
+            let waiter = Waiter {
+                enqueued: started,
+                job,
+                tx,
+            };
+            let mut queued = QueuedRequest::new(waiter, prompt_blocks, request.max_tokens);
+            queued.priority = request.priority.clamp(i32::MIN.into(), i32::MAX.into()) as i32;
+            let ticket = match st.queue.push(queued) {
+                Ok(ticket) => ticket,
+                Err(full) => {
+                    return Err(RouteError::Overloaded {
+                        capacity: full.capacity,
+                    });
+                }
+            };
+            // Pods may have room now (the queue held others that just left).
+            let deliveries = self.drain(&mut st);
+            (rx, ticket, deliveries)
+        };
+        deliver(deliveries);
+        let mut guard = QueueGuard {
+            router: self,
+            ticket: Some(ticket),
+        };
+        let result = rx
+            .await
+            .unwrap_or_else(|_| Err(RouteError::NoEndpoint("the router stopped".into())));
+        guard.ticket = None;
+        result
+    }
+
+    /// Pods of `roles` that may take `job`: in its subset, not excluded, and healthy
+    /// unless none is.
+    fn candidates(&self, st: &State, job: &Job, roles: &[Role]) -> Vec<WorkerId> {
+        let now = Instant::now();
+        let eligible: Vec<(&WorkerId, &Endpoint)> = st
+            .endpoints
+            .iter()
+            .filter(|(_, e)| roles.contains(&e.spec.role))
+            .filter(|(_, e)| {
+                job.subset
+                    .as_ref()
+                    .is_none_or(|s| s.contains(&e.spec.address))
+            })
+            .filter(|(_, e)| !job.exclude.contains(&e.spec.address))
+            .collect();
+        let healthy: Vec<WorkerId> = eligible
+            .iter()
+            .filter(|(_, e)| e.unhealthy_until.is_none_or(|t| t <= now))
+            .map(|(w, _)| **w)
+            .collect();
+        if healthy.is_empty() {
+            // Every pod failed lately: trying one beats refusing outright.
+            eligible.into_iter().map(|(w, _)| *w).collect()
+        } else {
+            healthy
+        }
+    }
+
+    fn no_endpoint(&self, st: &State, job: &Job) -> RouteError {
+        let reason = if st.endpoints.is_empty() {
+            "no endpoints discovered".to_owned()
+        } else if job.subset.as_ref().is_some_and(|s| s.is_empty()) {
+            "the subset hint is empty".to_owned()
+        } else if job.subset.is_some() {
+            "no endpoint of the subset hint is known".to_owned()
+        } else if !job.exclude.is_empty() {
+            "every endpoint failed this request".to_owned()
+        } else {
+            "no worker or decode endpoint".to_owned()
+        };
+        RouteError::NoEndpoint(reason)
+    }
+
+    fn saturated(&self, st: &State, serving: &[WorkerId]) -> bool {
+        let t = &self.config.saturation;
+        let limited = t.max_waiting_requests.is_some()
+            || t.max_kv_usage.is_some()
+            || t.max_blocks_in_flight.is_some();
+        limited && serving.iter().all(|&w| st.load.is_saturated(w, t))
+    }
+
+    fn scores(&self, st: &State, hashes: &[SeqHash]) -> OverlapScores {
+        match self.config.mode {
+            RouterMode::Kv => self
+                .index
+                .read()
+                .unwrap_or_else(PoisonError::into_inner)
+                .find_matches(hashes),
+            RouterMode::Approx => st.approx.find_matches(hashes, self.origin.elapsed()),
+            RouterMode::RoundRobin | RouterMode::Random => OverlapScores::default(),
+        }
+    }
+
+    /// Picks now and accounts the load. `started` is when the decision began.
+    fn assign(
+        self: &Arc<Self>,
+        st: &mut State,
+        job: &Job,
+        started: Instant,
+    ) -> Result<Assignment, RouteError> {
+        let serving = self.candidates(st, job, &SERVING_ROLES);
+        if serving.is_empty() {
+            return Err(self.no_endpoint(st, job));
+        }
+        let prompt_blocks = job.hashes.len() as u64;
+        let scores = self.scores(st, &job.hashes);
+        let (decision, request) = self.pick(st, &scores, &serving, job, false)?;
+        let prefill_job = Job {
+            hashes: Vec::new(),
+            subset: None,
+            exclude: Vec::new(),
+        };
+        let prefill_pods = self.candidates(st, &prefill_job, &[Role::Prefill]);
+        let prefill = if prefill_pods.is_empty() {
+            None
+        } else {
+            Some(self.pick(st, &scores, &prefill_pods, job, true)?)
+        };
+        let address = st.endpoints[&decision.worker].spec.address;
+        let matched = u64::from(decision.overlap.total()).min(prompt_blocks);
+        let m = &self.metrics;
+        m.prompt_blocks.inc_by(prompt_blocks);
+        m.matched_blocks.inc_by(matched);
+        if prompt_blocks > 0 {
+            m.hit_ratio.observe(matched as f64 / prompt_blocks as f64);
+        }
+        m.pick_seconds.observe(started.elapsed().as_secs_f64());
+        Ok(Assignment {
+            router: self.clone(),
+            request,
+            prefill_request: prefill.map(|(_, r)| r),
+            first_token_seen: false,
+            worker: decision.worker,
+            address,
+            prefill: prefill.map(|(d, _)| st.endpoints[&d.worker].spec.address),
+            decision,
+            prompt_blocks,
+        })
+    }
+
+    /// One pick among `pods` with its load accounting, for the serving or prefill side.
+    fn pick(
+        &self,
+        st: &mut State,
+        scores: &OverlapScores,
+        pods: &[WorkerId],
+        job: &Job,
+        prefill: bool,
+    ) -> Result<(Decision, RequestId), RouteError> {
+        let prompt_blocks = job.hashes.len() as u64;
+        let loads: Vec<_> = pods.iter().map(|&w| st.load.load(w)).collect();
+        let State {
+            scheduler,
+            prefill_scheduler,
+            rng,
+            ..
+        } = st;
+        let scheduler = if prefill {
+            prefill_scheduler
+        } else {
+            scheduler
+        };
+        let decision = scheduler
+            .pick(scores, &loads, prompt_blocks, rng)
+            .map_err(|e| RouteError::NoEndpoint(e.to_string()))?;
+        st.next_request += 1;
+        let request = RequestId(st.next_request);
+        let cached = (decision.credited_overlap.floor() as u64).min(prompt_blocks);
+        // A fresh id cannot be in flight already.
+        let _ = st.load.on_pick(
+            request,
+            decision.worker,
+            prompt_blocks,
+            prompt_blocks - cached,
+        );
+        if self.config.mode == RouterMode::Approx {
+            st.approx
+                .record(decision.worker, &job.hashes, self.origin.elapsed());
+        }
+        let endpoint = &st.endpoints[&decision.worker].spec;
+        self.metrics
+            .picks
+            .get_or_create(&vec![
+                ("pod", endpoint.address.to_string()),
+                ("role", endpoint.role.as_str().to_owned()),
+            ])
+            .inc();
+        Ok((decision, request))
+    }
+
+    /// Hands queued requests to pods while some have room; answers are sent by
+    /// [`deliver`] once the lock is released.
+    fn drain(self: &Arc<Self>, st: &mut State) -> Vec<Delivery> {
+        let mut out = Vec::new();
+        while let Some(head) = st.queue.peek() {
+            let serving = self.candidates(st, &head.payload.job, &SERVING_ROLES);
+            if !serving.is_empty() && self.saturated(st, &serving) {
+                break;
+            }
+            let waiter = st.queue.pop().expect("peeked").payload;
+            if waiter.tx.is_closed() {
+                continue;
+            }
+            self.metrics
+                .queue_wait_seconds
+                .observe(waiter.enqueued.elapsed().as_secs_f64());
+            let result = self.assign(st, &waiter.job, Instant::now());
+            out.push((waiter.tx, result));
+        }
+        self.metrics.queue_depth.set(st.queue.len() as i64);
+        out
+    }
+
+    fn on_first_token(&self, request: RequestId, prefill: Option<RequestId>) {
+        let mut st = self.lock();
+        // Unknown: the pod was removed meanwhile, with its requests.
+        let _ = st.load.on_first_token(request);
+        if let Some(prefill) = prefill {
+            let _ = st.load.on_finish(prefill);
+        }
+    }
+
+    fn on_finish(self: &Arc<Self>, request: RequestId, prefill: Option<RequestId>) {
+        let deliveries = {
+            let mut st = self.lock();
+            let _ = st.load.on_finish(request);
+            if let Some(prefill) = prefill {
+                let _ = st.load.on_finish(prefill);
+            }
+            self.drain(&mut st)
+        };
+        deliver(deliveries);
+    }
+
+    /// A pod appeared.
+    pub fn add_endpoint(self: &Arc<Self>, worker: WorkerId, spec: EndpointSpec) {
+        let deliveries = {
+            let mut st = self.lock();
+            st.load.add_worker(worker);
+            st.endpoints.insert(
+                worker,
+                Endpoint {
+                    spec,
+                    added: Instant::now(),
+                    synced: false,
+                    unhealthy_until: None,
+                },
+            );
+            self.publish_endpoint_gauges(&st);
+            self.drain(&mut st)
+        };
+        deliver(deliveries);
+    }
+
+    /// A pod left: its blocks, load and requests in flight are forgotten.
+    pub fn remove_endpoint(self: &Arc<Self>, worker: WorkerId) {
+        self.with_index(|index| index.remove_worker(worker));
+        let deliveries = {
+            let mut st = self.lock();
+            if let Some(gone) = st.endpoints.remove(&worker) {
+                let pod = vec![("pod", gone.spec.address.to_string())];
+                self.metrics.engine_kv_usage.remove(&pod);
+            }
+            st.load.remove_worker(worker);
+            st.approx.remove_worker(worker);
+            self.publish_endpoint_gauges(&st);
+            self.drain(&mut st)
+        };
+        deliver(deliveries);
+    }
+
+    /// Applies one update of `worker`'s KV event stream to the index.
+    pub fn apply_update(&self, worker: WorkerId, update: PodUpdate) {
+        let kind = match &update {
+            PodUpdate::Snapshot(_) => "snapshot",
+            PodUpdate::Event(_) => "event",
+            PodUpdate::Lost => "lost",
+        };
+        let mut full = 0;
+        let mut count_full = |r: Result<(), IndexError>| {
+            if r.is_err() {
+                full += 1;
+            }
+        };
+        self.with_index(|index| match &update {
+            PodUpdate::Snapshot(chains) => {
+                index.remove_worker(worker);
+                for chain in chains {
+                    count_full(index.apply(worker, chain));
+                }
+            }
+            PodUpdate::Event(event) => count_full(index.apply(worker, event)),
+            PodUpdate::Lost => index.remove_worker(worker),
+        });
+        if full > 0 {
+            self.metrics.kv_index_full.inc_by(full);
+            tracing::warn!(%worker, "KV index full: some blocks of the pod are not indexed");
+        }
+        let m = &self.metrics;
+        let address = {
+            let mut st = self.lock();
+            let Some(endpoint) = st.endpoints.get_mut(&worker) else {
+                return;
+            };
+            let first_sync = matches!(update, PodUpdate::Snapshot(_)) && !endpoint.synced;
+            if first_sync {
+                endpoint.synced = true;
+                m.kv_sync_seconds
+                    .observe(endpoint.added.elapsed().as_secs_f64());
+            }
+            let address = endpoint.spec.address.to_string();
+            if first_sync {
+                self.publish_endpoint_gauges(&st);
+            }
+            address
+        };
+        m.kv_updates
+            .get_or_create(&vec![("pod", address), ("kind", kind.to_owned())])
+            .inc();
+    }
+
+    fn with_index<T>(&self, f: impl FnOnce(&mut KvIndex) -> T) -> T {
+        let mut index = self.index.write().unwrap_or_else(PoisonError::into_inner);
+        let out = f(&mut index);
+        self.metrics.index_blocks.set(index.len() as i64);
+        out
+    }
+
+    /// The pod's engine reported its load; queued requests may now fit.
+    pub fn observe_engine(self: &Arc<Self>, worker: WorkerId, metrics: EngineMetrics) {
+        let deliveries = {
+            let mut st = self.lock();
+            if !st.endpoints.contains_key(&worker) {
+                return;
+            }
+            st.load.observe_metrics(worker, metrics);
+            self.drain(&mut st)
+        };
+        deliver(deliveries);
+    }
+
+    /// The pod at `address` refused a connection: avoid it for a while.
+    pub fn mark_unhealthy(&self, address: SocketAddr) {
+        let until = Instant::now() + self.config.unhealthy_for;
+        let mut st = self.lock();
+        for e in st.endpoints.values_mut() {
+            if e.spec.address == address {
+                e.unhealthy_until = Some(until);
+            }
+        }
+        self.metrics
+            .upstream_failures
+            .get_or_create(&vec![("pod", address.to_string())])
+            .inc();
+    }
+
+    /// Whether the router can serve: some pod is known and every pod's first KV snapshot
+    /// arrived (kv mode) or its warm-up time is over. The error says what is missing.
+    pub fn readiness(&self) -> Result<(), String> {
+        let st = self.lock();
+        if st.endpoints.is_empty() {
+            return Err("no endpoints discovered".into());
+        }
+        if st
+            .endpoints
+            .values()
+            .all(|e| !SERVING_ROLES.contains(&e.spec.role))
+        {
+            return Err("no worker or decode endpoint".into());
+        }
+        let waiting: Vec<String> = st
+            .endpoints
+            .values()
+            .filter(|e| !self.is_ready(e))
+            .map(|e| e.spec.address.to_string())
+            .collect();
+        if waiting.is_empty() {
+            Ok(())
+        } else {
+            Err(format!(
+                "waiting for the first KV snapshot of {}",
+                waiting.join(", ")
+            ))
+        }
+    }
+
+    fn is_ready(&self, e: &Endpoint) -> bool {
+        self.config.mode != RouterMode::Kv || e.synced || e.added.elapsed() >= self.config.warmup
+    }
+
+    fn publish_endpoint_gauges(&self, st: &State) {
+        for role in [Role::Worker, Role::Prefill, Role::Decode] {
+            for ready in [true, false] {
+                let n = st
+                    .endpoints
+                    .values()
+                    .filter(|e| e.spec.role == role && self.is_ready(e) == ready)
+                    .count();
+                self.metrics
+                    .endpoints
+                    .get_or_create(&vec![
+                        ("role", role.as_str().to_owned()),
+                        ("state", if ready { "ready" } else { "syncing" }.to_owned()),
+                    ])
+                    .set(n as i64);
+            }
+        }
+    }
+
+    /// Known pods with their current load, for logs and tests.
+    pub fn endpoints(&self) -> Vec<EndpointView> {
+        let st = self.lock();
+        let index = self.index.read().unwrap_or_else(PoisonError::into_inner);
+        st.endpoints
+            .iter()
+            .map(|(&worker, e)| EndpointView {
+                worker,
+                spec: e.spec.clone(),
+                synced: e.synced,
+                blocks: index.worker_blocks(worker),
+                load: st.load.load(worker).total(),
+            })
+            .collect()
+    }
+
+    /// Requests waiting for a pod.
+    pub fn queue_len(&self) -> usize {
+        self.lock().queue.len()
+    }
+}
+
+/// A pod and its state as [`Router::endpoints`] reports it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EndpointView {
+    pub worker: WorkerId,
+    pub spec: EndpointSpec,
+    pub synced: bool,
+    /// Blocks of the pod in the exact index.
+    pub blocks: usize,
+    /// Prefill plus decode blocks in flight.
+    pub load: u64,
+}
+
+fn deliver(deliveries: Vec<Delivery>) {
+    for (tx, result) in deliveries {
+        // A waiter that left drops the assignment here, which releases its load.
+        let _ = tx.send(result);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use dynamo_kvcache::{KvEvent, SaturationThreshold, StoredBlock, Tier};
+
+    use super::*;
+
+    const MODEL: &str = "m";
+
+    fn router(config: RouterConfig) -> Arc<Router> {
+        Arc::new(Router::new(config, MODEL, Arc::new(Metrics::new())))
+    }
+
+    fn spec(port: u16, role: Role) -> EndpointSpec {
+        EndpointSpec::new(SocketAddr::from(([127, 0, 0, 1], port)), 9100, role)
+    }
+
+    fn addr(port: u16) -> SocketAddr {
+        SocketAddr::from(([127, 0, 0, 1], port))
+    }
+
+    /// A prompt of `blocks` full 16-token blocks.
+    fn prompt(blocks: u32, salt: u32) -> Vec<u32> {
+        (0..blocks * 16).map(|t| t * 7 + salt).collect()
+    }
+
+    fn stored(r: &Router, tokens: &[u32]) -> KvEvent {
+        KvEvent::Stored {
+            parent: None,
+            blocks: r
+                .hasher()
+                .seq_hashes(tokens)
+                .into_iter()
+                .map(|seq_hash| StoredBlock {
+                    seq_hash,
+                    engine_hash: seq_hash.0,
+                    tier: Tier::Gpu,
+                })
+                .collect(),
+        }
+    }
+
+    fn request(tokens: Vec<u32>) -> RouteRequest {
+        RouteRequest {
+            tokens,
+            max_tokens: 8,
+            ..RouteRequest::default()
+        }
+    }
+
+    fn saturating(capacity: usize) -> RouterConfig {
+        RouterConfig {
+            queue_capacity: capacity,
+            saturation: SaturationThreshold {
+                max_blocks_in_flight: Some(0),
+                ..SaturationThreshold::default()
+            },
+            ..RouterConfig::default()
+        }
+    }
+
+    /// Polls `cond` for up to 10 s (tasks run on a loaded machine).
+    async fn eventually(mut cond: impl FnMut() -> bool) {
+        for _ in 0..1000 {
+            if cond() {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        panic!("condition not reached in 10 s");
+    }
+
+    #[tokio::test]
+    async fn kv_mode_prefers_the_pod_holding_the_prefix_and_forgets_it_when_lost() {
+        let r = router(RouterConfig::default());
+        r.add_endpoint(WorkerId(1), spec(8001, Role::Worker));
+        r.add_endpoint(WorkerId(2), spec(8002, Role::Worker));
+        let tokens = prompt(8, 1);
+        r.apply_update(WorkerId(2), PodUpdate::Snapshot(vec![stored(&r, &tokens)]));
+        let a = r.route(request(tokens.clone())).await.unwrap();
+        assert_eq!((a.worker, a.address), (WorkerId(2), addr(8002)));
+        assert_eq!((a.decision.overlap.total(), a.prompt_blocks), (8, 8));
+        drop(a);
+
+        r.apply_update(WorkerId(2), PodUpdate::Lost);
+        assert_eq!(r.endpoints()[1].blocks, 0);
+        let a = r.route(request(tokens)).await.unwrap();
+        assert_eq!(
+            a.decision.overlap.total(),
+            0,
+            "nothing is cached anywhere now"
+        );
+    }
+
+    #[tokio::test]
+    async fn load_is_held_until_the_assignment_is_dropped() {
+        let r = router(RouterConfig::default());
+        r.add_endpoint(WorkerId(1), spec(8001, Role::Worker));
+        let mut a = r.route(request(prompt(4, 0))).await.unwrap();
+        assert_eq!(r.endpoints()[0].load, 4, "4 uncached blocks of prefill");
+        a.first_token();
+        assert_eq!(r.endpoints()[0].load, 4, "now 4 blocks of decode");
+        drop(a);
+        assert_eq!(r.endpoints()[0].load, 0);
+    }
+
+    #[tokio::test]
+    async fn saturated_pods_queue_requests_then_shed_them() {
+        let r = router(saturating(1));
+        r.add_endpoint(WorkerId(1), spec(8001, Role::Worker));
+        let first = r.route(request(prompt(2, 0))).await.unwrap();
+        let waiting = tokio::spawn({
+            let r = r.clone();
+            async move { r.route(request(prompt(2, 1))).await }
+        });
+        eventually(|| r.queue_len() == 1).await;
+        assert_eq!(
+            r.route(request(prompt(2, 2))).await.unwrap_err(),
+            RouteError::Overloaded { capacity: 1 }
+        );
+        drop(first);
+        let second = waiting.await.unwrap().unwrap();
+        assert_eq!(second.worker, WorkerId(1));
+        assert_eq!(r.queue_len(), 0);
+    }
+
+    #[tokio::test]
+    async fn priority_moves_a_waiting_request_ahead() {
+        let r = router(saturating(4));
+        r.add_endpoint(WorkerId(1), spec(8001, Role::Worker));
+        let first = r.route(request(prompt(2, 0))).await.unwrap();
+        let spawn = |priority| {
+            let r = r.clone();
+            tokio::spawn(async move {
+                let req = RouteRequest {
+                    priority,
+                    ..request(prompt(2, 5))
+                };
+                r.route(req).await
+            })
+        };
+        let low = spawn(0);
+        eventually(|| r.queue_len() == 1).await;
+        let high = spawn(5);
+        eventually(|| r.queue_len() == 2).await;
+        drop(first);
+        let served = high.await.unwrap().unwrap();
+        assert_eq!(r.queue_len(), 1, "the low-priority request still waits");
+        drop(served);
+        assert!(low.await.unwrap().is_ok());
+    }
+
+    #[tokio::test]
+    async fn a_caller_that_leaves_gives_up_its_place_and_a_pool_that_empties_fails_waiters() {
+        let r = router(saturating(4));
+        r.add_endpoint(WorkerId(1), spec(8001, Role::Worker));
+        let _first = r.route(request(prompt(2, 0))).await.unwrap();
+        let gone = tokio::spawn({
+            let r = r.clone();
+            async move { r.route(request(prompt(2, 1))).await }
+        });
+        eventually(|| r.queue_len() == 1).await;
+        gone.abort();
+        eventually(|| r.queue_len() == 0).await;
+
+        let waiting = tokio::spawn({
+            let r = r.clone();
+            async move { r.route(request(prompt(2, 1))).await }
+        });
+        eventually(|| r.queue_len() == 1).await;
+        r.remove_endpoint(WorkerId(1));
+        assert!(matches!(
+            waiting.await.unwrap(),
+            Err(RouteError::NoEndpoint(_))
+        ));
+    }
+
+    #[tokio::test]
+    async fn disaggregated_pools_get_a_decode_and_a_prefill_pod() {
+        let r = router(RouterConfig::default());
+        r.add_endpoint(WorkerId(1), spec(8001, Role::Prefill));
+        let err = r.route(request(prompt(2, 0))).await.unwrap_err();
+        assert!(matches!(err, RouteError::NoEndpoint(_)), "{err}");
+        r.add_endpoint(WorkerId(2), spec(8002, Role::Decode));
+        let a = r.route(request(prompt(2, 0))).await.unwrap();
+        assert_eq!((a.address, a.prefill), (addr(8002), Some(addr(8001))));
+        assert_eq!(
+            r.endpoints()[0].load,
+            2,
+            "the prefill pod carries the prefill"
+        );
+        let mut a = a;
+        a.first_token();
+        assert_eq!(
+            r.endpoints()[0].load,
+            0,
+            "prefill is over at the first token"
+        );
+    }
+
+    #[tokio::test]
+    async fn subset_exclude_and_unhealthy_pods_narrow_the_choice() {
+        let r = router(RouterConfig::default());
+        for (w, port) in [(1, 8001), (2, 8002), (3, 8003)] {
+            r.add_endpoint(WorkerId(w), spec(port, Role::Worker));
+        }
+        let only = |ports: &[u16]| RouteRequest {
+            subset: Some(ports.iter().map(|&p| addr(p)).collect()),
+            ..request(prompt(1, 0))
+        };
+        assert_eq!(r.route(only(&[8003])).await.unwrap().worker, WorkerId(3));
+        let err = r.route(only(&[])).await.unwrap_err();
+        assert_eq!(
+            err,
+            RouteError::NoEndpoint("the subset hint is empty".into())
+        );
+        let err = r.route(only(&[9999])).await.unwrap_err();
+        assert!(matches!(err, RouteError::NoEndpoint(_)));
+
+        let excluded = RouteRequest {
+            exclude: vec![addr(8001)],
+            ..request(prompt(1, 0))
+        };
+        assert_ne!(r.route(excluded).await.unwrap().worker, WorkerId(1));
+
+        r.mark_unhealthy(addr(8001));
+        r.mark_unhealthy(addr(8002));
+        assert_eq!(
+            r.route(request(prompt(1, 0))).await.unwrap().worker,
+            WorkerId(3)
+        );
+        r.mark_unhealthy(addr(8003));
+        // All failed lately: one is tried anyway.
+        assert!(r.route(request(prompt(1, 0))).await.is_ok());
+    }
+
+    #[tokio::test]
+    async fn readiness_waits_for_each_pods_first_snapshot_or_the_warm_up() {
+        let r = router(RouterConfig {
+            warmup: Duration::from_secs(3600),
+            ..RouterConfig::default()
+        });
+        assert_eq!(r.readiness(), Err("no endpoints discovered".into()));
+        r.add_endpoint(WorkerId(1), spec(8001, Role::Worker));
+        let err = r.readiness().unwrap_err();
+        assert!(err.contains("127.0.0.1:8001"), "{err}");
+        r.apply_update(WorkerId(1), PodUpdate::Snapshot(Vec::new()));
+        assert_eq!(r.readiness(), Ok(()));
+
+        let quick = router(RouterConfig {
+            warmup: Duration::ZERO,
+            ..RouterConfig::default()
+        });
+        quick.add_endpoint(WorkerId(1), spec(8001, Role::Worker));
+        assert_eq!(quick.readiness(), Ok(()));
+    }
+
+    #[tokio::test]
+    async fn approx_mode_learns_from_its_own_picks() {
+        let r = router(RouterConfig {
+            mode: RouterMode::Approx,
+            ..RouterConfig::default()
+        });
+        r.add_endpoint(WorkerId(1), spec(8001, Role::Worker));
+        r.add_endpoint(WorkerId(2), spec(8002, Role::Worker));
+        let shared = prompt(8, 3);
+        // Pod 1 is busier, so a cold prompt goes to pod 2...
+        let busy = RouteRequest {
+            subset: Some(vec![addr(8001)]),
+            ..request(prompt(2, 9))
+        };
+        let _busy = r.route(busy).await.unwrap();
+        let first = r.route(request(shared.clone())).await.unwrap();
+        assert_eq!(first.worker, WorkerId(2));
+        drop(first);
+        // ...and the same prompt follows it there, despite equal load now.
+        let again = r.route(request(shared)).await.unwrap();
+        assert_eq!(
+            (again.worker, again.decision.overlap.total()),
+            (WorkerId(2), 8)
+        );
+    }
+}

@@ -1,0 +1,172 @@
+//! Writes the pure reconciler's [`Desired`] to the API server: server-side apply of every
+//! object (one field manager, forced, so the operator always wins over its own earlier
+//! writes), creation of missing scaling adapters, and deletions with UID preconditions.
+//! Every write is tried even when an earlier one failed; the failures come back together.
+
+use std::fmt::Debug;
+
+use dynamo_crds::DynamoGraphDeploymentScalingAdapter;
+use dynamo_crds::inference_pool::InferencePool;
+use gateway_api::apis::standard::httproutes::HttpRoute;
+use k8s_openapi::NamespaceResourceScope;
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::{Pod, Service};
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams, Preconditions};
+use kube::{Client, Resource};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+
+use super::error::{ChildError, Error, Verb};
+use crate::reconcile::{Desired, FIELD_MANAGER, ObjectKey, ObjectKind};
+
+/// Applies, creates and deletes what `desired` asks for in `namespace`.
+pub async fn children(client: &Client, namespace: &str, desired: &Desired) -> Result<(), Error> {
+    let mut writes = Writes {
+        client,
+        namespace,
+        failed: Vec::new(),
+        total: 0,
+    };
+    for o in &desired.pods {
+        writes.apply(ObjectKind::Pod, o).await;
+    }
+    for o in &desired.services {
+        writes.apply(ObjectKind::Service, o).await;
+    }
+    for o in &desired.deployments {
+        writes.apply(ObjectKind::Deployment, o).await;
+    }
+    for o in &desired.inference_pools {
+        writes.apply(ObjectKind::InferencePool, o).await;
+    }
+    for o in &desired.http_routes {
+        writes.apply(ObjectKind::HTTPRoute, o).await;
+    }
+    for o in &desired.scaling_adapters {
+        writes.create(o).await;
+    }
+    for key in &desired.deletions {
+        writes.delete(key).await;
+    }
+    if writes.failed.is_empty() {
+        Ok(())
+    } else {
+        Err(Error::Children {
+            failed: writes.failed,
+            total: writes.total,
+        })
+    }
+}
+
+struct Writes<'a> {
+    client: &'a Client,
+    namespace: &'a str,
+    failed: Vec<ChildError>,
+    total: usize,
+}
+
+impl Writes<'_> {
+    fn api<K>(&self) -> Api<K>
+    where
+        K: Resource<Scope = NamespaceResourceScope, DynamicType = ()>,
+    {
+        Api::namespaced(self.client.clone(), self.namespace)
+    }
+
+    fn record(&mut self, verb: Verb, kind: ObjectKind, name: &str, result: kube::Result<()>) {
+        self.total += 1;
+        if let Err(source) = result {
+            self.failed.push(ChildError {
+                verb,
+                kind,
+                name: name.to_string(),
+                source,
+            });
+        }
+    }
+
+    async fn apply<K>(&mut self, kind: ObjectKind, object: &K)
+    where
+        K: Resource<Scope = NamespaceResourceScope, DynamicType = ()>
+            + Serialize
+            + DeserializeOwned
+            + Clone
+            + Debug,
+    {
+        let name = object.meta().name.clone().unwrap_or_default();
+        let params = PatchParams::apply(FIELD_MANAGER).force();
+        let result = self
+            .api::<K>()
+            .patch(&name, &params, &Patch::Apply(object))
+            .await
+            .map(drop);
+        self.record(Verb::Apply, kind, &name, result);
+    }
+
+    async fn create(&mut self, adapter: &DynamoGraphDeploymentScalingAdapter) {
+        let name = adapter.metadata.name.clone().unwrap_or_default();
+        let params = PostParams {
+            field_manager: Some(FIELD_MANAGER.into()),
+            ..PostParams::default()
+        };
+        let result = match self.api().create(&params, adapter).await {
+            // Made by an earlier pass the cache has not seen yet.
+            Err(e) if status_code(&e) == Some(409) => Ok(()),
+            other => other.map(drop),
+        };
+        self.record(
+            Verb::Create,
+            ObjectKind::DynamoGraphDeploymentScalingAdapter,
+            &name,
+            result,
+        );
+    }
+
+    async fn delete(&mut self, key: &ObjectKey) {
+        let params = DeleteParams {
+            preconditions: Some(Preconditions {
+                uid: key.uid.clone(),
+                resource_version: None,
+            }),
+            ..DeleteParams::background()
+        };
+        let name = key.name.as_str();
+        let result = match key.kind {
+            ObjectKind::Pod => self.api::<Pod>().delete(name, &params).await.map(drop),
+            ObjectKind::Service => self.api::<Service>().delete(name, &params).await.map(drop),
+            ObjectKind::Deployment => self
+                .api::<Deployment>()
+                .delete(name, &params)
+                .await
+                .map(drop),
+            ObjectKind::InferencePool => self
+                .api::<InferencePool>()
+                .delete(name, &params)
+                .await
+                .map(drop),
+            ObjectKind::HTTPRoute => self
+                .api::<HttpRoute>()
+                .delete(name, &params)
+                .await
+                .map(drop),
+            ObjectKind::DynamoGraphDeploymentScalingAdapter => self
+                .api::<DynamoGraphDeploymentScalingAdapter>()
+                .delete(name, &params)
+                .await
+                .map(drop),
+        };
+        // Already gone (404), or a namesake with another UID replaced it (409): done.
+        let result = match result {
+            Err(e) if matches!(status_code(&e), Some(404 | 409)) => Ok(()),
+            other => other,
+        };
+        self.record(Verb::Delete, key.kind, name, result);
+    }
+}
+
+pub(crate) fn status_code(e: &kube::Error) -> Option<u16> {
+    match e {
+        kube::Error::Api(s) => Some(s.code),
+        _ => None,
+    }
+}

@@ -1,0 +1,140 @@
+//! What every reconcile shares: the client, the watch caches, settings, metrics, Events.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use dynamo_crds::inference_pool::InferencePool;
+use dynamo_crds::{DynamoGraphDeployment, DynamoGraphDeploymentScalingAdapter};
+use gateway_api::apis::standard::httproutes::HttpRoute;
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::{Node, Pod, Service};
+use kube::Client;
+use kube::runtime::events::{Recorder, Reporter};
+use kube::runtime::reflector::Store;
+
+use super::metrics::Metrics;
+use crate::reconcile::{FIELD_MANAGER, OperatorConfig};
+
+/// Watch caches (reflector stores) of everything the controllers read. The two Gateway
+/// API kinds are `None` when their CRDs are not installed in the cluster.
+#[derive(Clone)]
+pub struct Stores {
+    pub graphs: Store<DynamoGraphDeployment>,
+    pub adapters: Store<DynamoGraphDeploymentScalingAdapter>,
+    pub pods: Store<Pod>,
+    pub nodes: Store<Node>,
+    pub deployments: Store<Deployment>,
+    pub services: Store<Service>,
+    pub inference_pools: Option<Store<InferencePool>>,
+    pub http_routes: Option<Store<HttpRoute>>,
+}
+
+impl Stores {
+    /// Waits until every cache holds its first full list; reconciling earlier would take
+    /// existing objects for missing ones.
+    pub async fn ready(&self) -> Result<(), super::Error> {
+        let stopped = |_| super::Error::CachesStopped;
+        self.graphs.wait_until_ready().await.map_err(stopped)?;
+        self.adapters.wait_until_ready().await.map_err(stopped)?;
+        self.pods.wait_until_ready().await.map_err(stopped)?;
+        self.nodes.wait_until_ready().await.map_err(stopped)?;
+        self.deployments.wait_until_ready().await.map_err(stopped)?;
+        self.services.wait_until_ready().await.map_err(stopped)?;
+        if let Some(s) = &self.inference_pools {
+            s.wait_until_ready().await.map_err(stopped)?;
+        }
+        if let Some(s) = &self.http_routes {
+            s.wait_until_ready().await.map_err(stopped)?;
+        }
+        Ok(())
+    }
+}
+
+pub struct Context {
+    pub client: Client,
+    pub config: OperatorConfig,
+    pub stores: Stores,
+    pub metrics: Arc<Metrics>,
+    reporter: Reporter,
+    backoff: Backoff,
+}
+
+impl Context {
+    /// `instance` names this operator replica in the Events it reports.
+    pub fn new(
+        client: Client,
+        config: OperatorConfig,
+        stores: Stores,
+        metrics: Arc<Metrics>,
+        instance: Option<String>,
+    ) -> Self {
+        let reporter = Reporter {
+            controller: FIELD_MANAGER.into(),
+            instance,
+        };
+        Self {
+            reporter,
+            client,
+            config,
+            stores,
+            metrics,
+            backoff: Backoff::default(),
+        }
+    }
+
+    /// An Event recorder for one reconcile pass. kube's Recorder folds a repeat of the
+    /// same reason into a series of the first Event and keeps its first note, which would
+    /// hide what changed; a pass-long recorder reports each pass's own words.
+    pub fn recorder(&self) -> Recorder {
+        Recorder::new(self.client.clone(), self.reporter.clone())
+    }
+
+    /// Delay before retrying the object `key` after another failure.
+    pub fn next_retry(&self, key: &str) -> Duration {
+        self.backoff.next(key)
+    }
+
+    /// Forgets the failures of `key` after a successful reconcile.
+    pub fn succeeded(&self, key: &str) {
+        self.backoff.reset(key);
+    }
+}
+
+/// Per-object exponential back-off: 1 s, 2 s, 4 s, ... capped at 5 minutes.
+#[derive(Default)]
+struct Backoff {
+    failures: Mutex<HashMap<String, u32>>,
+}
+
+impl Backoff {
+    const BASE: Duration = Duration::from_secs(1);
+    const MAX: Duration = Duration::from_secs(300);
+
+    fn next(&self, key: &str) -> Duration {
+        let mut failures = self.failures.lock().expect("back-off lock");
+        let n = failures.entry(key.to_string()).or_insert(0);
+        let delay = Self::BASE.saturating_mul(1 << (*n).min(16)).min(Self::MAX);
+        *n += 1;
+        delay
+    }
+
+    fn reset(&self, key: &str) {
+        self.failures.lock().expect("back-off lock").remove(key);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn back_off_doubles_to_a_cap_and_resets() {
+        let b = Backoff::default();
+        let delays: Vec<u64> = (0..11).map(|_| b.next("ns/a").as_secs()).collect();
+        assert_eq!(delays, [1, 2, 4, 8, 16, 32, 64, 128, 256, 300, 300]);
+        assert_eq!(b.next("ns/b").as_secs(), 1, "per object");
+        b.reset("ns/a");
+        assert_eq!(b.next("ns/a").as_secs(), 1);
+    }
+}

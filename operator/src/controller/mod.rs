@@ -1,0 +1,283 @@
+//! `dynamo operator`: the controllers that run the pure reconciler against a cluster.
+//!
+//! Two controllers on kube-runtime's [`applier`]: DynamoGraphDeployments ([`dgd`]) and
+//! their scaling adapters ([`dgdsa`]), fed by one watch per kind ([`watches`]). With
+//! `--leader-elect` only the replica holding the Lease ([`leader`]) reconciles. `/metrics`
+//! and `/healthz` are served on `--port` ([`metrics`]).
+
+mod apply;
+mod context;
+pub mod dgd;
+pub mod dgdsa;
+mod error;
+pub mod leader;
+pub mod metrics;
+mod observe;
+pub mod rbac;
+pub mod watches;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use futures::StreamExt;
+use k8s_openapi::api::coordination::v1::Lease;
+use kube::Client;
+use kube::api::Api;
+use kube::runtime::controller::{self, Config, applier};
+use tokio::net::TcpListener;
+
+pub use context::{Context, Stores};
+pub use error::{ChildError, Error, Verb};
+pub use observe::observe;
+pub use watches::OptionalApis;
+
+use crate::reconcile::OperatorConfig;
+use leader::{LeaderElector, LeaseTiming};
+use metrics::Metrics;
+
+/// Flags of `dynamo operator` (each with an environment variable twin).
+#[derive(clap::Args, Debug)]
+pub struct OperatorArgs {
+    /// Port of `/metrics` and `/healthz`.
+    #[arg(long, env = "DYNAMO_OPERATOR_PORT", default_value_t = 8080)]
+    pub port: u16,
+    /// Reconcile only while holding the leader Lease (for more than one replica).
+    #[arg(long, env = "DYNAMO_LEADER_ELECT")]
+    pub leader_elect: bool,
+    /// Name of the leader Lease.
+    #[arg(long, env = "DYNAMO_LEASE_NAME", default_value = "dynamo-operator")]
+    pub lease_name: String,
+    /// Namespace of the leader Lease (default: the client's namespace, in a pod its own).
+    #[arg(long, env = "POD_NAMESPACE")]
+    pub lease_namespace: Option<String>,
+    /// Identity written into the Lease and Events (default: the host name).
+    #[arg(long, env = "POD_NAME")]
+    pub identity: Option<String>,
+    /// Graphs reconciled at the same time.
+    #[arg(long, env = "DYNAMO_OPERATOR_CONCURRENCY", default_value_t = 8)]
+    pub concurrency: u16,
+    /// Triggers of one object within this window collapse into one reconcile.
+    #[arg(long, env = "DYNAMO_OPERATOR_DEBOUNCE_MS", default_value_t = 500)]
+    pub debounce_ms: u64,
+    /// Image of the injected sidecar container.
+    #[arg(long, env = "DYNAMO_SIDECAR_IMAGE")]
+    pub sidecar_image: Option<String>,
+    /// Image of the endpoint picker.
+    #[arg(long, env = "DYNAMO_EPP_IMAGE")]
+    pub epp_image: Option<String>,
+    /// Engine image for services that name none.
+    #[arg(long, env = "DYNAMO_ENGINE_IMAGE")]
+    pub engine_image: Option<String>,
+    /// Engine image of `backendFramework: mocker` services that name none.
+    #[arg(long, env = "DYNAMO_MOCKER_IMAGE")]
+    pub mocker_image: Option<String>,
+    /// Model directory of the mocker inside its image.
+    #[arg(long, env = "DYNAMO_MOCKER_MODEL_PATH")]
+    pub mocker_model_path: Option<String>,
+    /// Size of /dev/shm when a service does not set one.
+    #[arg(long, env = "DYNAMO_SHARED_MEMORY")]
+    pub shared_memory: Option<String>,
+    /// Routing mode of the endpoint picker unless a graph sets DYN_ROUTER_MODE.
+    #[arg(long, env = "DYNAMO_ROUTER_MODE")]
+    pub router_mode: Option<String>,
+    /// Cluster DNS domain.
+    #[arg(long, env = "DYNAMO_CLUSTER_DOMAIN")]
+    pub cluster_domain: Option<String>,
+    /// Node label of a gang's domain when a graph sets no packDomain.
+    #[arg(long, env = "DYNAMO_GANG_DOMAIN_LABEL")]
+    pub gang_domain_label: Option<String>,
+}
+
+impl OperatorArgs {
+    /// The reconciler settings: each flag given replaces its default.
+    pub fn operator_config(&self) -> OperatorConfig {
+        let mut c = OperatorConfig::default();
+        let set = |field: &mut String, flag: &Option<String>| {
+            if let Some(v) = flag {
+                field.clone_from(v);
+            }
+        };
+        set(&mut c.sidecar_image, &self.sidecar_image);
+        set(&mut c.epp_image, &self.epp_image);
+        set(&mut c.default_engine_image, &self.engine_image);
+        set(&mut c.mocker_image, &self.mocker_image);
+        set(&mut c.mocker_model_path, &self.mocker_model_path);
+        set(&mut c.default_shared_memory, &self.shared_memory);
+        set(&mut c.default_router_mode, &self.router_mode);
+        set(&mut c.cluster_domain, &self.cluster_domain);
+        set(&mut c.default_gang_domain_label, &self.gang_domain_label);
+        c
+    }
+}
+
+/// Runs the operator until SIGINT/SIGTERM, or until it loses the leader Lease (an error,
+/// so the pod restarts and stands in line again).
+pub fn run(args: OperatorArgs) -> anyhow::Result<()> {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
+        )
+        .try_init();
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?
+        .block_on(serve(args))
+}
+
+async fn serve(args: OperatorArgs) -> anyhow::Result<()> {
+    let metrics = Arc::new(Metrics::default());
+    let listener = TcpListener::bind(("0.0.0.0", args.port))
+        .await
+        .with_context(|| format!("binding port {}", args.port))?;
+    tokio::spawn(metrics::serve(listener, metrics.clone()));
+
+    let client = Client::try_default()
+        .await
+        .context("connecting to the API server")?;
+    let lease_namespace = args
+        .lease_namespace
+        .clone()
+        .unwrap_or_else(|| client.default_namespace().to_string());
+    let missing = rbac::missing_access(
+        client.clone(),
+        args.leader_elect.then_some(lease_namespace.as_str()),
+    )
+    .await
+    .context("checking the operator's RBAC")?;
+    anyhow::ensure!(
+        missing.is_empty(),
+        "the operator's service account may not: {}; install the chart's ClusterRole and Role",
+        missing.join(", ")
+    );
+    let apis = OptionalApis {
+        inference_pool: served(&client, "inference.networking.k8s.io/v1", "inferencepools").await,
+        http_route: served(&client, "gateway.networking.k8s.io/v1", "httproutes").await,
+    };
+    let identity = args.identity.clone().unwrap_or_else(hostname);
+    let settings = Config::default()
+        .concurrency(args.concurrency)
+        .debounce(Duration::from_millis(args.debounce_ms));
+    let controllers = run_controllers(
+        client.clone(),
+        args.operator_config(),
+        settings,
+        apis,
+        metrics.clone(),
+        &identity,
+    );
+
+    let shutdown = shutdown_signal();
+    tokio::pin!(shutdown);
+    if !args.leader_elect {
+        metrics.set_leader(true);
+        return tokio::select! {
+            () = controllers => Ok(()),
+            () = &mut shutdown => Ok(()),
+        };
+    }
+    let leases: Api<Lease> = Api::namespaced(client, &lease_namespace);
+    let mut elector =
+        LeaderElector::new(leases, &args.lease_name, &identity, LeaseTiming::default());
+    tracing::info!(%identity, lease = %args.lease_name, "waiting for the leader lease");
+    tokio::select! {
+        () = elector.acquire() => {}
+        () = &mut shutdown => return Ok(()),
+    }
+    tracing::info!(%identity, "leading");
+    metrics.set_leader(true);
+    let outcome = tokio::select! {
+        () = controllers => Ok(()),
+        () = elector.hold() => Err(anyhow::anyhow!("lost the leader lease {}", args.lease_name)),
+        () = &mut shutdown => Ok(()),
+    };
+    metrics.set_leader(false);
+    if let Err(e) = elector.release().await {
+        tracing::warn!(error = %e, "releasing the leader lease");
+    }
+    outcome
+}
+
+/// Both controllers over shared watches, until the watches end. `identity` names this
+/// replica in Events.
+pub async fn run_controllers(
+    client: Client,
+    config: OperatorConfig,
+    settings: Config,
+    apis: OptionalApis,
+    metrics: Arc<Metrics>,
+    identity: &str,
+) {
+    let (stores, queues, watching) = watches::start(client.clone(), apis);
+    let ctx = Arc::new(Context::new(
+        client,
+        config,
+        stores.clone(),
+        metrics,
+        Some(identity.to_string()),
+    ));
+    let graphs = applier(
+        |dgd, ctx| Box::pin(dgd::reconcile(dgd, ctx)),
+        dgd::error_policy,
+        ctx.clone(),
+        stores.graphs,
+        queues.graphs.map(Ok::<_, std::convert::Infallible>),
+        settings.clone(),
+    )
+    .for_each(log_outcome);
+    let adapters = applier(
+        |adapter, ctx| Box::pin(dgdsa::reconcile(adapter, ctx)),
+        dgdsa::error_policy,
+        ctx,
+        stores.adapters,
+        queues.adapters.map(Ok::<_, std::convert::Infallible>),
+        settings,
+    )
+    .for_each(log_outcome);
+    tokio::join!(watching, graphs, adapters);
+}
+
+async fn log_outcome<T, E: std::error::Error, Q: std::error::Error>(
+    outcome: Result<T, controller::Error<E, Q>>,
+) {
+    match outcome {
+        Ok(_) => {}
+        // Queued, then deleted before its turn.
+        Err(controller::Error::ObjectNotFound(r)) => tracing::debug!(object = %r, "gone"),
+        // Reconcile errors are logged by the error policies.
+        Err(controller::Error::ReconcilerFailed(..)) => {}
+        Err(e) => tracing::warn!(error = %e, "controller"),
+    }
+}
+
+/// Whether the API server serves `resource` in `group_version` (discovery needs no RBAC).
+async fn served(client: &Client, group_version: &str, resource: &str) -> bool {
+    match client.list_api_group_resources(group_version).await {
+        Ok(list) => list.resources.iter().any(|r| r.name == resource),
+        Err(e) => {
+            if apply::status_code(&e) != Some(404) {
+                tracing::warn!(%group_version, error = %e, "discovery");
+            }
+            false
+        }
+    }
+}
+
+fn hostname() -> String {
+    std::env::var("HOSTNAME")
+        .ok()
+        .or_else(|| std::fs::read_to_string("/etc/hostname").ok())
+        .map(|h| h.trim().to_string())
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| format!("dynamo-operator-{}", std::process::id()))
+}
+
+async fn shutdown_signal() {
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .expect("installing the SIGTERM handler");
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = term.recv() => {}
+    }
+    tracing::info!("shutting down");
+}

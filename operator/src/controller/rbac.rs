@@ -1,0 +1,221 @@
+//! The API access the operator needs, declared once. `make crds` writes these tables into
+//! the Helm chart (its ClusterRole and lease Role include them), the operator checks them
+//! at start-up with SelfSubjectAccessReviews, and the controller tests check every request
+//! the controllers make against them, so code, chart and tests cannot drift apart.
+
+use std::path::PathBuf;
+
+use k8s_openapi::api::authorization::v1::{
+    ResourceAttributes, SelfSubjectAccessReview, SelfSubjectAccessReviewSpec,
+};
+use kube::Client;
+use kube::api::{Api, PostParams};
+
+/// Verbs allowed on one resource of one API group.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Rule {
+    /// API group; `""` is the core group.
+    pub group: &'static str,
+    /// Plural resource name, with `/subresource` where it applies to one.
+    pub resource: &'static str,
+    pub verbs: &'static [&'static str],
+}
+
+// Server-side apply needs `patch`, and `create` as well when the apply creates the object
+// (k8s.io/apiserver endpoints/handlers/patch.go authorizes a creating apply as "create").
+const APPLIED: &[&str] = &["create", "delete", "list", "patch", "watch"];
+
+/// Cluster-wide access (the ClusterRole): graphs in every namespace, the objects generated
+/// for them, nodes and pods for gang placement, Events.
+pub const CLUSTER_RULES: &[Rule] = &[
+    // Watched; `patch` writes a service's replicas on behalf of its scaling adapter.
+    Rule {
+        group: "nvidia.com",
+        resource: "dynamographdeployments",
+        verbs: &["list", "patch", "watch"],
+    },
+    Rule {
+        group: "nvidia.com",
+        resource: "dynamographdeployments/status",
+        verbs: &["patch"],
+    },
+    // Created once per scalable service, then only their status is written.
+    Rule {
+        group: "nvidia.com",
+        resource: "dynamographdeploymentscalingadapters",
+        verbs: &["create", "delete", "list", "watch"],
+    },
+    Rule {
+        group: "nvidia.com",
+        resource: "dynamographdeploymentscalingadapters/status",
+        verbs: &["patch"],
+    },
+    Rule {
+        group: "",
+        resource: "pods",
+        verbs: APPLIED,
+    },
+    Rule {
+        group: "",
+        resource: "services",
+        verbs: APPLIED,
+    },
+    // Free GPUs per topology domain, for gang placement.
+    Rule {
+        group: "",
+        resource: "nodes",
+        verbs: &["list", "watch"],
+    },
+    Rule {
+        group: "apps",
+        resource: "deployments",
+        verbs: APPLIED,
+    },
+    Rule {
+        group: "inference.networking.k8s.io",
+        resource: "inferencepools",
+        verbs: APPLIED,
+    },
+    Rule {
+        group: "gateway.networking.k8s.io",
+        resource: "httproutes",
+        verbs: APPLIED,
+    },
+    // kube's event Recorder creates an Event and patches it when it repeats.
+    Rule {
+        group: "events.k8s.io",
+        resource: "events",
+        verbs: &["create", "patch"],
+    },
+];
+
+/// Access in the operator's own namespace (the Role): the leader-election Lease.
+pub const LEASE_RULES: &[Rule] = &[Rule {
+    group: "coordination.k8s.io",
+    resource: "leases",
+    verbs: &["create", "get", "update"],
+}];
+
+/// Whether `rules` allow `verb` on `resource` (with its `/subresource`, if any) of `group`.
+pub fn allows(rules: &[Rule], group: &str, resource: &str, verb: &str) -> bool {
+    rules
+        .iter()
+        .any(|r| r.group == group && r.resource == resource && r.verbs.contains(&verb))
+}
+
+/// `rules:` entries of a ClusterRole or Role, as YAML.
+pub fn rules_yaml(rules: &[Rule]) -> String {
+    let list = |items: &[&str]| {
+        items
+            .iter()
+            .map(|s| format!("\"{s}\""))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    rules
+        .iter()
+        .map(|r| {
+            format!(
+                "- apiGroups: [{}]\n  resources: [{}]\n  verbs: [{}]\n",
+                list(&[r.group]),
+                list(&[r.resource]),
+                list(r.verbs)
+            )
+        })
+        .collect()
+}
+
+/// Generated chart files that hold the rules (written by `dynamo crds`).
+pub fn generated_files() -> Vec<(PathBuf, String)> {
+    let header = "# Generated from operator/src/controller/rbac.rs by `make crds`; do not edit.\n";
+    vec![
+        (
+            PathBuf::from("charts/dynamo-platform/files/clusterrole-rules.yaml"),
+            format!("{header}{}", rules_yaml(CLUSTER_RULES)),
+        ),
+        (
+            PathBuf::from("charts/dynamo-platform/files/role-rules.yaml"),
+            format!("{header}{}", rules_yaml(LEASE_RULES)),
+        ),
+    ]
+}
+
+/// Asks the API server whether this process may do everything in the tables (cluster
+/// rules anywhere, lease rules in `lease_namespace`); returns what it may not do.
+pub async fn missing_access(
+    client: Client,
+    lease_namespace: Option<&str>,
+) -> Result<Vec<String>, kube::Error> {
+    let reviews: Api<SelfSubjectAccessReview> = Api::all(client);
+    let scoped = CLUSTER_RULES.iter().map(|r| (r, None)).chain(
+        lease_namespace
+            .into_iter()
+            .flat_map(|ns| LEASE_RULES.iter().map(move |r| (r, Some(ns.to_string())))),
+    );
+    let mut missing = Vec::new();
+    for (rule, namespace) in scoped {
+        let (resource, subresource) = match rule.resource.split_once('/') {
+            Some((r, s)) => (r, Some(s.to_string())),
+            None => (rule.resource, None),
+        };
+        for verb in rule.verbs {
+            let review = SelfSubjectAccessReview {
+                spec: SelfSubjectAccessReviewSpec {
+                    resource_attributes: Some(ResourceAttributes {
+                        group: Some(rule.group.into()),
+                        resource: Some(resource.into()),
+                        subresource: subresource.clone(),
+                        verb: Some((*verb).into()),
+                        namespace: namespace.clone(),
+                        ..ResourceAttributes::default()
+                    }),
+                    ..SelfSubjectAccessReviewSpec::default()
+                },
+                ..SelfSubjectAccessReview::default()
+            };
+            let answer = reviews.create(&PostParams::default(), &review).await?;
+            if !answer.status.is_some_and(|s| s.allowed) {
+                let group = if rule.group.is_empty() {
+                    "core".to_string()
+                } else {
+                    rule.group.to_string()
+                };
+                missing.push(format!("{verb} {} ({group})", rule.resource));
+            }
+        }
+    }
+    Ok(missing)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn allows_only_what_is_listed() {
+        assert!(allows(CLUSTER_RULES, "", "pods", "patch"));
+        assert!(allows(
+            CLUSTER_RULES,
+            "nvidia.com",
+            "dynamographdeployments/status",
+            "patch"
+        ));
+        assert!(!allows(CLUSTER_RULES, "", "nodes", "patch"));
+        assert!(!allows(CLUSTER_RULES, "", "secrets", "list"));
+        assert!(!allows(
+            CLUSTER_RULES,
+            "coordination.k8s.io",
+            "leases",
+            "get"
+        ));
+    }
+
+    #[test]
+    fn yaml_lists_each_rule() {
+        let yaml = rules_yaml(LEASE_RULES);
+        assert_eq!(
+            yaml,
+            "- apiGroups: [\"coordination.k8s.io\"]\n  resources: [\"leases\"]\n  verbs: [\"create\", \"get\", \"update\"]\n"
+        );
+    }
+}

@@ -1,0 +1,492 @@
+//! One watch per kind feeds both a cache (reflector store) the reconcilers read and the
+//! triggers of the two controllers:
+//!
+//! - graph: its own spec/annotation changes, anything it controls (pods, Services,
+//!   Deployments, InferencePools, HTTPRoutes) changing, its scaling adapters vanishing, and
+//!   for graphs with gated gangs, any node capacity change or another workload's GPU pod
+//!   going away;
+//! - scaling adapter: its own changes, and any change of its graph (spec or status).
+
+use std::collections::HashMap;
+use std::hash::{DefaultHasher, Hash, Hasher};
+
+use dynamo_crds::inference_pool::InferencePool;
+use dynamo_crds::{DynamoGraphDeployment, DynamoGraphDeploymentScalingAdapter};
+use futures::channel::mpsc;
+use futures::stream::{BoxStream, select_all};
+use futures::{Stream, StreamExt};
+use gateway_api::apis::standard::httproutes::HttpRoute;
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::{Node, Pod, Service};
+use kube::api::Api;
+use kube::runtime::reflector::{self, ObjectRef, Store};
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Client, Resource, ResourceExt};
+use serde::de::DeserializeOwned;
+
+use super::context::Stores;
+use crate::reconcile::GANG_SCHEDULED;
+
+/// Which optional APIs the cluster serves.
+#[derive(Clone, Copy, Debug)]
+pub struct OptionalApis {
+    pub inference_pool: bool,
+    pub http_route: bool,
+}
+
+type GraphRef = ObjectRef<DynamoGraphDeployment>;
+type AdapterRef = ObjectRef<DynamoGraphDeploymentScalingAdapter>;
+
+/// Something to reconcile.
+enum Trigger {
+    Graph(GraphRef),
+    Adapter(AdapterRef),
+}
+
+/// Reconcile requests of each controller, as the appliers take them.
+pub struct Queues {
+    pub graphs: mpsc::UnboundedReceiver<GraphRef>,
+    pub adapters: mpsc::UnboundedReceiver<AdapterRef>,
+}
+
+/// Starts nothing by itself: returns the caches, the queues, and the future that drives
+/// every watch (poll it for as long as the controllers run).
+pub fn start(
+    client: Client,
+    apis: OptionalApis,
+) -> (Stores, Queues, impl Future<Output = ()> + Send) {
+    let (graphs, graph_events) = reflect::<DynamoGraphDeployment>(&client, |_| {});
+    let (adapters, adapter_events) =
+        reflect::<DynamoGraphDeploymentScalingAdapter>(&client, |_| {});
+    let (pods, pod_events) = reflect::<Pod>(&client, |_| {});
+    // A node's image list can run to hundreds of entries.
+    let (nodes, node_events) = reflect::<Node>(&client, |n| {
+        if let Some(status) = n.status.as_mut() {
+            status.images = None;
+        }
+    });
+    let (deployments, deployment_events) = reflect::<Deployment>(&client, |_| {});
+    let (services, service_events) = reflect::<Service>(&client, |_| {});
+
+    let mut streams: Vec<BoxStream<'static, Vec<Trigger>>> = Vec::new();
+    streams.push(graph_triggers(graph_events, adapters.clone()).boxed());
+    streams.push(
+        adapter_events
+            .map(|seen| {
+                let a = seen.object();
+                let mut out = vec![Trigger::Adapter(ObjectRef::from_obj(a))];
+                // The graph only cares that its adapter is gone (it recreates it).
+                if let Seen::Deleted(a) = &seen {
+                    out.extend(owner(a).map(Trigger::Graph));
+                }
+                out
+            })
+            .boxed(),
+    );
+    streams.push(pod_triggers(pod_events, graphs.clone()).boxed());
+    streams.push(node_triggers(node_events, graphs.clone()).boxed());
+    streams.push(owner_triggers(deployment_events).boxed());
+    streams.push(owner_triggers(service_events).boxed());
+    let inference_pools = apis.inference_pool.then(|| {
+        let (store, events) = reflect::<InferencePool>(&client, |_| {});
+        streams.push(owner_triggers(events).boxed());
+        store
+    });
+    let http_routes = apis.http_route.then(|| {
+        let (store, events) = reflect::<HttpRoute>(&client, |_| {});
+        streams.push(owner_triggers(events).boxed());
+        store
+    });
+
+    let (graph_tx, graph_rx) = mpsc::unbounded();
+    let (adapter_tx, adapter_rx) = mpsc::unbounded();
+    let drive = async move {
+        let mut all = select_all(streams);
+        while let Some(triggers) = all.next().await {
+            for trigger in triggers {
+                // A closed queue means the controllers are stopping.
+                let sent = match trigger {
+                    Trigger::Graph(r) => graph_tx.unbounded_send(r).is_ok(),
+                    Trigger::Adapter(r) => adapter_tx.unbounded_send(r).is_ok(),
+                };
+                if !sent {
+                    return;
+                }
+            }
+        }
+    };
+    let stores = Stores {
+        graphs,
+        adapters,
+        pods,
+        nodes,
+        deployments,
+        services,
+        inference_pools,
+        http_routes,
+    };
+    let queues = Queues {
+        graphs: graph_rx,
+        adapters: adapter_rx,
+    };
+    (stores, queues, drive)
+}
+
+/// An object a watch saw.
+enum Seen<K> {
+    Changed(K),
+    Deleted(K),
+}
+
+impl<K> Seen<K> {
+    fn object(&self) -> &K {
+        match self {
+            Seen::Changed(o) | Seen::Deleted(o) => o,
+        }
+    }
+}
+
+/// A cluster-wide watch into a store; yields every object it sees change or vanish.
+/// Watch errors are logged; the watcher retries them with back-off.
+/// `trim` drops parts of each object nothing reads, to keep the caches small.
+fn reflect<K>(
+    client: &Client,
+    trim: fn(&mut K),
+) -> (Store<K>, impl Stream<Item = Seen<K>> + Send + 'static)
+where
+    K: Resource<DynamicType = ()>
+        + Clone
+        + DeserializeOwned
+        + std::fmt::Debug
+        + Send
+        + Sync
+        + 'static,
+{
+    let (store, writer) = reflector::store();
+    let events = watcher(Api::<K>::all(client.clone()), watcher::Config::default())
+        .default_backoff()
+        // Managed fields are large and never read.
+        .modify(move |o: &mut K| {
+            o.managed_fields_mut().clear();
+            trim(o);
+        })
+        .reflect(writer)
+        .filter_map(|event| async move {
+            match event {
+                Ok(watcher::Event::Apply(o) | watcher::Event::InitApply(o)) => {
+                    Some(Seen::Changed(o))
+                }
+                Ok(watcher::Event::Delete(o)) => Some(Seen::Deleted(o)),
+                Ok(watcher::Event::Init | watcher::Event::InitDone) => None,
+                Err(e) => {
+                    tracing::warn!(kind = %K::kind(&()), error = %e, "watch");
+                    None
+                }
+            }
+        });
+    (store, events)
+}
+
+/// The graph that controls `object`, if any.
+fn owner<K: Resource>(object: &K) -> Option<GraphRef> {
+    let namespace = object.meta().namespace.as_deref()?;
+    object
+        .owner_references()
+        .iter()
+        .find(|o| {
+            o.controller == Some(true)
+                && o.kind == DynamoGraphDeployment::kind(&())
+                && o.api_version == DynamoGraphDeployment::api_version(&())
+        })
+        .map(|o| ObjectRef::new(&o.name).within(namespace))
+}
+
+fn owner_triggers<K: Resource>(
+    events: impl Stream<Item = Seen<K>>,
+) -> impl Stream<Item = Vec<Trigger>> {
+    events.map(|seen| {
+        owner(seen.object())
+            .map(Trigger::Graph)
+            .into_iter()
+            .collect()
+    })
+}
+
+/// A graph reconciles when what its reconciler reads changes: its generation (the spec),
+/// its annotations (the gateway), or the start of its deletion; not on its own status
+/// writes. Its adapters reconcile on every change, status included.
+fn graph_triggers(
+    events: impl Stream<Item = Seen<DynamoGraphDeployment>>,
+    adapters: Store<DynamoGraphDeploymentScalingAdapter>,
+) -> impl Stream<Item = Vec<Trigger>> {
+    let mut fingerprints: HashMap<GraphRef, u64> = HashMap::new();
+    events.map(move |seen| {
+        let dgd = match seen {
+            Seen::Changed(dgd) => dgd,
+            Seen::Deleted(dgd) => {
+                fingerprints.remove(&ObjectRef::from_obj(&dgd));
+                return Vec::new();
+            }
+        };
+        let key = ObjectRef::from_obj(&dgd);
+        let fingerprint = hash(&(
+            dgd.metadata.generation,
+            dgd.annotations(),
+            dgd.metadata.deletion_timestamp.is_some(),
+            dgd.uid(),
+        ));
+        let mut out = Vec::new();
+        if fingerprints.insert(key.clone(), fingerprint) != Some(fingerprint) {
+            out.push(Trigger::Graph(key));
+        }
+        let namespace = dgd.namespace();
+        out.extend(
+            adapters
+                .state()
+                .iter()
+                .filter(|a| a.namespace() == namespace && a.spec.dgd_ref.name == dgd.name_any())
+                .map(|a| Trigger::Adapter(ObjectRef::from_obj(&**a))),
+        );
+        out
+    })
+}
+
+/// Graphs whose `GangScheduled` condition is False: they wait for capacity.
+fn pending_gangs(graphs: &Store<DynamoGraphDeployment>) -> Vec<Trigger> {
+    graphs
+        .state()
+        .iter()
+        .filter(|g| {
+            g.status
+                .iter()
+                .flat_map(|s| s.conditions.iter().flatten())
+                .any(|c| c.type_ == GANG_SCHEDULED && c.status == "False")
+        })
+        .map(|g| Trigger::Graph(ObjectRef::from_obj(&**g)))
+        .collect()
+}
+
+/// A pod reconciles its graph; another workload's GPU pod that goes away frees capacity
+/// for gated gangs.
+fn pod_triggers(
+    events: impl Stream<Item = Seen<Pod>>,
+    graphs: Store<DynamoGraphDeployment>,
+) -> impl Stream<Item = Vec<Trigger>> {
+    events.map(move |seen| {
+        let pod = seen.object();
+        if let Some(graph) = owner(pod) {
+            return vec![Trigger::Graph(graph)];
+        }
+        let bound = pod.spec.as_ref().is_some_and(|s| s.node_name.is_some());
+        let going = matches!(seen, Seen::Deleted(_))
+            || pod.metadata.deletion_timestamp.is_some()
+            || matches!(
+                pod.status.as_ref().and_then(|s| s.phase.as_deref()),
+                Some("Succeeded" | "Failed")
+            );
+        if bound && going && holds_extended_resources(pod) {
+            pending_gangs(&graphs)
+        } else {
+            Vec::new()
+        }
+    })
+}
+
+/// Nodes trigger the graphs with gated gangs when their schedulability, labels or
+/// allocatable resources change (not on every status heartbeat).
+fn node_triggers(
+    events: impl Stream<Item = Seen<Node>>,
+    graphs: Store<DynamoGraphDeployment>,
+) -> impl Stream<Item = Vec<Trigger>> {
+    let mut fingerprints: HashMap<String, u64> = HashMap::new();
+    events.map(move |seen| {
+        let node = match seen {
+            Seen::Changed(node) => node,
+            // Less capacity releases nothing.
+            Seen::Deleted(node) => {
+                fingerprints.remove(&node.name_any());
+                return Vec::new();
+            }
+        };
+        let fingerprint = hash(&(
+            node.labels(),
+            node.spec.as_ref().and_then(|s| s.unschedulable),
+            node.status
+                .iter()
+                .flat_map(|s| s.allocatable.iter().flatten())
+                .map(|(k, q)| (k, &q.0))
+                .collect::<Vec<_>>(),
+        ));
+        if fingerprints.insert(node.name_any(), fingerprint) == Some(fingerprint) {
+            return Vec::new();
+        }
+        pending_gangs(&graphs)
+    })
+}
+
+/// Extended resources (names with a `/`, e.g. `nvidia.com/gpu`) are what gangs wait for.
+fn holds_extended_resources(pod: &Pod) -> bool {
+    pod.spec.iter().flat_map(|s| &s.containers).any(|c| {
+        c.resources.as_ref().is_some_and(|r| {
+            [&r.limits, &r.requests]
+                .into_iter()
+                .flatten()
+                .any(|m| m.keys().any(|k| k.contains('/')))
+        })
+    })
+}
+
+fn hash<T: Hash>(value: &T) -> u64 {
+    let mut h = DefaultHasher::new();
+    value.hash(&mut h);
+    h.finish()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use dynamo_crds::DynamoGraphDeploymentSpec;
+    use k8s_openapi::api::core::v1::{Container, PodSpec, ResourceRequirements};
+    use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::{
+        Condition, ObjectMeta, OwnerReference, Time,
+    };
+    use kube::runtime::watcher::Event;
+
+    fn graph(name: &str, gang_pending: bool) -> DynamoGraphDeployment {
+        let mut g = DynamoGraphDeployment::new(name, DynamoGraphDeploymentSpec::default());
+        g.metadata.namespace = Some("ns".into());
+        g.metadata.generation = Some(1);
+        g.status = Some(dynamo_crds::DynamoGraphDeploymentStatus {
+            conditions: Some(vec![Condition {
+                type_: GANG_SCHEDULED.into(),
+                status: if gang_pending { "False" } else { "True" }.into(),
+                reason: "Test".into(),
+                message: String::new(),
+                observed_generation: Some(1),
+                last_transition_time: Time(k8s_openapi::jiff::Timestamp::UNIX_EPOCH),
+            }]),
+            ..Default::default()
+        });
+        g
+    }
+
+    fn store_of<K: Resource<DynamicType = ()> + Clone + 'static>(objects: Vec<K>) -> Store<K> {
+        let (store, mut writer) = reflector::store();
+        for o in objects {
+            writer.apply_watcher_event(&Event::Apply(o));
+        }
+        store
+    }
+
+    fn graph_names(triggers: Vec<Trigger>) -> Vec<String> {
+        triggers
+            .into_iter()
+            .filter_map(|t| match t {
+                Trigger::Graph(r) => Some(r.name),
+                Trigger::Adapter(_) => None,
+            })
+            .collect()
+    }
+
+    async fn run<T>(
+        stream: impl Stream<Item = Vec<Trigger>>,
+        f: impl Fn(Vec<Trigger>) -> T,
+    ) -> Vec<T> {
+        stream.map(f).collect().await
+    }
+
+    #[tokio::test]
+    async fn a_graph_reconciles_on_spec_changes_not_on_its_status() {
+        let first = graph("g", false);
+        let mut status_only = first.clone();
+        status_only.status = None;
+        let mut new_spec = first.clone();
+        new_spec.metadata.generation = Some(2);
+        let events = futures::stream::iter([
+            Seen::Changed(first),
+            Seen::Changed(status_only),
+            Seen::Changed(new_spec),
+        ]);
+        let out = run(graph_triggers(events, store_of(vec![])), graph_names).await;
+        assert_eq!(out, [vec!["g".to_string()], vec![], vec!["g".to_string()]]);
+    }
+
+    #[tokio::test]
+    async fn capacity_changes_wake_only_graphs_with_waiting_gangs() {
+        let graphs = store_of(vec![graph("waiting", true), graph("placed", false)]);
+        let node = |gpus: &str| Node {
+            metadata: ObjectMeta {
+                name: Some("n1".into()),
+                ..ObjectMeta::default()
+            },
+            status: Some(k8s_openapi::api::core::v1::NodeStatus {
+                allocatable: Some([("nvidia.com/gpu".to_string(), Quantity(gpus.into()))].into()),
+                ..Default::default()
+            }),
+            ..Node::default()
+        };
+        let mut heartbeat = node("8");
+        heartbeat.status.as_mut().unwrap().conditions = Some(vec![]);
+        let events = futures::stream::iter([
+            Seen::Changed(node("8")),
+            Seen::Changed(heartbeat),
+            Seen::Changed(node("16")),
+        ]);
+        let out = run(node_triggers(events, graphs), graph_names).await;
+        let waiting = vec!["waiting".to_string()];
+        assert_eq!(out, [waiting.clone(), vec![], waiting]);
+    }
+
+    #[tokio::test]
+    async fn pods_wake_their_graph_and_freed_gpus_wake_waiting_gangs() {
+        let graphs = store_of(vec![graph("waiting", true)]);
+        let owned = Pod {
+            metadata: ObjectMeta {
+                namespace: Some("ns".into()),
+                owner_references: Some(vec![OwnerReference {
+                    api_version: "nvidia.com/v1alpha1".into(),
+                    kind: "DynamoGraphDeployment".into(),
+                    name: "mine".into(),
+                    uid: "u".into(),
+                    controller: Some(true),
+                    block_owner_deletion: None,
+                }]),
+                ..ObjectMeta::default()
+            },
+            ..Pod::default()
+        };
+        let gpu_pod = Pod {
+            metadata: ObjectMeta {
+                namespace: Some("other".into()),
+                ..ObjectMeta::default()
+            },
+            spec: Some(PodSpec {
+                node_name: Some("n1".into()),
+                containers: vec![Container {
+                    resources: Some(ResourceRequirements {
+                        limits: Some([("nvidia.com/gpu".to_string(), Quantity("8".into()))].into()),
+                        ..Default::default()
+                    }),
+                    ..Container::default()
+                }],
+                ..PodSpec::default()
+            }),
+            ..Pod::default()
+        };
+        let events = futures::stream::iter([
+            Seen::Changed(owned),
+            Seen::Changed(gpu_pod.clone()),
+            Seen::Deleted(gpu_pod),
+        ]);
+        let out = run(pod_triggers(events, graphs), graph_names).await;
+        assert_eq!(
+            out,
+            [
+                vec!["mine".to_string()],
+                vec![],
+                vec!["waiting".to_string()]
+            ]
+        );
+    }
+}

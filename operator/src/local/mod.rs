@@ -1,0 +1,533 @@
+//! `dynamo run -f FILE`: the same DGD that deploys on a cluster, run on one machine as
+//! processes (`DESIGN.md`, "Local runner"). Per worker replica an engine and its sidecar
+//! on free loopback ports, one endpoint picker with its OpenAI frontend on `--port`, a
+//! small admin API to list and scale replicas. Ctrl-C or SIGTERM stops every child it
+//! started, and nothing else.
+
+mod admin;
+mod endpoints;
+pub mod plan;
+mod process;
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+use serde::Serialize;
+use tokio::sync::Mutex;
+
+use endpoints::Endpoint;
+use plan::{CommandSpec, Graph, ReplicaPorts, RunOptions};
+use process::{Program, Supervised};
+
+#[derive(clap::Args, Debug)]
+pub struct RunArgs {
+    /// The DynamoGraphDeployment to run (the file `kubectl apply` takes).
+    #[arg(short = 'f', long = "file")]
+    pub file: PathBuf,
+    /// Port of the OpenAI-compatible frontend.
+    #[arg(long, default_value_t = 8000, env = "DYNAMO_PORT")]
+    pub port: u16,
+    /// Address the frontend binds; replicas always bind loopback.
+    #[arg(long, default_value = "127.0.0.1", env = "DYNAMO_HOST")]
+    pub host: String,
+    /// Router mode of the endpoint picker: kv, approx, round-robin or random.
+    #[arg(long, default_value = "kv", env = "DYNAMO_ROUTER_MODE")]
+    pub router_mode: String,
+    /// Model directory (tokenizer.json, chat template) for the picker and the mocker.
+    #[arg(long, env = "DYNAMO_MODEL_PATH")]
+    pub model_path: Option<PathBuf>,
+    /// Replica count of a worker service, replacing the file's (repeatable).
+    #[arg(long = "replicas", value_name = "SERVICE=N", value_parser = parse_replicas)]
+    pub replicas: Vec<(String, u32)>,
+    /// Port of the admin API (GET /graph, POST /scale); 0 picks a free one.
+    #[arg(long, default_value_t = 0, env = "DYNAMO_ADMIN_PORT")]
+    pub admin_port: u16,
+    /// Where `dynamo-mocker`, `dynamo-sidecar` and `dynamo-epp` are [default: beside this
+    /// binary, then PATH].
+    #[arg(long, env = "DYNAMO_BIN_DIR")]
+    pub bin_dir: Option<PathBuf>,
+    /// How long a child may take to exit after SIGTERM before it is killed.
+    #[arg(long, default_value = "10", value_parser = parse_seconds)]
+    pub grace: Duration,
+}
+
+fn parse_replicas(s: &str) -> Result<(String, u32), String> {
+    let (service, n) = s
+        .split_once('=')
+        .ok_or_else(|| format!("expected SERVICE=N, got {s:?}"))?;
+    let n = n
+        .parse()
+        .map_err(|_| format!("replicas of {service:?} must be a whole number, got {n:?}"))?;
+    Ok((service.to_owned(), n))
+}
+
+fn parse_seconds(s: &str) -> Result<Duration, String> {
+    s.parse::<f64>()
+        .ok()
+        .filter(|v| v.is_finite() && *v >= 0.0)
+        .map(Duration::from_secs_f64)
+        .ok_or_else(|| format!("expected seconds, got {s:?}"))
+}
+
+/// Runs the graph until Ctrl-C or SIGTERM.
+pub fn run(args: RunArgs) -> anyhow::Result<()> {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    runtime.block_on(run_async(args))
+}
+
+async fn run_async(args: RunArgs) -> anyhow::Result<()> {
+    let yaml = std::fs::read_to_string(&args.file)
+        .with_context(|| format!("cannot read {}", args.file.display()))?;
+    let validated = dynamo_crds::validate::validate_manifest(&yaml)
+        .with_context(|| format!("{} is not a valid manifest", args.file.display()))?;
+    let mut graphs = validated.graph_deployments();
+    let (Some(dgd), None) = (graphs.next(), graphs.next()) else {
+        bail!(
+            "{} must hold exactly one DynamoGraphDeployment",
+            args.file.display()
+        );
+    };
+    let options = RunOptions {
+        model_path: args.model_path.clone(),
+        replicas: args.replicas.iter().cloned().collect(),
+    };
+    let graph = Graph::from_dgd(dgd, &options)?;
+    for note in &graph.notes {
+        eprintln!("note: {note}");
+    }
+    let bins = Bins::new(args.bin_dir.clone())?;
+    let state_dir = std::env::temp_dir().join(format!("dynamo-run-{}", std::process::id()));
+    std::fs::create_dir_all(&state_dir)?;
+    let admin_listener = tokio::net::TcpListener::bind((args.host.as_str(), args.admin_port))
+        .await
+        .with_context(|| format!("cannot bind the admin API on port {}", args.admin_port))?;
+
+    let runner = Arc::new(Mutex::new(Runner {
+        graph,
+        bins,
+        grace: args.grace,
+        endpoints_file: state_dir.join("endpoints.json"),
+        replicas: BTreeMap::new(),
+        epp: None,
+        ready: HashSet::new(),
+        used_ports: HashSet::new(),
+    }));
+    let result = serve(&runner, &args, admin_listener).await;
+    eprintln!("stopping: the endpoint picker first, then every replica");
+    runner.lock().await.stop_all().await;
+    std::fs::remove_dir_all(&state_dir).ok();
+    result
+}
+
+/// Starts everything, then waits for Ctrl-C or SIGTERM.
+async fn serve(
+    runner: &Arc<Mutex<Runner>>,
+    args: &RunArgs,
+    admin_listener: tokio::net::TcpListener,
+) -> anyhow::Result<()> {
+    {
+        let mut r = runner.lock().await;
+        let services: Vec<(String, u32)> = r
+            .graph
+            .workers
+            .iter()
+            .map(|(name, w)| (name.clone(), w.replicas))
+            .collect();
+        for (service, replicas) in services {
+            for _ in 0..replicas {
+                r.add_replica(&service)?;
+            }
+        }
+        r.write_endpoints()?;
+        let ext_proc_port = r.free_port()?;
+        let epp = r.graph.epp_command(
+            (&args.host, args.port),
+            ext_proc_port,
+            &args.router_mode,
+            &r.endpoints_file,
+        );
+        let epp = r.bins.program(epp)?;
+        r.epp = Some(Supervised::start("epp".into(), epp, r.grace));
+        print_table(&r, args, admin_listener.local_addr()?.port());
+    }
+    let admin = tokio::spawn(admin::serve(admin_listener, runner.clone()));
+    let probes = tokio::spawn(probe_readiness(runner.clone()));
+    let ready = tokio::spawn(announce_ready(args.host.clone(), args.port));
+    wait_for_shutdown().await?;
+    admin.abort();
+    probes.abort();
+    ready.abort();
+    Ok(())
+}
+
+/// The processes of a local graph.
+pub(crate) struct Runner {
+    graph: Graph,
+    bins: Bins,
+    grace: Duration,
+    endpoints_file: PathBuf,
+    /// Replicas of each worker service, in index order.
+    replicas: BTreeMap<String, Vec<Replica>>,
+    epp: Option<Supervised>,
+    /// Replicas whose sidecar answered `/ready` at the last probe; only they are in the
+    /// picker's list, as only Ready pods are in a cluster's.
+    ready: HashSet<(String, u32)>,
+    /// Ports handed out in this run, so a port the OS offers twice is not used twice.
+    used_ports: HashSet<u16>,
+}
+
+struct Replica {
+    index: u32,
+    ports: ReplicaPorts,
+    engine: Supervised,
+    sidecar: Supervised,
+}
+
+/// Why a scale request was refused.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum ScaleError {
+    #[error("no worker service {0:?} (workers: {1})")]
+    UnknownService(String, String),
+    #[error(transparent)]
+    Start(#[from] anyhow::Error),
+}
+
+/// What runs, for the admin API's `GET /graph`.
+#[derive(Serialize)]
+pub(crate) struct GraphStatus {
+    name: String,
+    model: String,
+    /// The endpoint picker's process id, 0 while it restarts.
+    epp_pid: u32,
+    services: BTreeMap<String, Vec<ReplicaStatus>>,
+}
+
+#[derive(Serialize)]
+struct ReplicaStatus {
+    index: u32,
+    role: &'static str,
+    engine: String,
+    sidecar: String,
+    kv_events: String,
+    /// Whether the sidecar answered `/ready` at the last probe (and so takes traffic).
+    ready: bool,
+    engine_pid: u32,
+    sidecar_pid: u32,
+    restarts: u32,
+}
+
+impl Runner {
+    fn free_port(&mut self) -> anyhow::Result<u16> {
+        for _ in 0..64 {
+            let port = TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
+            if self.used_ports.insert(port) {
+                return Ok(port);
+            }
+        }
+        bail!("no free loopback port found")
+    }
+
+    /// Starts the next replica of `service` (engine, then its sidecar).
+    fn add_replica(&mut self, service: &str) -> anyhow::Result<()> {
+        let ports = ReplicaPorts {
+            engine: self.free_port()?,
+            engine_kv_events: self.free_port()?,
+            sidecar: self.free_port()?,
+            sidecar_grpc: self.free_port()?,
+            sidecar_metrics: self.free_port()?,
+        };
+        let index = self
+            .replicas
+            .get(service)
+            .and_then(|r| r.last())
+            .map_or(0, |r| r.index + 1);
+        let engine = self
+            .bins
+            .program(self.graph.engine_command(service, ports))?;
+        let sidecar = self.bins.program(self.graph.sidecar_command(ports))?;
+        let replica = Replica {
+            index,
+            ports,
+            engine: Supervised::start(format!("{service}-{index}"), engine, self.grace),
+            sidecar: Supervised::start(format!("{service}-{index}/sc"), sidecar, self.grace),
+        };
+        self.replicas
+            .entry(service.to_owned())
+            .or_default()
+            .push(replica);
+        Ok(())
+    }
+
+    fn endpoints(&self) -> Vec<Endpoint> {
+        self.replicas
+            .iter()
+            .flat_map(|(service, replicas)| {
+                let role = self.graph.workers[service].role.as_str();
+                replicas
+                    .iter()
+                    .filter(|r| self.ready.contains(&(service.clone(), r.index)))
+                    .map(move |r| Endpoint {
+                        address: format!("127.0.0.1:{}", r.ports.sidecar),
+                        kv_events: format!("http://127.0.0.1:{}", r.ports.sidecar_grpc),
+                        role,
+                    })
+            })
+            .collect()
+    }
+
+    fn write_endpoints(&self) -> anyhow::Result<()> {
+        endpoints::write(&self.endpoints_file, &self.endpoints())
+            .with_context(|| format!("cannot write {}", self.endpoints_file.display()))
+    }
+
+    /// Grows or shrinks `service` to `replicas`. New replicas join the picker's list once
+    /// their sidecar is ready; removed ones leave the list before they are stopped, so
+    /// no new request is sent to a stopping replica.
+    pub(crate) async fn scale(&mut self, service: &str, replicas: u32) -> Result<(), ScaleError> {
+        if !self.graph.workers.contains_key(service) {
+            let known: Vec<&str> = self.graph.workers.keys().map(String::as_str).collect();
+            return Err(ScaleError::UnknownService(service.into(), known.join(", ")));
+        }
+        let current = self.replicas.get(service).map_or(0, Vec::len) as u32;
+        for _ in current..replicas {
+            self.add_replica(service)?;
+        }
+        let keep = replicas as usize;
+        let removed = match self.replicas.get_mut(service) {
+            Some(list) if list.len() > keep => list.split_off(keep),
+            _ => Vec::new(),
+        };
+        for r in &removed {
+            self.ready.remove(&(service.to_owned(), r.index));
+        }
+        self.write_endpoints()?;
+        futures::future::join_all(removed.into_iter().map(Replica::stop)).await;
+        Ok(())
+    }
+
+    pub(crate) fn status(&self) -> GraphStatus {
+        let services = self
+            .replicas
+            .iter()
+            .map(|(service, replicas)| {
+                let role = self.graph.workers[service].role.as_str();
+                let list = replicas
+                    .iter()
+                    .map(|r| ReplicaStatus {
+                        index: r.index,
+                        role,
+                        engine: format!("127.0.0.1:{}", r.ports.engine),
+                        sidecar: format!("127.0.0.1:{}", r.ports.sidecar),
+                        kv_events: format!("http://127.0.0.1:{}", r.ports.sidecar_grpc),
+                        ready: self.ready.contains(&(service.clone(), r.index)),
+                        engine_pid: r.engine.pid(),
+                        sidecar_pid: r.sidecar.pid(),
+                        restarts: r.engine.restarts() + r.sidecar.restarts(),
+                    })
+                    .collect();
+                (service.clone(), list)
+            })
+            .collect();
+        GraphStatus {
+            name: self.graph.name.clone(),
+            model: self.graph.model_name.clone(),
+            epp_pid: self.epp.as_ref().map_or(0, Supervised::pid),
+            services,
+        }
+    }
+
+    /// Stops the picker, then every replica at once.
+    async fn stop_all(&mut self) {
+        if let Some(epp) = self.epp.take() {
+            epp.stop().await;
+        }
+        let replicas = std::mem::take(&mut self.replicas);
+        futures::future::join_all(replicas.into_values().flatten().map(Replica::stop)).await;
+    }
+}
+
+impl Replica {
+    /// The sidecar first, so no request reaches an engine that is going away.
+    async fn stop(self) {
+        self.sidecar.stop().await;
+        self.engine.stop().await;
+    }
+}
+
+/// Every 500 ms asks each replica's sidecar `/ready` (engine up, KV events live) and
+/// rewrites the picker's list when the answer changes: the local stand-in for a pod's
+/// readiness probe and the endpoints a cluster publishes. As with a probe's default
+/// `failureThreshold` of 3, one slow answer on a busy machine does not drop a replica.
+async fn probe_readiness(runner: Arc<Mutex<Runner>>) {
+    const FAILURE_THRESHOLD: u32 = 3;
+    let client = reqwest::Client::builder()
+        .timeout(Duration::from_secs(1))
+        .build()
+        .expect("a plain HTTP client");
+    let mut failures: HashMap<(String, u32), u32> = HashMap::new();
+    loop {
+        let targets: Vec<((String, u32), u16)> = {
+            let r = runner.lock().await;
+            r.replicas
+                .iter()
+                .flat_map(|(service, list)| {
+                    list.iter()
+                        .map(|rep| ((service.clone(), rep.index), rep.ports.sidecar_metrics))
+                })
+                .collect()
+        };
+        let mut answered = HashSet::new();
+        for (key, port) in &targets {
+            let url = format!("http://127.0.0.1:{port}/ready");
+            if client
+                .get(&url)
+                .send()
+                .await
+                .is_ok_and(|r| r.status().is_success())
+            {
+                answered.insert(key.clone());
+            }
+        }
+        let mut r = runner.lock().await;
+        let mut ready = HashSet::new();
+        for (key, _) in targets {
+            // Replicas removed while probing stay out.
+            let exists = r
+                .replicas
+                .get(&key.0)
+                .is_some_and(|list| list.iter().any(|rep| rep.index == key.1));
+            let failed = failures.entry(key.clone()).or_default();
+            *failed = if answered.contains(&key) {
+                0
+            } else {
+                *failed + 1
+            };
+            let was_ready = r.ready.contains(&key);
+            if exists && (*failed == 0 || (was_ready && *failed < FAILURE_THRESHOLD)) {
+                ready.insert(key);
+            }
+        }
+        failures.retain(|key, _| r.replicas.contains_key(&key.0));
+        if ready != r.ready {
+            r.ready = ready;
+            if let Err(err) = r.write_endpoints() {
+                eprintln!("{err:#}");
+            }
+        }
+        drop(r);
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
+/// Finds our binaries (beside this one, or in `--bin-dir`) and everything else on PATH.
+struct Bins {
+    dir: Option<PathBuf>,
+}
+
+impl Bins {
+    fn new(dir: Option<PathBuf>) -> anyhow::Result<Self> {
+        let dir = match dir {
+            Some(dir) => Some(dir),
+            None => std::env::current_exe()?.parent().map(Path::to_path_buf),
+        };
+        Ok(Self { dir })
+    }
+
+    fn program(&self, spec: CommandSpec) -> anyhow::Result<Program> {
+        let name = Path::new(&spec.program);
+        let path = if name.components().count() > 1 {
+            Some(name.to_path_buf())
+        } else {
+            self.dir
+                .iter()
+                .cloned()
+                .chain(
+                    std::env::var_os("PATH")
+                        .iter()
+                        .flat_map(std::env::split_paths),
+                )
+                .map(|d| d.join(name))
+                .find(|p| p.is_file())
+        };
+        let path = path.with_context(|| {
+            format!(
+                "cannot find {:?}: build it (`cargo build --bins`) or put it on PATH",
+                spec.program
+            )
+        })?;
+        Ok(Program { path, spec })
+    }
+}
+
+fn print_table(runner: &Runner, args: &RunArgs, admin_port: u16) {
+    let g = &runner.graph;
+    println!(
+        "dynamo run: graph {} ({} workers, model {}, router {})",
+        g.name,
+        g.workers.values().map(|w| w.replicas).sum::<u32>(),
+        g.model_name,
+        args.router_mode
+    );
+    println!(
+        "  {:<14} {:<8} {:<16} {:<16} {:<16}",
+        "REPLICA", "ROLE", "ENGINE", "SIDECAR", "KV EVENTS"
+    );
+    for (service, replicas) in &runner.replicas {
+        for r in replicas {
+            println!(
+                "  {:<14} {:<8} 127.0.0.1:{:<6} 127.0.0.1:{:<6} 127.0.0.1:{:<6}",
+                format!("{service}-{}", r.index),
+                g.workers[service].role.as_str(),
+                r.ports.engine,
+                r.ports.sidecar,
+                r.ports.sidecar_grpc
+            );
+        }
+    }
+    println!("  OpenAI API   http://{}:{}/v1", args.host, args.port);
+    println!(
+        "  admin API    http://{}:{admin_port} (GET /graph, POST /scale)",
+        args.host
+    );
+    println!("Try:");
+    println!(
+        "  curl http://localhost:{}/v1/chat/completions -H 'Content-Type: application/json' \\\n    -d '{{\"model\": \"{}\", \"messages\": [{{\"role\": \"user\", \"content\": \"Hello!\"}}], \"max_tokens\": 32}}'",
+        args.port, g.model_name
+    );
+}
+
+/// Prints one line when the frontend answers `/health` with 200.
+async fn announce_ready(host: String, port: u16) {
+    let host = if host == "0.0.0.0" {
+        "127.0.0.1".into()
+    } else {
+        host
+    };
+    let url = format!("http://{host}:{port}/health");
+    let client = reqwest::Client::new();
+    loop {
+        if let Ok(response) = client.get(&url).send().await
+            && response.status().is_success()
+        {
+            println!("ready: the OpenAI API answers on http://{host}:{port}/v1");
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
+async fn wait_for_shutdown() -> anyhow::Result<()> {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut term = signal(SignalKind::terminate())?;
+    tokio::select! {
+        result = tokio::signal::ctrl_c() => result?,
+        _ = term.recv() => {}
+    }
+    Ok(())
+}

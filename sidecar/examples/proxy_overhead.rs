@@ -1,0 +1,217 @@
+//! What the proxy adds to a request: the same streamed completions sent straight to the
+//! engine and through the sidecar, one at a time, alternating, with the mock engine
+//! (`dynamo-mocker`) at a high speedup as the engine. Both run as their own processes,
+//! so the sidecar's CPU time is read from `/proc`.
+//!
+//! ```text
+//! cargo build --release -p dynamo-mocker -p dynamo-sidecar
+//! cargo run --release -p dynamo-sidecar --example proxy_overhead
+//! ```
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command};
+use std::time::{Duration, Instant};
+
+use clap::Parser;
+use serde_json::json;
+
+#[derive(Parser)]
+struct Args {
+    /// The `dynamo-mocker` binary [default: beside this example's target directory].
+    #[arg(long)]
+    mocker: Option<PathBuf>,
+    /// The `dynamo-sidecar` binary [default: beside this example's target directory].
+    #[arg(long)]
+    sidecar: Option<PathBuf>,
+    #[arg(long, default_value = concat!(env!("CARGO_MANIFEST_DIR"), "/../.cache/models/qwen-mock"))]
+    model_path: PathBuf,
+    /// Measured requests per prompt size and path.
+    #[arg(long, default_value_t = 300)]
+    requests: usize,
+    #[arg(long, default_value_t = 1000.0)]
+    speedup_ratio: f64,
+    #[arg(long, default_value_t = 16)]
+    max_tokens: u32,
+}
+
+/// Kills the child process when dropped.
+struct Process(Child);
+
+impl Drop for Process {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    // target/release/examples/proxy_overhead -> target/release/
+    let bin_dir = std::env::current_exe()?
+        .parent()
+        .and_then(Path::parent)
+        .map(Path::to_path_buf)
+        .unwrap_or_default();
+    let mocker_bin = args.mocker.unwrap_or_else(|| bin_dir.join("dynamo-mocker"));
+    let sidecar_bin = args
+        .sidecar
+        .unwrap_or_else(|| bin_dir.join("dynamo-sidecar"));
+    let [engine_port, proxy_port, grpc_port, metrics_port] = free_ports()?;
+
+    let _engine = Process(
+        Command::new(&mocker_bin)
+            .args(["--host", "127.0.0.1", "--model-name", "qwen"])
+            .args(["--port", &engine_port.to_string()])
+            .args(["--kv-events-endpoint", "none"])
+            .args(["--speedup-ratio", &args.speedup_ratio.to_string()])
+            .arg("--model-path")
+            .arg(&args.model_path)
+            .spawn()?,
+    );
+    let sidecar = Process(
+        Command::new(&sidecar_bin)
+            .args(["--listen", &format!("127.0.0.1:{proxy_port}")])
+            .args(["--engine-url", &format!("http://127.0.0.1:{engine_port}")])
+            .args(["--engine-kv-events", "none", "--host", "127.0.0.1"])
+            .args(["--grpc-port", &grpc_port.to_string()])
+            .args(["--metrics-port", &metrics_port.to_string()])
+            .env("RUST_LOG", "warn")
+            .spawn()?,
+    );
+    let client = reqwest::Client::builder().no_proxy().build()?;
+    wait_ok(&client, &format!("http://127.0.0.1:{metrics_port}/ready")).await?;
+
+    let direct = format!("http://127.0.0.1:{engine_port}/v1/completions");
+    let proxied = format!("http://127.0.0.1:{proxy_port}/v1/completions");
+    let ticks = clock_ticks_per_second()?;
+    println!(
+        "{} requests per case, streamed, max_tokens {}, mocker speedup {}",
+        args.requests, args.max_tokens, args.speedup_ratio
+    );
+    println!(
+        "| prompt | path | TTFT p50 | TTFT p99 | total p50 | total p99 | sidecar CPU / request |"
+    );
+    println!("|---|---|---|---|---|---|---|");
+    for (label, prompt_len) in [("small (16 tokens)", 16), ("8k tokens", 8192)] {
+        let mut samples = [Vec::new(), Vec::new()];
+        let mut cpu = Duration::ZERO;
+        for i in 0..args.requests + 20 {
+            // A fresh prompt each time, so the engine prefills it (no prefix cache hit).
+            let tokens: Vec<u32> = (0..prompt_len)
+                .map(|t| (i * 7919 + t) as u32 % 150_000)
+                .collect();
+            let body = json!({
+                "model": "qwen",
+                "prompt": tokens,
+                "max_tokens": args.max_tokens,
+                "stream": true,
+            });
+            let d = timed(&client, &direct, &body).await?;
+            let before = cpu_time(sidecar.0.id(), ticks)?;
+            let p = timed(&client, &proxied, &body).await?;
+            let after = cpu_time(sidecar.0.id(), ticks)?;
+            if i >= 20 {
+                samples[0].push(d);
+                samples[1].push(p);
+                cpu += after - before;
+            }
+        }
+        for (path, s) in ["direct", "sidecar"].iter().zip(&mut samples) {
+            let ttft: Vec<Duration> = s.iter().map(|t| t.0).collect();
+            let total: Vec<Duration> = s.iter().map(|t| t.1).collect();
+            let cpu_cell = if *path == "sidecar" {
+                format!("{:.3} ms", ms(cpu) / args.requests as f64)
+            } else {
+                "-".into()
+            };
+            println!(
+                "| {label} | {path} | {:.3} ms | {:.3} ms | {:.3} ms | {:.3} ms | {cpu_cell} |",
+                ms(percentile(&ttft, 0.5)),
+                ms(percentile(&ttft, 0.99)),
+                ms(percentile(&total, 0.5)),
+                ms(percentile(&total, 0.99)),
+            );
+        }
+    }
+    Ok(())
+}
+
+/// Time to the first streamed chunk and to the end of the stream.
+async fn timed(
+    client: &reqwest::Client,
+    url: &str,
+    body: &serde_json::Value,
+) -> anyhow::Result<(Duration, Duration)> {
+    let start = Instant::now();
+    let mut response = client
+        .post(url)
+        .json(body)
+        .send()
+        .await?
+        .error_for_status()?;
+    let mut first = None;
+    while let Some(chunk) = response.chunk().await? {
+        if first.is_none() && !chunk.is_empty() {
+            first = Some(start.elapsed());
+        }
+    }
+    let total = start.elapsed();
+    Ok((first.unwrap_or(total), total))
+}
+
+fn percentile(samples: &[Duration], q: f64) -> Duration {
+    let mut sorted = samples.to_vec();
+    sorted.sort();
+    sorted[((sorted.len() - 1) as f64 * q).round() as usize]
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e3
+}
+
+/// User plus system CPU time of process `pid` (fields 14 and 15 of `/proc/PID/stat`).
+fn cpu_time(pid: u32, ticks_per_second: u64) -> anyhow::Result<Duration> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
+    // Fields after the parenthesised command name, which may contain spaces.
+    let fields: Vec<&str> = stat
+        .rsplit_once(')')
+        .map(|(_, rest)| rest.split_whitespace().collect())
+        .unwrap_or_default();
+    let ticks: u64 = fields[11].parse::<u64>()? + fields[12].parse::<u64>()?;
+    Ok(Duration::from_secs_f64(
+        ticks as f64 / ticks_per_second as f64,
+    ))
+}
+
+fn clock_ticks_per_second() -> anyhow::Result<u64> {
+    let out = Command::new("getconf").arg("CLK_TCK").output()?;
+    Ok(String::from_utf8(out.stdout)?.trim().parse()?)
+}
+
+fn free_ports() -> std::io::Result<[u16; 4]> {
+    let listeners = (0..4)
+        .map(|_| std::net::TcpListener::bind("127.0.0.1:0"))
+        .collect::<std::io::Result<Vec<_>>>()?;
+    let mut ports = [0; 4];
+    for (port, listener) in ports.iter_mut().zip(&listeners) {
+        *port = listener.local_addr()?.port();
+    }
+    Ok(ports)
+}
+
+async fn wait_ok(client: &reqwest::Client, url: &str) -> anyhow::Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        if client
+            .get(url)
+            .send()
+            .await
+            .is_ok_and(|r| r.status().is_success())
+        {
+            return Ok(());
+        }
+        anyhow::ensure!(Instant::now() < deadline, "{url} never answered 200");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}

@@ -1,0 +1,60 @@
+//! The sidecar's gRPC server (port 9100). It carries the KV event stream now; the KV
+//! block tiers and transfers are further services of this same server.
+
+use std::pin::Pin;
+use std::time::Duration;
+
+use dynamo_kvstream::KvEventHub;
+use dynamo_kvstream::pb::kv_event_stream_server::{KvEventStream, KvEventStreamServer};
+use dynamo_kvstream::pb::{EventMessage, SubscribeRequest};
+use futures::{Stream, StreamExt};
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+use tonic::transport::Server;
+use tonic::transport::server::TcpIncoming;
+use tonic::{Request, Response, Status};
+
+/// Serves until `stop` is cancelled, which also ends every open subscription (they
+/// never end by themselves, and a graceful HTTP/2 shutdown waits for open streams).
+/// HTTP/2 keepalive pings find subscribers that vanished without closing their stream.
+pub async fn serve(
+    listener: TcpListener,
+    hub: KvEventHub,
+    stop: CancellationToken,
+) -> Result<(), tonic::transport::Error> {
+    let subscriptions = Subscriptions {
+        hub,
+        stop: stop.clone(),
+    };
+    Server::builder()
+        .http2_keepalive_interval(Some(Duration::from_secs(10)))
+        .http2_keepalive_timeout(Some(Duration::from_secs(20)))
+        .add_service(KvEventStreamServer::new(subscriptions))
+        .serve_with_incoming_shutdown(
+            TcpIncoming::from(listener).with_nodelay(Some(true)),
+            stop.cancelled_owned(),
+        )
+        .await
+}
+
+/// The hub's subscriptions, each ending when the sidecar stops.
+struct Subscriptions {
+    hub: KvEventHub,
+    stop: CancellationToken,
+}
+
+type EventStream = Pin<Box<dyn Stream<Item = Result<EventMessage, Status>> + Send>>;
+
+#[tonic::async_trait]
+impl KvEventStream for Subscriptions {
+    type SubscribeStream = EventStream;
+
+    async fn subscribe(
+        &self,
+        request: Request<SubscribeRequest>,
+    ) -> Result<Response<Self::SubscribeStream>, Status> {
+        let events = self.hub.subscribe(request).await?.into_inner();
+        let stop = self.stop.clone().cancelled_owned();
+        Ok(Response::new(Box::pin(events.take_until(stop))))
+    }
+}

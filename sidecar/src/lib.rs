@@ -1,0 +1,175 @@
+//! The sidecar: the per-pod data plane beside every engine (`DESIGN.md`, "Pod anatomy").
+//!
+//! - [`proxy`]: the inference proxy on 8000, streaming to and from the engine;
+//! - [`relay`]: the engine's ZMQ KV events, re-hashed and published into a
+//!   [`KvEventHub`] served by the gRPC server on 9100 ([`grpc`]);
+//! - [`health`]: `/health`, `/ready` and `/metrics` on 9090 ([`metrics`]);
+//! - [`engine`]: what the sidecar asks the engine itself.
+//!
+//! [`Sidecar::start`] runs all of it in-process, which is what the binary and the tests do.
+
+pub mod config;
+pub mod engine;
+pub mod grpc;
+pub mod health;
+pub mod metrics;
+pub mod proxy;
+pub mod relay;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use anyhow::Context;
+use axum::serve::ListenerExt;
+use dynamo_kvstream::{HubConfig, KvEventHub};
+use tokio::net::TcpListener;
+use tokio_util::sync::{CancellationToken, DropGuard};
+use tokio_util::task::AbortOnDropHandle;
+
+pub use config::Config;
+use health::Health;
+use metrics::Metrics;
+use proxy::Proxy;
+
+/// A started sidecar. Dropping it stops everything at once (in-flight proxied requests
+/// are left to finish on their own); [`Sidecar::shutdown`] lets them finish first.
+pub struct Sidecar {
+    pub proxy_addr: SocketAddr,
+    pub grpc_addr: SocketAddr,
+    pub metrics_addr: SocketAddr,
+    pub hub: KvEventHub,
+    pub metrics: Arc<Metrics>,
+    draining: Arc<AtomicBool>,
+    stop_accepting: CancellationToken,
+    proxy: AbortOnDropHandle<std::io::Result<()>>,
+    /// Ends the gRPC server and its open subscriptions (first: fields drop in order).
+    _stop_grpc: DropGuard,
+    _background: Vec<AbortOnDropHandle<()>>,
+}
+
+impl Sidecar {
+    /// Binds every listener (a taken port fails here) and starts serving.
+    pub async fn start(config: &Config) -> anyhow::Result<Self> {
+        for (flag, endpoint) in [
+            ("--engine-kv-events", config.kv_events_endpoint()),
+            ("--engine-kv-replay", config.kv_replay_endpoint()),
+        ] {
+            if let Some(endpoint) = endpoint {
+                endpoint
+                    .parse::<zeromq::Endpoint>()
+                    .with_context(|| format!("{flag} {endpoint:?} is not a ZMQ endpoint"))?;
+            }
+        }
+        let hub = KvEventHub::new(HubConfig::default());
+        let mut metrics = Metrics::new();
+        metrics.watch_hub(hub.clone());
+        let metrics = Arc::new(metrics);
+        let client = proxy::engine_client().context("building the engine HTTP client")?;
+
+        let proxy_listener = bind(config.listen, "--listen").await?;
+        let grpc_listener = bind(config.grpc_addr(), "--grpc-port").await?;
+        let metrics_listener = bind(config.metrics_addr(), "--metrics-port").await?;
+        let (proxy_addr, grpc_addr, metrics_addr) = (
+            proxy_listener.local_addr()?,
+            grpc_listener.local_addr()?,
+            metrics_listener.local_addr()?,
+        );
+
+        let stop_accepting = CancellationToken::new();
+        // Streamed tokens are small writes: without TCP_NODELAY, Nagle's algorithm holds
+        // them back waiting for ACKs.
+        let proxy_listener = proxy_listener.tap_io(|tcp| {
+            let _ = tcp.set_nodelay(true);
+        });
+        let proxy_app = Proxy::new(client.clone(), &config.engine_url, metrics.clone()).router();
+        let proxy = AbortOnDropHandle::new(tokio::spawn(
+            axum::serve(proxy_listener, proxy_app)
+                .with_graceful_shutdown(stop_accepting.clone().cancelled_owned())
+                .into_future(),
+        ));
+
+        let mut background = Vec::new();
+        let relay_connected = config.kv_events_endpoint().map(|endpoint| {
+            let connected = Arc::new(AtomicBool::new(false));
+            let (endpoint, replay) = (
+                endpoint.to_owned(),
+                config.kv_replay_endpoint().map(str::to_owned),
+            );
+            let (model, client, engine) = (
+                config.model_name().map(str::to_owned),
+                client.clone(),
+                config.engine_url.clone(),
+            );
+            let (hub, metrics, flag) = (hub.clone(), metrics.clone(), connected.clone());
+            background.push(spawn(async move {
+                let model = match model {
+                    Some(model) => model,
+                    None => engine::served_model(&client, &engine).await,
+                };
+                relay::run(endpoint, replay, model, hub, metrics, flag).await;
+            }));
+            connected
+        });
+
+        let (hub_for_grpc, stop_grpc) = (hub.clone(), CancellationToken::new());
+        let stop = stop_grpc.clone();
+        background.push(spawn(async move {
+            if let Err(e) = grpc::serve(grpc_listener, hub_for_grpc, stop).await {
+                tracing::error!(error = %e, "the gRPC server stopped");
+            }
+        }));
+
+        let draining = Arc::new(AtomicBool::new(false));
+        let health = Health {
+            client,
+            engine: config.engine_url.clone(),
+            metrics: metrics.clone(),
+            relay_connected,
+            draining: draining.clone(),
+        };
+        background.push(spawn(async move {
+            if let Err(e) = axum::serve(metrics_listener, health.router()).await {
+                tracing::error!(error = %e, "the metrics server stopped");
+            }
+        }));
+
+        Ok(Self {
+            proxy_addr,
+            grpc_addr,
+            metrics_addr,
+            hub,
+            metrics,
+            draining,
+            stop_accepting,
+            proxy,
+            _stop_grpc: stop_grpc.drop_guard(),
+            _background: background,
+        })
+    }
+
+    /// Stops accepting requests, reports not ready, lets in-flight requests finish for
+    /// up to `grace`, then stops everything.
+    pub async fn shutdown(self, grace: Duration) {
+        self.draining.store(true, Ordering::Relaxed);
+        self.stop_accepting.cancel();
+        match tokio::time::timeout(grace, self.proxy).await {
+            Ok(_) => tracing::info!("in-flight requests finished"),
+            Err(_) => tracing::warn!(
+                in_flight = self.metrics.in_flight.get(),
+                "shutdown grace elapsed; dropping the requests still in flight"
+            ),
+        }
+    }
+}
+
+async fn bind(addr: SocketAddr, flag: &str) -> anyhow::Result<TcpListener> {
+    TcpListener::bind(addr)
+        .await
+        .with_context(|| format!("cannot listen on {addr} ({flag})"))
+}
+
+fn spawn(task: impl Future<Output = ()> + Send + 'static) -> AbortOnDropHandle<()> {
+    AbortOnDropHandle::new(tokio::spawn(task))
+}

@@ -1,0 +1,216 @@
+//! The KV event relay: subscribes to the engine's KV events (vLLM's ZMQ wire format),
+//! turns them into our events (our block hashes, tiers) and publishes them into the
+//! pod's [`KvEventHub`], which numbers them and serves them to the endpoint pickers.
+//!
+//! Nothing the engine sends can stop the relay: a message that does not decode is
+//! counted and skipped, and lost messages are fetched again from the engine's replay
+//! socket when it has one, or else the pod's view is reset (subscribers see `Cleared`)
+//! so it under-reports rather than claims blocks that may be gone.
+
+mod sequence;
+mod sockets;
+mod translate;
+
+use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use bytes::Bytes;
+use dynamo_kvcache::KvEvent;
+use dynamo_kvcache::vllm_events::{KvEvent as EngineEvent, decode_batch};
+use dynamo_kvstream::KvEventHub;
+use zeromq::SocketRecv;
+
+use crate::metrics::Metrics;
+use sequence::{Continuity, SequenceTracker};
+use sockets::{Replayer, sequence};
+pub use translate::{Skip, Translator};
+
+/// How long the engine gets to answer a replay request before the view is reset instead.
+const REPLAY_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// Follows the engine at `endpoint` forever: waits for it to bind, then relays every
+/// message. `connected` tells readiness whether the subscription is live.
+pub async fn run(
+    endpoint: String,
+    replay: Option<String>,
+    model: String,
+    hub: KvEventHub,
+    metrics: Arc<Metrics>,
+    connected: Arc<AtomicBool>,
+) {
+    let mut socket = loop {
+        match sockets::subscribe(&endpoint, connected.clone(), metrics.clone()).await {
+            Ok(socket) => break socket,
+            Err(e) => {
+                tracing::warn!(%endpoint, error = %e, "cannot subscribe to the engine's KV events");
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+        }
+    };
+    tracing::info!(%endpoint, %model, "relaying the engine's KV events");
+    let mut relay = Relay::new(model, replay, hub, metrics);
+    loop {
+        match socket.recv().await {
+            Ok(message) => relay.handle(&message.into_vec()).await,
+            // The peer went away; the socket reconnects by itself.
+            Err(e) => {
+                tracing::debug!(error = %e, "KV event subscription interrupted");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    }
+}
+
+/// The relay's state between messages.
+pub struct Relay {
+    hub: KvEventHub,
+    metrics: Arc<Metrics>,
+    translator: Translator,
+    tracker: SequenceTracker,
+    replayer: Option<Replayer>,
+}
+
+impl Relay {
+    /// `model` salts our block hashes; `replay` is the engine's replay endpoint, if any.
+    pub fn new(
+        model: String,
+        replay: Option<String>,
+        hub: KvEventHub,
+        metrics: Arc<Metrics>,
+    ) -> Self {
+        Self {
+            hub,
+            metrics,
+            translator: Translator::new(model),
+            tracker: SequenceTracker::default(),
+            replayer: replay.map(|endpoint| Replayer::new(endpoint, REPLAY_TIMEOUT)),
+        }
+    }
+
+    /// Handles one ZMQ message, `[topic, seq, payload]`.
+    pub async fn handle(&mut self, frames: &[Bytes]) {
+        let Some(seq) = frames
+            .get(1)
+            .and_then(|f| sequence(f))
+            .filter(|_| frames.len() == 3)
+        else {
+            self.metrics.decode_errors.inc();
+            tracing::debug!(frames = frames.len(), "not a KV event message");
+            return;
+        };
+        let mut continuity = self.tracker.classify(seq);
+        if continuity == Continuity::Restarted {
+            tracing::info!(seq, "the engine's KV event sequence started over");
+            self.metrics.engine_restarts.inc();
+            self.reset();
+            self.tracker.restart();
+            continuity = self.tracker.classify(seq);
+        }
+        if let Continuity::Missed { from } = continuity {
+            self.recover(from, seq).await;
+        }
+        self.apply(seq, &frames[2], true);
+    }
+
+    /// Replays messages `from..until`, or resets the view when they cannot all be had.
+    async fn recover(&mut self, from: u64, until: u64) {
+        let replayed = match &mut self.replayer {
+            Some(replayer) => match replayer.fetch(from).await {
+                // Later messages come through the subscription as usual.
+                Ok(mut messages) => {
+                    messages.retain(|(seq, _)| *seq < until);
+                    messages
+                        .iter()
+                        .map(|(seq, _)| *seq)
+                        .eq(from..until)
+                        .then_some(messages)
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "KV event replay failed");
+                    None
+                }
+            },
+            None => None,
+        };
+        let outcome = match replayed {
+            Some(messages) => {
+                for (seq, payload) in messages {
+                    self.apply(seq, &payload, false);
+                }
+                "replayed"
+            }
+            None => {
+                self.reset();
+                "reset"
+            }
+        };
+        tracing::info!(from, until, outcome, "KV event messages were lost");
+        self.metrics
+            .zmq_gaps
+            .get_or_create(&[("outcome", outcome)])
+            .inc();
+    }
+
+    /// Decodes and publishes one message's events; `live` ones also measure the lag.
+    fn apply(&mut self, seq: u64, payload: &[u8], live: bool) {
+        self.tracker.accept(seq);
+        let decoded = match decode_batch(payload) {
+            Ok(decoded) => decoded,
+            Err(e) => {
+                self.metrics.decode_errors.inc();
+                tracing::debug!(seq, error = %e, "undecodable KV event batch skipped");
+                return;
+            }
+        };
+        let metrics = &self.metrics;
+        metrics.unknown_kinds.inc_by(decoded.skipped_unknown as u64);
+        for event in decoded.batch.events {
+            metrics
+                .events_in
+                .get_or_create(&[("kind", engine_kind(&event))])
+                .inc();
+            let mut skip = |reason: Skip| {
+                metrics
+                    .skipped
+                    .get_or_create(&[("reason", reason.as_str())])
+                    .inc();
+            };
+            if let Some(ours) = self.translator.translate(event, &mut skip) {
+                publish(&self.hub, metrics, &ours);
+            }
+        }
+        if live {
+            let now = SystemTime::now()
+                .duration_since(UNIX_EPOCH)
+                .map_or(0.0, |d| d.as_secs_f64());
+            metrics.relay_lag.observe((now - decoded.batch.ts).max(0.0));
+        }
+    }
+
+    /// Drops the pod's view: subscribers see `Cleared` (unless there was nothing to drop).
+    fn reset(&mut self) {
+        if !self.translator.is_empty() {
+            self.translator.clear();
+            publish(&self.hub, &self.metrics, &KvEvent::Cleared);
+        }
+    }
+}
+
+fn publish(hub: &KvEventHub, metrics: &Metrics, event: &KvEvent) {
+    hub.publish(event);
+    let kind = match event {
+        KvEvent::Stored { .. } => "stored",
+        KvEvent::Removed { .. } => "removed",
+        KvEvent::Cleared => "cleared",
+    };
+    metrics.events_out.get_or_create(&[("kind", kind)]).inc();
+}
+
+fn engine_kind(event: &EngineEvent) -> &'static str {
+    match event {
+        EngineEvent::BlockStored { .. } => "stored",
+        EngineEvent::BlockRemoved { .. } => "removed",
+        EngineEvent::AllBlocksCleared => "cleared",
+    }
+}

@@ -1,0 +1,394 @@
+//! From the engine's KV events to ours: block identity is recomputed from the token ids
+//! with our chained hash (`DESIGN.md`, "Block hashing"), so the router can compare the
+//! pod's blocks with a prompt's; the engine's hash is kept as an opaque key, and a map
+//! from it to our hash translates the events that carry only engine hashes
+//! (`BlockRemoved`, and the parent of a `BlockStored`).
+
+use std::collections::HashMap;
+
+use dynamo_kvcache::vllm_events::KvEvent as EngineEvent;
+use dynamo_kvcache::{BlockHasher, KvEvent, RemovedBlock, SeqHash, StoredBlock, Tier};
+
+/// Why an engine event (or one block of a removal) was left out of the stream.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Skip {
+    /// A store under a parent block this sidecar never saw stored (it was stored before
+    /// the sidecar started, or in events lost to a gap): our hash cannot be chained.
+    UnknownParent,
+    /// The token ids do not fill exactly the stored blocks.
+    TokenCount,
+    /// A storage medium that maps to no tier.
+    UnknownMedium,
+    /// A LoRA block without the adapter's name, which salts the hash.
+    LoraWithoutName,
+    /// A removed block this sidecar does not hold in that tier.
+    UnknownBlock,
+}
+
+impl Skip {
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Skip::UnknownParent => "unknown_parent",
+            Skip::TokenCount => "token_count",
+            Skip::UnknownMedium => "unknown_medium",
+            Skip::LoraWithoutName => "lora_without_name",
+            Skip::UnknownBlock => "unknown_block",
+        }
+    }
+}
+
+/// The tier of vLLM's `medium` field: absent or `GPU` (vLLM's `MEDIUM_GPU`) is the GPU
+/// cache, `CPU` the host tier of vLLM's CPU offloading, `DISK` local disk.
+fn tier_of(medium: Option<&str>) -> Option<Tier> {
+    let Some(medium) = medium else {
+        return Some(Tier::Gpu);
+    };
+    [
+        ("GPU", Tier::Gpu),
+        ("CPU", Tier::Host),
+        ("DISK", Tier::Disk),
+    ]
+    .into_iter()
+    .find(|(name, _)| medium.eq_ignore_ascii_case(name))
+    .map(|(_, tier)| tier)
+}
+
+/// What the pod holds under one engine hash.
+#[derive(Clone, Copy, Debug)]
+struct Known {
+    seq: SeqHash,
+    /// Bit `t.index()` set while the block is held in tier `t`.
+    tiers: u8,
+}
+
+/// One engine's translation state: the engine hash -> our hash map of the blocks it
+/// holds, and a hasher per (block size, LoRA) seen.
+pub struct Translator {
+    model: String,
+    hashers: Vec<(u32, Option<String>, BlockHasher)>,
+    blocks: HashMap<u64, Known>,
+}
+
+impl Translator {
+    /// `model` salts every hash; it must be what the router hashes prompts with.
+    pub fn new(model: impl Into<String>) -> Self {
+        Self {
+            model: model.into(),
+            hashers: Vec::new(),
+            blocks: HashMap::new(),
+        }
+    }
+
+    /// Engine blocks currently known.
+    pub fn len(&self) -> usize {
+        self.blocks.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.blocks.is_empty()
+    }
+
+    /// Forgets every block (the pod's view was reset).
+    pub fn clear(&mut self) {
+        self.blocks.clear();
+    }
+
+    /// Our event for `event`, if any; `skip` hears of everything left out.
+    pub fn translate(
+        &mut self,
+        event: EngineEvent,
+        skip: &mut impl FnMut(Skip),
+    ) -> Option<KvEvent> {
+        match event {
+            EngineEvent::BlockStored {
+                block_hashes,
+                parent_hash,
+                token_ids,
+                block_size,
+                lora_id,
+                medium,
+                lora_name,
+            } => {
+                let stored = self.stored(
+                    &block_hashes,
+                    parent_hash,
+                    &token_ids,
+                    block_size,
+                    (lora_id, lora_name),
+                    medium.as_deref(),
+                );
+                stored.unwrap_or_else(|reason| {
+                    skip(reason);
+                    None
+                })
+            }
+            EngineEvent::BlockRemoved {
+                block_hashes,
+                medium,
+            } => match tier_of(medium.as_deref()) {
+                Some(tier) => self.removed(&block_hashes, tier, skip),
+                None => {
+                    skip(Skip::UnknownMedium);
+                    None
+                }
+            },
+            EngineEvent::AllBlocksCleared => {
+                self.clear();
+                Some(KvEvent::Cleared)
+            }
+        }
+    }
+
+    fn stored(
+        &mut self,
+        engine_hashes: &[u64],
+        engine_parent: Option<u64>,
+        tokens: &[u32],
+        block_size: u32,
+        (lora_id, lora_name): (Option<i64>, Option<String>),
+        medium: Option<&str>,
+    ) -> Result<Option<KvEvent>, Skip> {
+        let tier = tier_of(medium).ok_or(Skip::UnknownMedium)?;
+        if lora_id.is_some() && lora_name.is_none() {
+            return Err(Skip::LoraWithoutName);
+        }
+        if block_size == 0 || tokens.len() != engine_hashes.len() * block_size as usize {
+            return Err(Skip::TokenCount);
+        }
+        if engine_hashes.is_empty() {
+            return Ok(None);
+        }
+        let parent = match engine_parent {
+            None => None,
+            Some(h) => Some(self.blocks.get(&h).ok_or(Skip::UnknownParent)?.seq),
+        };
+        let seqs = self
+            .hasher(block_size, lora_name)
+            .seq_hashes_from(parent, tokens);
+        let blocks = engine_hashes
+            .iter()
+            .zip(seqs)
+            .map(|(&engine_hash, seq_hash)| {
+                let known = self.blocks.entry(engine_hash).or_insert(Known {
+                    seq: seq_hash,
+                    tiers: 0,
+                });
+                known.seq = seq_hash;
+                known.tiers |= 1 << tier.index();
+                StoredBlock {
+                    seq_hash,
+                    engine_hash,
+                    tier,
+                }
+            })
+            .collect();
+        Ok(Some(KvEvent::Stored { parent, blocks }))
+    }
+
+    fn removed(
+        &mut self,
+        engine_hashes: &[u64],
+        tier: Tier,
+        skip: &mut impl FnMut(Skip),
+    ) -> Option<KvEvent> {
+        let bit = 1 << tier.index();
+        let mut blocks = Vec::with_capacity(engine_hashes.len());
+        for &engine_hash in engine_hashes {
+            let Some(known) = self
+                .blocks
+                .get_mut(&engine_hash)
+                .filter(|k| k.tiers & bit != 0)
+            else {
+                skip(Skip::UnknownBlock);
+                continue;
+            };
+            known.tiers &= !bit;
+            blocks.push(RemovedBlock {
+                seq_hash: known.seq,
+                engine_hash,
+            });
+            if known.tiers == 0 {
+                self.blocks.remove(&engine_hash);
+            }
+        }
+        (!blocks.is_empty()).then_some(KvEvent::Removed { blocks, tier })
+    }
+
+    fn hasher(&mut self, block_size: u32, lora: Option<String>) -> &BlockHasher {
+        let i = match self
+            .hashers
+            .iter()
+            .position(|(size, l, _)| *size == block_size && *l == lora)
+        {
+            Some(i) => i,
+            None => {
+                let hasher = BlockHasher::new(block_size as usize, &self.model, lora.as_deref());
+                self.hashers.push((block_size, lora, hasher));
+                self.hashers.len() - 1
+            }
+        };
+        &self.hashers[i].2
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn stored(hashes: &[u64], parent: Option<u64>, tokens: Vec<u32>) -> EngineEvent {
+        EngineEvent::BlockStored {
+            block_hashes: hashes.to_vec(),
+            parent_hash: parent,
+            token_ids: tokens,
+            block_size: 2,
+            lora_id: None,
+            medium: Some("GPU".into()),
+            lora_name: None,
+        }
+    }
+
+    fn removed(hashes: &[u64], medium: &str) -> EngineEvent {
+        EngineEvent::BlockRemoved {
+            block_hashes: hashes.to_vec(),
+            medium: Some(medium.into()),
+        }
+    }
+
+    /// Translates `events`, returning our events and the skip reasons.
+    fn run(t: &mut Translator, events: Vec<EngineEvent>) -> (Vec<KvEvent>, Vec<Skip>) {
+        let mut skips = Vec::new();
+        let out = events
+            .into_iter()
+            .filter_map(|e| t.translate(e, &mut |s| skips.push(s)))
+            .collect();
+        (out, skips)
+    }
+
+    #[test]
+    fn stored_blocks_get_our_chained_hashes_under_a_translated_parent() {
+        let hasher = BlockHasher::new(2, "m", None);
+        let ours = hasher.seq_hashes(&[1, 2, 3, 4, 5, 6]);
+        let mut t = Translator::new("m");
+        // The engine stores the prompt in two events: [1,2,3,4] then [5,6] under 0xB.
+        let (out, skips) = run(
+            &mut t,
+            vec![
+                stored(&[0xA, 0xB], None, vec![1, 2, 3, 4]),
+                stored(&[0xC], Some(0xB), vec![5, 6]),
+            ],
+        );
+        assert!(skips.is_empty());
+        let block = |i: usize, engine_hash| StoredBlock {
+            seq_hash: ours[i],
+            engine_hash,
+            tier: Tier::Gpu,
+        };
+        assert_eq!(
+            out,
+            vec![
+                KvEvent::Stored {
+                    parent: None,
+                    blocks: vec![block(0, 0xA), block(1, 0xB)],
+                },
+                KvEvent::Stored {
+                    parent: Some(ours[1]),
+                    blocks: vec![block(2, 0xC)],
+                },
+            ]
+        );
+        assert_eq!(t.len(), 3);
+    }
+
+    #[test]
+    fn removals_translate_per_tier_and_forget_blocks_left_in_no_tier() {
+        let ours = BlockHasher::new(2, "m", None).seq_hashes(&[1, 2]);
+        let mut t = Translator::new("m");
+        let mut cpu = stored(&[0xA], None, vec![1, 2]);
+        if let EngineEvent::BlockStored { medium, .. } = &mut cpu {
+            *medium = Some("CPU".into());
+        }
+        let (out, skips) = run(
+            &mut t,
+            vec![
+                stored(&[0xA], None, vec![1, 2]),
+                cpu,
+                removed(&[0xA, 0xF], "GPU"),
+                removed(&[0xA], "GPU"),
+                removed(&[0xA], "cpu"),
+            ],
+        );
+        assert!(matches!(&out[1], KvEvent::Stored { blocks, .. } if blocks[0].tier == Tier::Host));
+        let gone = |tier| KvEvent::Removed {
+            blocks: vec![RemovedBlock {
+                seq_hash: ours[0],
+                engine_hash: 0xA,
+            }],
+            tier,
+        };
+        assert_eq!(out[2..], [gone(Tier::Gpu), gone(Tier::Host)]);
+        // 0xF was never stored; 0xA left the GPU once already.
+        assert_eq!(skips, vec![Skip::UnknownBlock, Skip::UnknownBlock]);
+        assert!(t.is_empty());
+    }
+
+    #[test]
+    fn what_cannot_be_hashed_is_skipped_with_its_reason() {
+        let mut t = Translator::new("m");
+        let mut lora = stored(&[0xD], None, vec![1, 2]);
+        if let EngineEvent::BlockStored { lora_id, .. } = &mut lora {
+            *lora_id = Some(3);
+        }
+        let (out, skips) = run(
+            &mut t,
+            vec![
+                stored(&[0xA], Some(0x99), vec![1, 2]),
+                stored(&[0xB], None, vec![1, 2, 3]),
+                stored(&[0xC], None, vec![1, 2]),
+                removed(&[0xC], "TAPE"),
+                lora,
+            ],
+        );
+        assert_eq!(out.len(), 1, "only 0xC is stored: {out:?}");
+        assert_eq!(
+            skips,
+            vec![
+                Skip::UnknownParent,
+                Skip::TokenCount,
+                Skip::UnknownMedium,
+                Skip::LoraWithoutName
+            ]
+        );
+    }
+
+    #[test]
+    fn lora_names_salt_the_hash_and_clearing_forgets_everything() {
+        let mut t = Translator::new("m");
+        let mut lora = stored(&[0xB], None, vec![1, 2]);
+        if let EngineEvent::BlockStored {
+            lora_id, lora_name, ..
+        } = &mut lora
+        {
+            *lora_id = Some(1);
+            *lora_name = Some("adapter".into());
+        }
+        let (out, _) = run(
+            &mut t,
+            vec![
+                stored(&[0xA], None, vec![1, 2]),
+                lora,
+                EngineEvent::AllBlocksCleared,
+            ],
+        );
+        let seq = |e: &KvEvent| match e {
+            KvEvent::Stored { blocks, .. } => blocks[0].seq_hash,
+            other => panic!("{other:?}"),
+        };
+        assert_ne!(seq(&out[0]), seq(&out[1]));
+        assert_eq!(
+            seq(&out[1]),
+            BlockHasher::new(2, "m", Some("adapter")).seq_hashes(&[1, 2])[0]
+        );
+        assert_eq!(out[2], KvEvent::Cleared);
+        assert!(t.is_empty());
+    }
+}

@@ -1,0 +1,430 @@
+//! What the sidecar tests share: an in-process sidecar on free loopback ports, an engine
+//! KV event publisher writing vLLM's wire format (with vLLM's replay protocol), a real
+//! gRPC subscriber, and metric scraping.
+#![allow(dead_code)] // each test binary uses its own part of this
+
+use std::future::Future;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use clap::Parser;
+use dynamo_kvcache::vllm_events::{KvEvent as EngineEvent, KvEventBatch, encode_message};
+use dynamo_kvcache::{KvEvent, KvIndex, WorkerId};
+use dynamo_kvstream::{PodUpdate, SubscriberConfig, follow};
+use dynamo_sidecar::{Config, Sidecar};
+use tokio::sync::mpsc;
+use tokio_util::task::AbortOnDropHandle;
+use zeromq::{RouterSocket, Socket, SocketRecv, SocketSend, XPubSocket, ZmqMessage};
+
+/// Generous: the machine running the tests may be loaded.
+pub const WAIT: Duration = Duration::from_secs(30);
+
+/// The model name that salts hashes in these tests.
+pub const MODEL: &str = "m";
+
+/// A sidecar on free loopback ports in front of `engine_url`.
+pub async fn sidecar(engine_url: &str, kv_events: Option<&str>, replay: Option<&str>) -> Sidecar {
+    sidecar_with(engine_url, kv_events, replay, &[]).await
+}
+
+/// Like [`sidecar`], with `extra` flag-value pairs replacing the test defaults.
+pub async fn sidecar_with(
+    engine_url: &str,
+    kv_events: Option<&str>,
+    replay: Option<&str>,
+    extra: &[&str],
+) -> Sidecar {
+    try_sidecar_with(engine_url, kv_events, replay, extra)
+        .await
+        .expect("sidecar starts")
+}
+
+pub async fn try_sidecar_with(
+    engine_url: &str,
+    kv_events: Option<&str>,
+    replay: Option<&str>,
+    extra: &[&str],
+) -> anyhow::Result<Sidecar> {
+    let defaults = [
+        ("--listen", "127.0.0.1:0"),
+        ("--host", "127.0.0.1"),
+        ("--grpc-port", "0"),
+        ("--metrics-port", "0"),
+        ("--engine-url", engine_url),
+        ("--engine-kv-events", kv_events.unwrap_or("none")),
+        ("--engine-kv-replay", replay.unwrap_or("none")),
+        ("--model-name", MODEL),
+    ];
+    let mut args = vec!["dynamo-sidecar"];
+    for (flag, value) in defaults {
+        if !extra.contains(&flag) {
+            args.extend([flag, value]);
+        }
+    }
+    args.extend(extra);
+    Sidecar::start(&Config::parse_from(args)).await
+}
+
+/// Polls `check` until it holds; panics with `what` after [`WAIT`].
+pub async fn eventually<F: Future<Output = bool>>(what: &str, mut check: impl FnMut() -> F) {
+    let deadline = tokio::time::Instant::now() + WAIT;
+    while !check().await {
+        assert!(tokio::time::Instant::now() < deadline, "timed out: {what}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// The sum of the samples of `name` (with any labels matching `labels`) on the sidecar's
+/// metrics port.
+pub async fn metric(sidecar: &Sidecar, name: &str, labels: &str) -> f64 {
+    let text = reqwest::get(format!("http://{}/metrics", sidecar.metrics_addr))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    text.lines()
+        .filter(|l| {
+            l.split([' ', '{']).next() == Some(name) && (labels.is_empty() || l.contains(labels))
+        })
+        .map(|l| l.rsplit(' ').next().unwrap().parse::<f64>().unwrap())
+        .sum()
+}
+
+/// The messages an engine sent, as `(seq, payload)`.
+type Sent = Arc<Mutex<Vec<(u64, Vec<u8>)>>>;
+
+/// An engine's KV event publisher: vLLM's PUB wire format on an XPUB socket (identical on
+/// the wire, and it tells us when the sidecar has subscribed), plus vLLM's replay ROUTER.
+pub struct EnginePublisher {
+    socket: XPubSocket,
+    pub endpoint: String,
+    pub replay_endpoint: String,
+    /// Every message, for replay.
+    sent: Sent,
+    next_seq: u64,
+    _replay: AbortOnDropHandle<()>,
+}
+
+impl EnginePublisher {
+    pub async fn bind() -> Self {
+        let mut socket = XPubSocket::new();
+        let endpoint = socket.bind("tcp://127.0.0.1:0").await.unwrap().to_string();
+        let mut router = RouterSocket::new();
+        let replay_endpoint = router.bind("tcp://127.0.0.1:0").await.unwrap().to_string();
+        let sent = Arc::new(Mutex::new(Vec::new()));
+        let replay = AbortOnDropHandle::new(tokio::spawn(serve_replay(router, sent.clone())));
+        Self {
+            socket,
+            endpoint,
+            replay_endpoint,
+            sent,
+            next_seq: 0,
+            _replay: replay,
+        }
+    }
+
+    /// Waits until a subscriber has subscribed (the first message of a SUB socket).
+    pub async fn wait_subscriber(&mut self) {
+        let message = tokio::time::timeout(WAIT, self.socket.recv())
+            .await
+            .expect("a subscriber within the wait")
+            .unwrap();
+        assert_eq!(message.get(0).map(|f| f[0]), Some(1), "a subscribe message");
+    }
+
+    /// Publishes `events` as the next message.
+    pub async fn publish(&mut self, events: Vec<EngineEvent>) {
+        let seq = self.next_seq;
+        self.send(seq, events).await;
+    }
+
+    /// Numbers `events` as the next message but loses it: it reaches only the replay buffer.
+    pub fn lose(&mut self, events: Vec<EngineEvent>) {
+        let seq = self.next_seq;
+        self.next_seq += 1;
+        let [_, _, payload] = encode_message(b"", seq, &batch(events));
+        self.sent.lock().unwrap().push((seq, payload));
+    }
+
+    /// Publishes with an explicit sequence number (a restarted engine starts at 0).
+    pub async fn send(&mut self, seq: u64, events: Vec<EngineEvent>) {
+        let frames = encode_message(b"", seq, &batch(events));
+        self.sent.lock().unwrap().push((seq, frames[2].clone()));
+        self.next_seq = seq + 1;
+        self.send_frames(frames.into_iter().map(Bytes::from).collect())
+            .await;
+    }
+
+    /// Sends any frames, well-formed or not.
+    pub async fn send_frames(&mut self, frames: Vec<Bytes>) {
+        self.socket
+            .send(ZmqMessage::try_from(frames).unwrap())
+            .await
+            .unwrap();
+    }
+
+    /// Forgets the replay buffer (an engine whose buffer moved past the lost messages).
+    pub fn forget_history(&self) {
+        self.sent.lock().unwrap().clear();
+    }
+}
+
+fn batch(events: Vec<EngineEvent>) -> KvEventBatch {
+    let ts = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs_f64();
+    KvEventBatch {
+        ts,
+        events,
+        dp_rank: Some(0),
+    }
+}
+
+/// vLLM's `ZmqEventPublisher._service_replay`: `[id, b"", start]` in, one
+/// `[id, b"", seq, payload]` per buffered message from `start` on, then `[id, b"", -1, b""]`.
+async fn serve_replay(mut router: RouterSocket, sent: Sent) {
+    while let Ok(request) = router.recv().await {
+        let frames = request.into_vec();
+        let [id, _, start] = <[Bytes; 3]>::try_from(frames).expect("[id, b\"\", start]");
+        let start = u64::from_be_bytes(start[..].try_into().unwrap());
+        let replies: Vec<(u64, Vec<u8>)> = sent
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|(seq, _)| *seq >= start)
+            .cloned()
+            .chain([(u64::MAX, Vec::new())])
+            .collect();
+        for (seq, payload) in replies {
+            let reply = vec![
+                id.clone(),
+                Bytes::new(),
+                Bytes::copy_from_slice(&seq.to_be_bytes()),
+                Bytes::from(payload),
+            ];
+            router
+                .send(ZmqMessage::try_from(reply).unwrap())
+                .await
+                .unwrap();
+        }
+    }
+}
+
+pub fn stored(hashes: &[u64], parent: Option<u64>, tokens: Vec<u32>) -> EngineEvent {
+    EngineEvent::BlockStored {
+        block_hashes: hashes.to_vec(),
+        parent_hash: parent,
+        token_ids: tokens,
+        block_size: 4,
+        lora_id: None,
+        medium: Some("GPU".into()),
+        lora_name: None,
+    }
+}
+
+pub fn removed(hashes: &[u64]) -> EngineEvent {
+    EngineEvent::BlockRemoved {
+        block_hashes: hashes.to_vec(),
+        medium: Some("GPU".into()),
+    }
+}
+
+/// `n` blocks' worth of tokens starting at `first`.
+pub fn tokens(first: u32, blocks: usize) -> Vec<u32> {
+    (first..first + 4 * blocks as u32).collect()
+}
+
+/// A subscriber like the endpoint picker's: `dynamo_kvstream::follow` on the sidecar's
+/// gRPC port, its updates queued for the test.
+pub struct Follower {
+    updates: mpsc::UnboundedReceiver<PodUpdate>,
+    _task: AbortOnDropHandle<()>,
+}
+
+impl Follower {
+    pub fn start(grpc: std::net::SocketAddr) -> Self {
+        let (tx, updates) = mpsc::unbounded_channel();
+        let config = SubscriberConfig {
+            retry_min: Duration::from_millis(20),
+            retry_max: Duration::from_millis(200),
+            connect_timeout: Duration::from_secs(5),
+        };
+        let task = tokio::spawn(follow(format!("http://{grpc}"), config, move |u| {
+            let _ = tx.send(u);
+        }));
+        Self {
+            updates,
+            _task: AbortOnDropHandle::new(task),
+        }
+    }
+
+    pub async fn next(&mut self) -> PodUpdate {
+        tokio::time::timeout(WAIT, self.updates.recv())
+            .await
+            .expect("an update within the wait")
+            .expect("the follower runs")
+    }
+
+    /// The next update, which must be a live event.
+    pub async fn event(&mut self) -> KvEvent {
+        match self.next().await {
+            PodUpdate::Event(e) => e,
+            other => panic!("expected an event, got {other:?}"),
+        }
+    }
+
+    /// The next update, which must be a snapshot.
+    pub async fn snapshot(&mut self) -> Vec<KvEvent> {
+        match self.next().await {
+            PodUpdate::Snapshot(chains) => chains,
+            other => panic!("expected a snapshot, got {other:?}"),
+        }
+    }
+}
+
+/// A picker's view of one pod, rebuilt from the updates it received.
+pub struct View(KvIndex);
+
+const POD: WorkerId = WorkerId(0);
+
+impl View {
+    pub fn new() -> Self {
+        Self(KvIndex::new(1 << 20))
+    }
+
+    pub fn apply(&mut self, update: &PodUpdate) {
+        match update {
+            PodUpdate::Snapshot(chains) => {
+                self.0.remove_worker(POD);
+                for chain in chains {
+                    self.0.apply(POD, chain).unwrap();
+                }
+            }
+            PodUpdate::Event(event) => self.0.apply(POD, event).unwrap(),
+            PodUpdate::Lost => self.0.remove_worker(POD),
+        }
+    }
+
+    /// The pod's blocks as stored chains, in a canonical order.
+    pub fn chains(&self) -> Vec<KvEvent> {
+        self.0.snapshot(POD)
+    }
+}
+
+/// A stand-in HTTP engine for proxy tests. `POST /v1/chat/completions` records what it
+/// got and streams SSE, holding its second chunk until the test [releases](Self::release)
+/// it; `GET /forever` streams a chunk every 20 ms until its client goes away;
+/// `/metrics` and `/health` answer as an engine's do.
+pub struct Upstream {
+    pub url: String,
+    pub state: Arc<UpstreamState>,
+    _server: AbortOnDropHandle<()>,
+}
+
+pub struct UpstreamState {
+    gate: tokio::sync::Semaphore,
+    /// The last chat request's headers and body.
+    pub seen: Mutex<Option<(axum::http::HeaderMap, Bytes)>>,
+    /// Set when a `/forever` stream was dropped (its connection closed).
+    pub forever_dropped: std::sync::atomic::AtomicBool,
+}
+
+impl Upstream {
+    pub async fn start() -> Self {
+        use axum::routing::{get, post};
+        let state = Arc::new(UpstreamState {
+            gate: tokio::sync::Semaphore::new(0),
+            seen: Mutex::new(None),
+            forever_dropped: Default::default(),
+        });
+        let app = axum::Router::new()
+            .route("/v1/chat/completions", post(chat))
+            .route("/forever", get(forever))
+            .route(
+                "/metrics",
+                get(|| async { "vllm:num_requests_running 3\n" }),
+            )
+            .route("/health", get(|| async { "ok" }))
+            .with_state(state.clone());
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        let server = tokio::spawn(async move {
+            axum::serve(listener, app).await.unwrap();
+        });
+        Self {
+            url,
+            state,
+            _server: AbortOnDropHandle::new(server),
+        }
+    }
+
+    /// Lets one held SSE stream send the rest of its chunks.
+    pub fn release(&self) {
+        self.state.gate.add_permits(1);
+    }
+}
+
+type UpstreamRef = axum::extract::State<Arc<UpstreamState>>;
+
+async fn chat(
+    axum::extract::State(state): UpstreamRef,
+    headers: axum::http::HeaderMap,
+    body: Bytes,
+) -> axum::response::Response {
+    *state.seen.lock().unwrap() = Some((headers, body));
+    let chunks = futures::stream::unfold(0, move |step| {
+        let state = state.clone();
+        async move {
+            let chunk = match step {
+                0 => "data: 1\n\n",
+                1 => {
+                    state.gate.acquire().await.unwrap().forget();
+                    "data: 2\n\n"
+                }
+                2 => "data: [DONE]\n\n",
+                _ => return None,
+            };
+            Some((Ok::<_, std::io::Error>(chunk), step + 1))
+        }
+    });
+    axum::response::Response::builder()
+        .header("content-type", "text/event-stream")
+        .header("x-engine", "yes")
+        .body(axum::body::Body::from_stream(chunks))
+        .unwrap()
+}
+
+/// Sets its flag when dropped.
+struct DropFlag(Arc<UpstreamState>);
+
+impl Drop for DropFlag {
+    fn drop(&mut self) {
+        self.0
+            .forever_dropped
+            .store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+async fn forever(axum::extract::State(state): UpstreamRef) -> axum::body::Body {
+    let flag = DropFlag(state);
+    let ticks = futures::stream::unfold(flag, |flag| async move {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        Some((Ok::<_, std::io::Error>("data: tick\n\n"), flag))
+    });
+    axum::body::Body::from_stream(ticks)
+}
+
+/// Reads `response`, appending to `so_far`, until `so_far` contains `wanted`.
+pub async fn read_until(response: &mut reqwest::Response, so_far: &mut String, wanted: &str) {
+    tokio::time::timeout(WAIT, async {
+        while !so_far.contains(wanted) {
+            let chunk = response.chunk().await.unwrap().expect("more body");
+            so_far.push_str(std::str::from_utf8(&chunk).unwrap());
+        }
+    })
+    .await
+    .unwrap_or_else(|_| panic!("{wanted:?} not received; got {so_far:?}"));
+}

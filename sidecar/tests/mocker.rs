@@ -1,0 +1,106 @@
+//! The sidecar beside the real mock engine (`dynamo-mocker`), which serves vLLM's HTTP
+//! API and publishes vLLM's ZMQ KV events: the proxy carries its SSE streams, and the
+//! relay's hashes equal the engine's own, which the mocker computes with the same
+//! `BlockHasher` salted by its served model name.
+
+mod common;
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use common::*;
+use dynamo_kvcache::KvEvent;
+use dynamo_kvstream::PodUpdate;
+use dynamo_mocker::EngineConfig;
+use dynamo_mocker::server::{RunningServer, ServerConfig, start};
+use serde_json::json;
+
+async fn mocker() -> RunningServer {
+    let model_path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../.cache/models/qwen-mock");
+    assert!(
+        model_path.join("tokenizer.json").exists(),
+        "run `make model` first"
+    );
+    let config = ServerConfig {
+        model_path,
+        model_name: Some("qwen".into()),
+        listen: "127.0.0.1:0".parse().unwrap(),
+        kv_events_endpoint: Some("tcp://127.0.0.1:0".into()),
+        engine: EngineConfig {
+            block_size: 16,
+            speedup_ratio: 100.0,
+            ..EngineConfig::default()
+        },
+    };
+    start(config, std::future::pending()).await.unwrap()
+}
+
+#[tokio::test]
+async fn relayed_mocker_events_carry_the_engines_own_hashes() {
+    let engine = mocker().await;
+    let engine_url = format!("http://{}", engine.http_addr);
+    // No --model-name: the sidecar asks the engine for its served model name.
+    let sidecar = sidecar_with(
+        &engine_url,
+        engine.kv_events_endpoint.as_deref(),
+        None,
+        &["--model-name", ""],
+    )
+    .await;
+    eventually("the sidecar is ready", || async {
+        reqwest::get(format!("http://{}/ready", sidecar.metrics_addr))
+            .await
+            .is_ok_and(|r| r.status() == 200)
+    })
+    .await;
+    let mut follower = Follower::start(sidecar.grpc_addr);
+    assert_eq!(follower.snapshot().await, vec![]);
+
+    // A subscription is live a moment after it connects, so a first batch may be lost
+    // (and reported as a gap): ask until one arrives.
+    let client = reqwest::Client::new();
+    let mut stored = None;
+    for attempt in 0..20 {
+        let prompt = (0..80)
+            .map(|i| format!("w{attempt}x{i}"))
+            .collect::<Vec<_>>();
+        let body = json!({
+            "model": "qwen",
+            "stream": true,
+            "max_tokens": 3,
+            "messages": [{"role": "user", "content": prompt.join(" ")}],
+        });
+        let mut response = client
+            .post(format!("http://{}/v1/chat/completions", sidecar.proxy_addr))
+            .json(&body)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), 200);
+        let mut sse = String::new();
+        read_until(&mut response, &mut sse, "data: [DONE]").await;
+        if let Ok(update) = tokio::time::timeout(Duration::from_secs(2), follower.next()).await {
+            stored = Some(update);
+            break;
+        }
+    }
+    let Some(PodUpdate::Event(KvEvent::Stored { blocks, .. })) = stored else {
+        panic!("expected a stored event, got {stored:?}");
+    };
+    assert!(
+        blocks.len() >= 2,
+        "an 80-word prompt fills several 16-token blocks"
+    );
+    for block in &blocks {
+        assert_eq!(block.seq_hash.0, block.engine_hash, "{blocks:?}");
+    }
+
+    // The engine's own metrics through the proxy port.
+    let metrics = reqwest::get(format!("http://{}/metrics", sidecar.proxy_addr))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(metrics.contains("vllm:num_requests_running"), "{metrics}");
+}

@@ -5,12 +5,13 @@
 //! load (their KV stays resident) until it finishes. Engine metrics, scraped elsewhere
 //! and passed in as numbers, correct that view: EPP replicas are active-active, so each
 //! sees only its own share of a pod's traffic. When metrics arrive, the engine's resident
-//! blocks beyond what this router tracks at that moment are taken as *untracked* load
-//! (other replicas' requests) and added to the decode load until the next scrape. Only
-//! the excess is kept, not the total: a scrape taken while this router's own request ran
-//! would otherwise keep charging the pod for that request after it finished, until the
-//! next scrape, and steer the next request sharing its prefix away from the pod that
-//! caches it.
+//! blocks beyond those of this router's own requests at that moment (all their blocks,
+//! prefilling or decoding: the engine holds them from admission) are taken as
+//! *untracked* load (other replicas' requests) and added to the decode load until the
+//! next scrape. Only the excess is kept, not the total: a scrape taken while this
+//! router's own request ran would otherwise keep charging the pod for that request after
+//! it finished, until the next scrape, and steer the next request sharing its prefix
+//! away from the pod that caches it.
 
 use serde::{Deserialize, Serialize};
 
@@ -82,7 +83,9 @@ pub enum LoadError {
 struct PodLoad {
     prefill: u64,
     decode: u64,
-    /// Resident blocks the last scrape showed beyond this router's own decode load.
+    /// Every block of this router's requests in flight on the pod, prefilling or not.
+    held: u64,
+    /// Resident blocks the last scrape showed beyond `held`.
     untracked: u64,
     metrics: Option<EngineMetrics>,
 }
@@ -130,7 +133,9 @@ impl LoadTracker {
         if self.requests.contains_key(&request) {
             return Err(LoadError::DuplicateRequest(request));
         }
-        self.pods.entry(worker).or_default().prefill += new_blocks;
+        let pod = self.pods.entry(worker).or_default();
+        pod.prefill += new_blocks;
+        pod.held += total_blocks;
         self.requests.insert(
             request,
             InFlight {
@@ -166,6 +171,7 @@ impl LoadTracker {
             .remove(&request)
             .ok_or(LoadError::UnknownRequest(request))?;
         if let Some(pod) = self.pods.get_mut(&r.worker) {
+            pod.held = pod.held.saturating_sub(r.total_blocks);
             if r.decoding {
                 pod.decode = pod.decode.saturating_sub(r.total_blocks);
             } else {
@@ -181,7 +187,7 @@ impl LoadTracker {
         let resident = metrics
             .num_gpu_blocks
             .map(|n| (n as f64 * metrics.kv_cache_usage_perc.clamp(0.0, 1.0)).round() as u64);
-        pod.untracked = resident.map_or(0, |r| r.saturating_sub(pod.decode));
+        pod.untracked = resident.map_or(0, |r| r.saturating_sub(pod.held));
         pod.metrics = Some(metrics);
     }
 
@@ -291,6 +297,23 @@ mod tests {
         t.on_first_token(RequestId(2)).unwrap();
         t.observe_metrics(W, usage(0.01));
         assert_eq!(t.load(W).decode_blocks, 10);
+        // A scrape during our own prefill: the engine already holds the request's blocks,
+        // cached ones included, which are not someone else's load.
+        t.on_finish(RequestId(2)).unwrap();
+        t.on_pick(RequestId(3), W, 10, 2).unwrap();
+        t.observe_metrics(W, usage(0.1));
+        assert_eq!(
+            t.load(W),
+            WorkerLoad {
+                worker: W,
+                prefill_blocks: 2,
+                decode_blocks: 0
+            }
+        );
+        t.on_finish(RequestId(3)).unwrap();
+        assert_eq!(t.load(W).total(), 0, "nothing left once it is done");
+        t.on_pick(RequestId(2), W, 10, 10).unwrap();
+        t.on_first_token(RequestId(2)).unwrap();
         // Without the cache size, usage cannot be turned into blocks.
         t.observe_metrics(
             W,

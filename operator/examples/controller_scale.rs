@@ -56,6 +56,9 @@ fn caches(api: &FakeApi) -> Stores {
         services: store_of(api.objects_of()),
         inference_pools: Some(store_of(api.objects_of())),
         http_routes: Some(store_of(api.objects_of())),
+        service_accounts: store_of(api.objects_of()),
+        roles: store_of(api.objects_of()),
+        role_bindings: store_of(api.objects_of()),
     }
 }
 

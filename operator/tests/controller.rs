@@ -157,6 +157,31 @@ async fn a_pass_applies_every_desired_object_and_writes_the_status() {
             p.metadata.name.as_ref().unwrap(),
         )
     }));
+    expected.extend(desired.service_accounts.iter().map(|a| {
+        path(
+            "v1",
+            NS,
+            "serviceaccounts",
+            a.metadata.name.as_ref().unwrap(),
+        )
+    }));
+    let rbac = "rbac.authorization.k8s.io/v1";
+    expected.extend(
+        desired
+            .roles
+            .iter()
+            .map(|r| path(rbac, NS, "roles", r.metadata.name.as_ref().unwrap())),
+    );
+    expected.extend(
+        desired
+            .role_bindings
+            .iter()
+            .map(|b| path(rbac, NS, "rolebindings", b.metadata.name.as_ref().unwrap())),
+    );
+    assert!(
+        !desired.role_bindings.is_empty(),
+        "a graph with workers gets its EPP's access"
+    );
     assert_eq!(
         applies
             .iter()

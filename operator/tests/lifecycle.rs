@@ -39,6 +39,21 @@ fn owned_keys(d: &Desired) -> Vec<ObjectKey> {
                 &o.metadata.name,
             )
         }))
+        .chain(
+            d.service_accounts
+                .iter()
+                .map(|o| key(ObjectKind::ServiceAccount, &o.metadata.name)),
+        )
+        .chain(
+            d.roles
+                .iter()
+                .map(|o| key(ObjectKind::Role, &o.metadata.name)),
+        )
+        .chain(
+            d.role_bindings
+                .iter()
+                .map(|o| key(ObjectKind::RoleBinding, &o.metadata.name)),
+        )
         .collect()
 }
 
@@ -474,6 +489,83 @@ fn serving_objects_follow_the_graph() {
             (owner.kind.as_str(), owner.controller),
             ("DynamoGraphDeployment", Some(true))
         );
+    }
+}
+
+#[test]
+fn the_epp_gets_its_own_access_unless_the_graph_names_an_account() {
+    let mut dgd = sample("disagg-vllm");
+    let first = run(&dgd, &observed(vec![], cluster()));
+    let epp_pod = |d: &Desired| {
+        d.deployments[0]
+            .spec
+            .clone()
+            .unwrap()
+            .template
+            .spec
+            .unwrap()
+    };
+    assert_eq!(
+        epp_pod(&first).service_account_name.as_deref(),
+        Some("disagg-vllm-epp")
+    );
+    let role = &first.roles[0];
+    let granted: BTreeSet<(String, String)> = role
+        .rules
+        .iter()
+        .flatten()
+        .flat_map(|r| {
+            let resource = r.resources.clone().unwrap()[0].clone();
+            r.verbs.iter().map(move |v| (resource.clone(), v.clone()))
+        })
+        .collect();
+    let expected: BTreeSet<(String, String)> = [
+        ("inferencepools", "list"),
+        ("inferencepools", "watch"),
+        ("pods", "list"),
+        ("pods", "watch"),
+    ]
+    .into_iter()
+    .map(|(r, v)| (r.to_string(), v.to_string()))
+    .collect();
+    assert_eq!(granted, expected, "watches only, nothing to write");
+    let binding = &first.role_bindings[0];
+    assert_eq!(binding.role_ref.name, "disagg-vllm-epp");
+    let subject = &binding.subjects.as_ref().unwrap()[0];
+    assert_eq!(
+        (
+            subject.kind.as_str(),
+            subject.name.as_str(),
+            subject.namespace.as_deref()
+        ),
+        ("ServiceAccount", "disagg-vllm-epp", Some("inference"))
+    );
+
+    // The user's own account: ours are neither created nor kept.
+    dgd.spec
+        .services
+        .get_mut("Epp")
+        .unwrap()
+        .extra_pod_spec
+        .get_or_insert_default()
+        .service_account_name = Some("platform-epp".into());
+    let second = run(&dgd, &converged(&first));
+    assert_eq!(
+        epp_pod(&second).service_account_name.as_deref(),
+        Some("platform-epp")
+    );
+    assert!(second.service_accounts.is_empty() && second.roles.is_empty());
+    let deleted: BTreeSet<(ObjectKind, &str)> = second
+        .deletions
+        .iter()
+        .map(|k| (k.kind, k.name.as_str()))
+        .collect();
+    for kind in [
+        ObjectKind::ServiceAccount,
+        ObjectKind::Role,
+        ObjectKind::RoleBinding,
+    ] {
+        assert!(deleted.contains(&(kind, "disagg-vllm-epp")), "{kind:?}");
     }
 }
 

@@ -10,7 +10,8 @@ use dynamo_crds::inference_pool::InferencePool;
 use gateway_api::apis::standard::httproutes::HttpRoute;
 use k8s_openapi::NamespaceResourceScope;
 use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::core::v1::{Pod, Service};
+use k8s_openapi::api::core::v1::{Pod, Service, ServiceAccount};
+use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams, Preconditions};
 use kube::{Client, Resource};
 use serde::Serialize;
@@ -41,6 +42,16 @@ pub async fn children(client: &Client, namespace: &str, desired: &Desired) -> Re
     }
     for o in &desired.http_routes {
         writes.apply(ObjectKind::HTTPRoute, o).await;
+    }
+    // The account before the Role, and both before the binding that joins them.
+    for o in &desired.service_accounts {
+        writes.apply(ObjectKind::ServiceAccount, o).await;
+    }
+    for o in &desired.roles {
+        writes.apply(ObjectKind::Role, o).await;
+    }
+    for o in &desired.role_bindings {
+        writes.apply(ObjectKind::RoleBinding, o).await;
     }
     for o in &desired.scaling_adapters {
         writes.create(o).await;
@@ -151,6 +162,17 @@ impl Writes<'_> {
                 .map(drop),
             ObjectKind::DynamoGraphDeploymentScalingAdapter => self
                 .api::<DynamoGraphDeploymentScalingAdapter>()
+                .delete(name, &params)
+                .await
+                .map(drop),
+            ObjectKind::ServiceAccount => self
+                .api::<ServiceAccount>()
+                .delete(name, &params)
+                .await
+                .map(drop),
+            ObjectKind::Role => self.api::<Role>().delete(name, &params).await.map(drop),
+            ObjectKind::RoleBinding => self
+                .api::<RoleBinding>()
                 .delete(name, &params)
                 .await
                 .map(drop),

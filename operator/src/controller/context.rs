@@ -8,7 +8,8 @@ use dynamo_crds::inference_pool::InferencePool;
 use dynamo_crds::{DynamoGraphDeployment, DynamoGraphDeploymentScalingAdapter};
 use gateway_api::apis::standard::httproutes::HttpRoute;
 use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::core::v1::{Node, Pod, Service};
+use k8s_openapi::api::core::v1::{Node, Pod, Service, ServiceAccount};
+use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
 use kube::Client;
 use kube::runtime::events::{Recorder, Reporter};
 use kube::runtime::reflector::Store;
@@ -28,6 +29,10 @@ pub struct Stores {
     pub services: Store<Service>,
     pub inference_pools: Option<Store<InferencePool>>,
     pub http_routes: Option<Store<HttpRoute>>,
+    /// The EPPs' access objects; only those carrying a graph label are cached.
+    pub service_accounts: Store<ServiceAccount>,
+    pub roles: Store<Role>,
+    pub role_bindings: Store<RoleBinding>,
 }
 
 impl Stores {
@@ -41,6 +46,15 @@ impl Stores {
         self.nodes.wait_until_ready().await.map_err(stopped)?;
         self.deployments.wait_until_ready().await.map_err(stopped)?;
         self.services.wait_until_ready().await.map_err(stopped)?;
+        self.service_accounts
+            .wait_until_ready()
+            .await
+            .map_err(stopped)?;
+        self.roles.wait_until_ready().await.map_err(stopped)?;
+        self.role_bindings
+            .wait_until_ready()
+            .await
+            .map_err(stopped)?;
         if let Some(s) = &self.inference_pools {
             s.wait_until_ready().await.map_err(stopped)?;
         }

@@ -59,6 +59,19 @@ pub fn observe(dgd: &DynamoGraphDeployment, stores: &Stores) -> Observed {
         &controlled,
         &mut owned,
     );
+    keys(
+        &stores.service_accounts,
+        ObjectKind::ServiceAccount,
+        &controlled,
+        &mut owned,
+    );
+    keys(&stores.roles, ObjectKind::Role, &controlled, &mut owned);
+    keys(
+        &stores.role_bindings,
+        ObjectKind::RoleBinding,
+        &controlled,
+        &mut owned,
+    );
     if let Some(pools) = &stores.inference_pools {
         keys(pools, ObjectKind::InferencePool, &controlled, &mut owned);
     }

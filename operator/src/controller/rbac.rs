@@ -81,6 +81,24 @@ pub const CLUSTER_RULES: &[Rule] = &[
         resource: "httproutes",
         verbs: APPLIED,
     },
+    // Each graph's EPP gets its own account and Role (reconcile/epp_access.rs). The API
+    // server lets the operator grant only verbs it holds itself (RBAC escalation
+    // prevention), which the test `the_epp_role_grants_nothing_the_operator_lacks` checks.
+    Rule {
+        group: "",
+        resource: "serviceaccounts",
+        verbs: APPLIED,
+    },
+    Rule {
+        group: "rbac.authorization.k8s.io",
+        resource: "roles",
+        verbs: APPLIED,
+    },
+    Rule {
+        group: "rbac.authorization.k8s.io",
+        resource: "rolebindings",
+        verbs: APPLIED,
+    },
     // kube's event Recorder creates an Event and patches it when it repeats.
     Rule {
         group: "events.k8s.io",
@@ -208,6 +226,18 @@ mod tests {
             "leases",
             "get"
         ));
+    }
+
+    #[test]
+    fn the_epp_role_grants_nothing_the_operator_lacks() {
+        for (group, resource, verbs) in crate::reconcile::EPP_RULES {
+            for verb in *verbs {
+                assert!(
+                    allows(CLUSTER_RULES, group, resource, verb),
+                    "the EPP's Role grants {verb} {resource} ({group:?}), which the operator does not hold"
+                );
+            }
+        }
     }
 
     #[test]

@@ -17,7 +17,8 @@ use futures::stream::{BoxStream, select_all};
 use futures::{Stream, StreamExt};
 use gateway_api::apis::standard::httproutes::HttpRoute;
 use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::core::v1::{Node, Pod, Service};
+use k8s_openapi::api::core::v1::{Node, Pod, Service, ServiceAccount};
+use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
 use kube::api::Api;
 use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{WatchStreamExt, watcher};
@@ -25,7 +26,7 @@ use kube::{Client, Resource, ResourceExt};
 use serde::de::DeserializeOwned;
 
 use super::context::Stores;
-use crate::reconcile::GANG_SCHEDULED;
+use crate::reconcile::{GANG_SCHEDULED, labels};
 
 /// Which optional APIs the cluster serves.
 #[derive(Clone, Copy, Debug)]
@@ -55,18 +56,21 @@ pub fn start(
     client: Client,
     apis: OptionalApis,
 ) -> (Stores, Queues, impl Future<Output = ()> + Send) {
-    let (graphs, graph_events) = reflect::<DynamoGraphDeployment>(&client, |_| {});
+    let (graphs, graph_events) =
+        reflect::<DynamoGraphDeployment>(&client, watcher::Config::default(), |_| {});
     let (adapters, adapter_events) =
-        reflect::<DynamoGraphDeploymentScalingAdapter>(&client, |_| {});
-    let (pods, pod_events) = reflect::<Pod>(&client, |_| {});
+        reflect::<DynamoGraphDeploymentScalingAdapter>(&client, watcher::Config::default(), |_| {});
+    let (pods, pod_events) = reflect::<Pod>(&client, watcher::Config::default(), |_| {});
     // A node's image list can run to hundreds of entries.
-    let (nodes, node_events) = reflect::<Node>(&client, |n| {
+    let (nodes, node_events) = reflect::<Node>(&client, watcher::Config::default(), |n| {
         if let Some(status) = n.status.as_mut() {
             status.images = None;
         }
     });
-    let (deployments, deployment_events) = reflect::<Deployment>(&client, |_| {});
-    let (services, service_events) = reflect::<Service>(&client, |_| {});
+    let (deployments, deployment_events) =
+        reflect::<Deployment>(&client, watcher::Config::default(), |_| {});
+    let (services, service_events) =
+        reflect::<Service>(&client, watcher::Config::default(), |_| {});
 
     let mut streams: Vec<BoxStream<'static, Vec<Trigger>>> = Vec::new();
     streams.push(graph_triggers(graph_events, adapters.clone()).boxed());
@@ -87,13 +91,21 @@ pub fn start(
     streams.push(node_triggers(node_events, graphs.clone()).boxed());
     streams.push(owner_triggers(deployment_events).boxed());
     streams.push(owner_triggers(service_events).boxed());
+    // Every namespace has service accounts of its own; only ours are worth caching.
+    let ours = || watcher::Config::default().labels(labels::GRAPH);
+    let (service_accounts, account_events) = reflect::<ServiceAccount>(&client, ours(), |_| {});
+    let (roles, role_events) = reflect::<Role>(&client, ours(), |_| {});
+    let (role_bindings, binding_events) = reflect::<RoleBinding>(&client, ours(), |_| {});
+    streams.push(owner_triggers(account_events).boxed());
+    streams.push(owner_triggers(role_events).boxed());
+    streams.push(owner_triggers(binding_events).boxed());
     let inference_pools = apis.inference_pool.then(|| {
-        let (store, events) = reflect::<InferencePool>(&client, |_| {});
+        let (store, events) = reflect::<InferencePool>(&client, watcher::Config::default(), |_| {});
         streams.push(owner_triggers(events).boxed());
         store
     });
     let http_routes = apis.http_route.then(|| {
-        let (store, events) = reflect::<HttpRoute>(&client, |_| {});
+        let (store, events) = reflect::<HttpRoute>(&client, watcher::Config::default(), |_| {});
         streams.push(owner_triggers(events).boxed());
         store
     });
@@ -124,6 +136,9 @@ pub fn start(
         services,
         inference_pools,
         http_routes,
+        service_accounts,
+        roles,
+        role_bindings,
     };
     let queues = Queues {
         graphs: graph_rx,
@@ -146,11 +161,12 @@ impl<K> Seen<K> {
     }
 }
 
-/// A cluster-wide watch into a store; yields every object it sees change or vanish.
+/// A cluster-wide watch (of the objects `config` selects) into a store; yields every object it sees change or vanish.
 /// Watch errors are logged; the watcher retries them with back-off.
 /// `trim` drops parts of each object nothing reads, to keep the caches small.
 fn reflect<K>(
     client: &Client,
+    config: watcher::Config,
     trim: fn(&mut K),
 ) -> (Store<K>, impl Stream<Item = Seen<K>> + Send + 'static)
 where
@@ -163,7 +179,7 @@ where
         + 'static,
 {
     let (store, writer) = reflector::store();
-    let events = watcher(Api::<K>::all(client.clone()), watcher::Config::default())
+    let events = watcher(Api::<K>::all(client.clone()), config)
         .default_backoff()
         // Managed fields are large and never read.
         .modify(move |o: &mut K| {

@@ -265,33 +265,21 @@ pub fn reconcile(
 
     // Objects of ours that nothing above wants any more (a removed service, a graph that
     // lost its workers or its gateway annotation, a service no longer scaled by an adapter).
-    let wanted: BTreeSet<(ObjectKind, &str)> = desired
-        .services
-        .iter()
-        .map(|o| {
-            (
-                ObjectKind::Service,
-                o.metadata.name.as_deref().unwrap_or_default(),
-            )
-        })
-        .chain(desired.deployments.iter().map(|o| {
-            (
-                ObjectKind::Deployment,
-                o.metadata.name.as_deref().unwrap_or_default(),
-            )
-        }))
-        .chain(desired.inference_pools.iter().map(|o| {
-            (
-                ObjectKind::InferencePool,
-                o.metadata.name.as_deref().unwrap_or_default(),
-            )
-        }))
-        .chain(desired.http_routes.iter().map(|o| {
-            (
-                ObjectKind::HTTPRoute,
-                o.metadata.name.as_deref().unwrap_or_default(),
-            )
-        }))
+    fn named<K: Resource>(
+        kind: ObjectKind,
+        objects: &[K],
+    ) -> impl Iterator<Item = (ObjectKind, &str)> {
+        objects
+            .iter()
+            .map(move |o| (kind, o.meta().name.as_deref().unwrap_or_default()))
+    }
+    let wanted: BTreeSet<(ObjectKind, &str)> = named(ObjectKind::Service, &desired.services)
+        .chain(named(ObjectKind::Deployment, &desired.deployments))
+        .chain(named(ObjectKind::InferencePool, &desired.inference_pools))
+        .chain(named(ObjectKind::HTTPRoute, &desired.http_routes))
+        .chain(named(ObjectKind::ServiceAccount, &desired.service_accounts))
+        .chain(named(ObjectKind::Role, &desired.roles))
+        .chain(named(ObjectKind::RoleBinding, &desired.role_bindings))
         .chain(adapters.iter().map(|name| {
             (
                 ObjectKind::DynamoGraphDeploymentScalingAdapter,

@@ -11,6 +11,7 @@
 //! gangs held behind a scheduling gate until [`gang`] finds one domain that fits them all.
 
 mod adapters;
+mod epp_access;
 mod graph;
 mod pods;
 mod replicas;
@@ -28,11 +29,13 @@ use dynamo_crds::inference_pool::InferencePool;
 use dynamo_crds::{DynamoGraphDeploymentScalingAdapter, DynamoGraphDeploymentStatus};
 use gateway_api::apis::standard::httproutes::HttpRoute;
 use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::core::v1::{Node, Pod, Service};
+use k8s_openapi::api::core::v1::{Node, Pod, Service, ServiceAccount};
+use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use serde::Serialize;
 
 pub use adapters::{adapter_enabled, pod_selector};
+pub use epp_access::EPP_RULES;
 pub use graph::reconcile;
 pub use pods::{is_gated, pinned_domain};
 pub use status::{GANG_SCHEDULED, READY};
@@ -119,6 +122,9 @@ pub enum ObjectKind {
     InferencePool,
     HTTPRoute,
     DynamoGraphDeploymentScalingAdapter,
+    ServiceAccount,
+    Role,
+    RoleBinding,
 }
 
 /// One object, by kind and name (in the graph's namespace).
@@ -156,6 +162,10 @@ pub struct Desired {
     pub deployments: Vec<Deployment>,
     pub inference_pools: Vec<InferencePool>,
     pub http_routes: Vec<HttpRoute>,
+    /// The EPP's API access (see `epp_access`).
+    pub service_accounts: Vec<ServiceAccount>,
+    pub roles: Vec<Role>,
+    pub role_bindings: Vec<RoleBinding>,
     /// Scaling adapters to create: only missing ones, as an existing adapter's replicas
     /// belong to whoever scales it.
     pub scaling_adapters: Vec<DynamoGraphDeploymentScalingAdapter>,
@@ -168,7 +178,7 @@ pub struct Desired {
 
 impl Desired {
     /// All objects to apply as one multi-document YAML (pods, services, deployments,
-    /// pools, routes, adapters, in that order), followed by a document with deletions, status and
+    /// pools, routes, the EPP's access, adapters, in that order), followed by a document with deletions, status and
     /// decisions. Deterministic, so it serves as a golden file.
     pub fn to_yaml(&self) -> String {
         fn doc<T: Serialize>(out: &mut String, value: &T) {
@@ -181,6 +191,9 @@ impl Desired {
         self.deployments.iter().for_each(|o| doc(&mut out, o));
         self.inference_pools.iter().for_each(|o| doc(&mut out, o));
         self.http_routes.iter().for_each(|o| doc(&mut out, o));
+        self.service_accounts.iter().for_each(|o| doc(&mut out, o));
+        self.roles.iter().for_each(|o| doc(&mut out, o));
+        self.role_bindings.iter().for_each(|o| doc(&mut out, o));
         self.scaling_adapters.iter().for_each(|o| doc(&mut out, o));
         #[derive(Serialize)]
         struct Outcome<'a> {

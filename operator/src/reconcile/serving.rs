@@ -25,6 +25,7 @@ use k8s_openapi::api::core::v1::{
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
+use super::epp_access;
 use super::graph::{Graph, Role, ServiceKind, service_kind};
 use super::pods::{self, HTTP_PORT, METRICS_PORT};
 use super::services::http_service;
@@ -56,7 +57,7 @@ pub(crate) fn build(
     let has_engines = g.engine_services().next().is_some();
 
     if has_engines || !front.is_empty() {
-        let (deployment, ready) = epp_deployment(g, observed, &front);
+        let (deployment, ready) = epp_deployment(g, observed, &front, desired);
         let status = deployment_status(observed, &deployment, ready);
         desired.deployments.push(deployment);
         desired.services.push(epp_service(g));
@@ -107,11 +108,13 @@ fn epp_selector(g: &Graph) -> BTreeMap<String, String> {
 }
 
 /// The EPP Deployment, configured by flags for this graph's pool and roles; `ready` says
-/// whether the observed Deployment has fully rolled out this exact spec.
+/// whether the observed Deployment has fully rolled out this exact spec. Unless the
+/// graph names the EPP's service account, the EPP's own access goes into `desired`.
 fn epp_deployment(
     g: &Graph,
     observed: &Observed,
     front: &[(&String, &ComponentSpec)],
+    desired: &mut Desired,
 ) -> (Deployment, bool) {
     let epp_spec = front
         .iter()
@@ -215,10 +218,17 @@ fn epp_deployment(
         ..Container::default()
     };
     let extra = epp_spec.extra_pod_spec.clone().unwrap_or_default();
-    let pod_spec = PodSpec {
+    let mut pod_spec = PodSpec {
         containers: vec![container],
         ..pods::base_pod_spec(&extra)
     };
+    if pod_spec.service_account_name.is_none() {
+        let (account, role, binding) = epp_access::build(g);
+        pod_spec.service_account_name = account.metadata.name.clone();
+        desired.service_accounts.push(account);
+        desired.roles.push(role);
+        desired.role_bindings.push(binding);
+    }
     let mut meta_labels = g.labels();
     meta_labels.extend(epp_selector(g));
     deployment(

@@ -189,5 +189,8 @@ pub fn caches(api: &api::FakeApi) -> dynamo_operator::controller::Stores {
         services: store_of(api.objects_of()),
         inference_pools: Some(store_of(api.objects_of())),
         http_routes: Some(store_of(api.objects_of())),
+        service_accounts: store_of(api.objects_of()),
+        roles: store_of(api.objects_of()),
+        role_bindings: store_of(api.objects_of()),
     }
 }

@@ -76,6 +76,7 @@ pub struct Metrics {
     pub kv_updates: Family<Labels, Counter>,
     pub kv_index_full: Counter,
     pub kv_sync_seconds: Histogram,
+    pub kv_event_lag_seconds: Histogram,
     pub engine_polls: Family<Labels, Counter>,
     pub engine_kv_usage: Family<Labels, Gauge<f64, AtomicU64>>,
 }
@@ -110,6 +111,8 @@ impl Metrics {
             kv_updates: Family::default(),
             kv_index_full: Counter::default(),
             kv_sync_seconds: latency(),
+            // Sub-millisecond on one node; seconds mean a stalled relay or skewed clocks.
+            kv_event_lag_seconds: Histogram::new(ITL_BUCKETS),
             engine_polls: Family::default(),
             engine_kv_usage: Family::default(),
             registry: Registry::default(),
@@ -213,6 +216,11 @@ impl Metrics {
             "dynamo_epp_kv_sync_seconds",
             "From a pod's discovery to its first KV snapshot",
             m.kv_sync_seconds.clone(),
+        );
+        r.register(
+            "dynamo_epp_kv_event_lag_seconds",
+            "From a sidecar publishing a KV event to its application to the index (across nodes, includes clock skew)",
+            m.kv_event_lag_seconds.clone(),
         );
         r.register(
             "dynamo_epp_engine_metric_polls",

@@ -527,7 +527,7 @@ impl Router {
     pub fn apply_update(&self, worker: WorkerId, update: PodUpdate) {
         let kind = match &update {
             PodUpdate::Snapshot(_) => "snapshot",
-            PodUpdate::Event(_) => "event",
+            PodUpdate::Event(..) => "event",
             PodUpdate::Lost => "lost",
         };
         let mut full = 0;
@@ -543,9 +543,15 @@ impl Router {
                     count_full(index.apply(worker, chain));
                 }
             }
-            PodUpdate::Event(event) => count_full(index.apply(worker, event)),
+            PodUpdate::Event(event, _) => count_full(index.apply(worker, event)),
             PodUpdate::Lost => index.remove_worker(worker),
         });
+        if let PodUpdate::Event(_, Some(published)) = &update {
+            let lag = SystemTime::now()
+                .duration_since(*published)
+                .unwrap_or_default();
+            self.metrics.kv_event_lag_seconds.observe(lag.as_secs_f64());
+        }
         if full > 0 {
             self.metrics.kv_index_full.inc_by(full);
             tracing::warn!(%worker, "KV index full: some blocks of the pod are not indexed");
@@ -773,6 +779,30 @@ mod tests {
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
         panic!("condition not reached in 10 s");
+    }
+
+    #[test]
+    fn event_lag_is_measured_from_the_sidecars_publish_time() {
+        let metrics = Arc::new(Metrics::new());
+        let r = Arc::new(Router::new(RouterConfig::default(), MODEL, metrics.clone()));
+        r.add_endpoint(WorkerId(1), spec(8001, Role::Worker));
+        let event = stored(&r, &prompt(1, 0));
+        let published = SystemTime::now() - Duration::from_millis(300);
+        r.apply_update(
+            WorkerId(1),
+            PodUpdate::Event(event.clone(), Some(published)),
+        );
+        // Without a publish time there is nothing to measure.
+        r.apply_update(WorkerId(1), PodUpdate::Event(event, None));
+        let text = metrics.encode();
+        let value = |name: &str| -> f64 {
+            text.lines()
+                .find_map(|l| l.strip_prefix(name)?.trim().parse().ok())
+                .unwrap_or_else(|| panic!("{name} missing:\n{text}"))
+        };
+        assert_eq!(value("dynamo_epp_kv_event_lag_seconds_count "), 1.0);
+        let lag = value("dynamo_epp_kv_event_lag_seconds_sum ");
+        assert!((0.3..10.0).contains(&lag), "lag {lag}");
     }
 
     #[tokio::test]

@@ -134,6 +134,7 @@ impl KvEventHub {
             instance_id: self.inner.instance_id,
             event_id: state.last_event_id,
             body: Some(event_to_body(event)),
+            published_unix_micros: unix_micros_now(),
         });
         state.retained.push_back(message.clone());
         if state.retained.len() > self.inner.config.retain {
@@ -233,6 +234,7 @@ impl KvEventHub {
             instance_id: self.inner.instance_id,
             event_id: state.last_event_id,
             body: Some(Body::Snapshot(pb::Snapshot { chains })),
+            published_unix_micros: unix_micros_now(),
         }
     }
 
@@ -318,6 +320,13 @@ fn fresh_instance_id() -> u64 {
     let id = (nanos ^ (u64::from(std::process::id()) << 32))
         .wrapping_add(HUBS.fetch_add(1, Ordering::Relaxed));
     id.max(1)
+}
+
+/// The wall clock for `published_unix_micros`; 0 (unknown) before 1970.
+fn unix_micros_now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_micros() as u64)
 }
 
 #[cfg(test)]

@@ -3,7 +3,7 @@
 //! disconnects) into [`PodUpdate`]s that keep the caller's view of the pod exact or mark it
 //! lost, never silently stale.
 
-use std::time::Duration;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use dynamo_kvcache::{Continuity, KvEvent, KvEventEnvelope, StreamCursor};
 use tonic::transport::Endpoint;
@@ -18,8 +18,8 @@ use crate::pb::kv_event_stream_client::KvEventStreamClient;
 pub enum PodUpdate {
     /// Forget everything known of the pod, then apply these stored chains.
     Snapshot(Vec<KvEvent>),
-    /// Apply the pod's next event.
-    Event(KvEvent),
+    /// Apply the pod's next event; the time the sidecar published it, when it says.
+    Event(KvEvent, Option<SystemTime>),
     /// The stream is gone and the sidecar does not answer: the pod's blocks are unknown
     /// until the next `Snapshot`.
     Lost,
@@ -162,7 +162,11 @@ fn receive(
         event,
     };
     match cursor.advance(&envelope) {
-        Continuity::Next => on_update(PodUpdate::Event(envelope.event)),
+        Continuity::Next => {
+            let published = (message.published_unix_micros > 0)
+                .then(|| UNIX_EPOCH + Duration::from_micros(message.published_unix_micros));
+            on_update(PodUpdate::Event(envelope.event, published))
+        }
         Continuity::Duplicate => {}
         Continuity::Gap { expected, got } => return Err(Break::Gap { expected, got }),
         Continuity::NewInstance => return Err(Break::UnannouncedRestart),

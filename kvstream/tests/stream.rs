@@ -1,7 +1,7 @@
 //! The stream end to end: a real tonic server around a hub, real subscribers over TCP.
 
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use dynamo_kvcache::{KvEvent, KvIndex, RemovedBlock, SeqHash, StoredBlock, Tier, WorkerId};
 use dynamo_kvstream::pb::event_message::Body;
@@ -98,7 +98,7 @@ impl View {
                     self.index.apply(POD, chain).unwrap();
                 }
             }
-            PodUpdate::Event(event) => self.index.apply(POD, event).unwrap(),
+            PodUpdate::Event(event, _) => self.index.apply(POD, event).unwrap(),
             PodUpdate::Lost => self.index.remove_worker(POD),
         }
         self.updates.push(update);
@@ -196,6 +196,7 @@ async fn a_late_subscriber_gets_the_live_state_then_events_in_order() {
             stored(None, &[99], Tier::Disk),
         ])
         .collect();
+    let before = SystemTime::now();
     for event in &live {
         hub.publish(event);
     }
@@ -203,11 +204,20 @@ async fn a_late_subscriber_gets_the_live_state_then_events_in_order() {
         view.lock().unwrap().updates.len() == 1 + live.len()
     })
     .await;
+    let after = SystemTime::now();
     let got: Vec<KvEvent> = view.lock().unwrap().updates[1..]
         .iter()
         .map(|u| match u {
-            PodUpdate::Event(e) => e.clone(),
-            other => panic!("expected a live event, got {other:?}"),
+            PodUpdate::Event(e, Some(published)) => {
+                // The microsecond wire format may round `before` down by under 1 µs.
+                let earliest = before - Duration::from_micros(1);
+                assert!(
+                    (earliest..=after).contains(published),
+                    "published {published:?} outside the publishing window"
+                );
+                e.clone()
+            }
+            other => panic!("expected a live event with its publish time, got {other:?}"),
         })
         .collect();
     assert_eq!(got, live);

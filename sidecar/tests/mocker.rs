@@ -84,7 +84,7 @@ async fn relayed_mocker_events_carry_the_engines_own_hashes() {
             break;
         }
     }
-    let Some(PodUpdate::Event(KvEvent::Stored { blocks, .. })) = stored else {
+    let Some(PodUpdate::Event(KvEvent::Stored { blocks, .. }, _)) = stored else {
         panic!("expected a stored event, got {stored:?}");
     };
     assert!(

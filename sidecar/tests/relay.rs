@@ -104,7 +104,7 @@ async fn a_late_subscriber_gets_a_snapshot_equal_to_the_live_state() {
         engine.publish(batch).await;
     }
     for _ in 0..expected_events {
-        live.apply(&PodUpdate::Event(early.event().await));
+        live.apply(&PodUpdate::Event(early.event().await, None));
     }
     let mut late = Follower::start(sidecar.grpc_addr);
     let mut late_view = View::new();
@@ -159,7 +159,7 @@ async fn a_sidecar_restart_makes_subscribers_resync() {
         match follower.next().await {
             PodUpdate::Snapshot(chains) => break chains,
             PodUpdate::Lost => continue,
-            PodUpdate::Event(e) => panic!("an event before the new snapshot: {e:?}"),
+            PodUpdate::Event(e, _) => panic!("an event before the new snapshot: {e:?}"),
         }
     };
     assert_eq!(snapshot, vec![]);

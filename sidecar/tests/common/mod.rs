@@ -271,7 +271,7 @@ impl Follower {
     /// The next update, which must be a live event.
     pub async fn event(&mut self) -> KvEvent {
         match self.next().await {
-            PodUpdate::Event(e) => e,
+            PodUpdate::Event(e, _) => e,
             other => panic!("expected an event, got {other:?}"),
         }
     }
@@ -303,7 +303,7 @@ impl View {
                     self.0.apply(POD, chain).unwrap();
                 }
             }
-            PodUpdate::Event(event) => self.0.apply(POD, event).unwrap(),
+            PodUpdate::Event(event, _) => self.0.apply(POD, event).unwrap(),
             PodUpdate::Lost => self.0.remove_worker(POD),
         }
     }

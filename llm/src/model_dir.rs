@@ -39,6 +39,9 @@ pub struct ModelDir {
     pub max_context: usize,
     /// Token ids that end generation.
     pub eos_token_ids: Vec<u32>,
+    /// Vocabulary size with added tokens, counted once: `Tokenizer::get_vocab_size(true)`
+    /// builds the whole vocabulary map on every call (tens of ms for Qwen's 151k tokens).
+    vocab_size: usize,
 }
 
 impl ModelDir {
@@ -94,6 +97,7 @@ impl ModelDir {
         Ok(Self {
             name,
             path: path.to_owned(),
+            vocab_size: tokenizer.get_vocab_size(true),
             tokenizer,
             chat_template,
             max_context,
@@ -117,7 +121,7 @@ impl ModelDir {
 
     /// How many ids the vocabulary has, special tokens included.
     pub fn vocab_size(&self) -> usize {
-        self.tokenizer.get_vocab_size(true)
+        self.vocab_size
     }
 }
 

@@ -263,7 +263,7 @@ impl Session {
         let body = Bytes::from(std::mem::take(&mut self.body));
         if let Some(api) = Api::from_path(&self.path) {
             let model = self.shared.model.clone();
-            match request::prepare_off_runtime(model, api, body.clone()).await {
+            match request::prepare_async(model, api, body.clone()).await {
                 Ok(prepared) => {
                     self.prompt_tokens = prepared.token_ids.len();
                     route = request::route_request(&prepared);

@@ -175,7 +175,7 @@ impl Frontend {
         body: Bytes,
         started: Instant,
     ) -> Result<Response, ApiError> {
-        let prepared = request::prepare_off_runtime(self.model.clone(), api, body.clone()).await?;
+        let prepared = request::prepare_async(self.model.clone(), api, body.clone()).await?;
         let mut route = request::route_request(&prepared);
         let mut attempts_left = 2;
         loop {

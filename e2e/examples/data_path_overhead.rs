@@ -1,11 +1,12 @@
-//! What the proxy adds to a request: the same streamed completions sent straight to the
-//! engine and through the sidecar, one at a time, alternating, with the mock engine
-//! (`dynamo-mocker`) at a high speedup as the engine. Both run as their own processes,
-//! so the sidecar's CPU time is read from `/proc`.
+//! What the data path adds to a request: the same streamed completions sent straight to
+//! the engine, through the sidecar, and through the EPP's HTTP frontend (tokenize, pick,
+//! proxy) and the sidecar, one at a time, in turn, with the mock engine
+//! (`dynamo-mocker`) at a high speedup as the engine. Each runs as its own process, so
+//! the sidecar's and the EPP's CPU time per request is read from `/proc`.
 //!
 //! ```text
-//! cargo build --release -p dynamo-mocker -p dynamo-sidecar
-//! cargo run --release -p dynamo-sidecar --example proxy_overhead
+//! cargo build --release -p dynamo-mocker -p dynamo-sidecar -p dynamo-epp
+//! cargo run --release -p dynamo-e2e --example data_path_overhead
 //! ```
 
 use std::path::{Path, PathBuf};
@@ -23,12 +24,17 @@ struct Args {
     /// The `dynamo-sidecar` binary [default: beside this example's target directory].
     #[arg(long)]
     sidecar: Option<PathBuf>,
+    /// The `dynamo-epp` binary [default: beside this example's target directory].
+    #[arg(long)]
+    epp: Option<PathBuf>,
     #[arg(long, default_value = concat!(env!("CARGO_MANIFEST_DIR"), "/../.cache/models/qwen-mock"))]
     model_path: PathBuf,
     /// Measured requests per prompt size and path.
     #[arg(long, default_value_t = 300)]
     requests: usize,
-    #[arg(long, default_value_t = 1000.0)]
+    /// High enough that the engine's simulated time vanishes next to what is measured
+    /// (its step loop still ticks in whole milliseconds).
+    #[arg(long, default_value_t = 1_000_000.0)]
     speedup_ratio: f64,
     #[arg(long, default_value_t = 16)]
     max_tokens: u32,
@@ -47,7 +53,7 @@ impl Drop for Process {
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
-    // target/release/examples/proxy_overhead -> target/release/
+    // target/release/examples/data_path_overhead -> target/release/
     let bin_dir = std::env::current_exe()?
         .parent()
         .and_then(Path::parent)
@@ -57,7 +63,15 @@ async fn main() -> anyhow::Result<()> {
     let sidecar_bin = args
         .sidecar
         .unwrap_or_else(|| bin_dir.join("dynamo-sidecar"));
-    let [engine_port, proxy_port, grpc_port, metrics_port] = free_ports()?;
+    let epp_bin = args.epp.unwrap_or_else(|| bin_dir.join("dynamo-epp"));
+    let [
+        engine_port,
+        proxy_port,
+        grpc_port,
+        metrics_port,
+        epp_port,
+        ext_proc_port,
+    ] = free_ports()?;
 
     let _engine = Process(
         Command::new(&mocker_bin)
@@ -79,23 +93,51 @@ async fn main() -> anyhow::Result<()> {
             .env("RUST_LOG", "warn")
             .spawn()?,
     );
+    // `kv` mode: every request is tokenized, hashed, matched and picked.
+    let epp = Process(
+        Command::new(&epp_bin)
+            .args(["--host", "127.0.0.1", "--model-name", "qwen"])
+            .arg("--model-path")
+            .arg(&args.model_path)
+            .args(["--http-port", &epp_port.to_string()])
+            .args(["--ext-proc-port", &ext_proc_port.to_string()])
+            .args(["--endpoints", &format!("127.0.0.1:{proxy_port}")])
+            .args(["--kv-events-port", &grpc_port.to_string()])
+            .args(["--router-mode", "kv"])
+            .env("RUST_LOG", "warn")
+            .spawn()?,
+    );
     let client = reqwest::Client::builder().no_proxy().build()?;
     wait_ok(&client, &format!("http://127.0.0.1:{metrics_port}/ready")).await?;
+    wait_ok(&client, &format!("http://127.0.0.1:{epp_port}/health")).await?;
 
-    let direct = format!("http://127.0.0.1:{engine_port}/v1/completions");
-    let proxied = format!("http://127.0.0.1:{proxy_port}/v1/completions");
+    let paths = [
+        (
+            "direct",
+            format!("http://127.0.0.1:{engine_port}/v1/completions"),
+        ),
+        (
+            "sidecar",
+            format!("http://127.0.0.1:{proxy_port}/v1/completions"),
+        ),
+        (
+            "EPP + sidecar",
+            format!("http://127.0.0.1:{epp_port}/v1/completions"),
+        ),
+    ];
     let ticks = clock_ticks_per_second()?;
     println!(
         "{} requests per case, streamed, max_tokens {}, mocker speedup {}",
         args.requests, args.max_tokens, args.speedup_ratio
     );
     println!(
-        "| prompt | path | TTFT p50 | TTFT p99 | total p50 | total p99 | sidecar CPU / request |"
+        "| prompt | path | TTFT p50 | TTFT p99 | total p50 | total p99 | sidecar CPU / request | EPP CPU / request |"
     );
-    println!("|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|");
     for (label, prompt_len) in [("small (16 tokens)", 16), ("8k tokens", 8192)] {
-        let mut samples = [Vec::new(), Vec::new()];
-        let mut cpu = Duration::ZERO;
+        let mut samples = [Vec::new(), Vec::new(), Vec::new()];
+        // CPU of (sidecar, EPP) spent during each path's requests.
+        let mut cpu = [[Duration::ZERO; 2]; 3];
         for i in 0..args.requests + 20 {
             // A fresh prompt each time, so the engine prefills it (no prefix cache hit).
             let tokens: Vec<u32> = (0..prompt_len)
@@ -107,30 +149,36 @@ async fn main() -> anyhow::Result<()> {
                 "max_tokens": args.max_tokens,
                 "stream": true,
             });
-            let d = timed(&client, &direct, &body).await?;
-            let before = cpu_time(sidecar.0.id(), ticks)?;
-            let p = timed(&client, &proxied, &body).await?;
-            let after = cpu_time(sidecar.0.id(), ticks)?;
-            if i >= 20 {
-                samples[0].push(d);
-                samples[1].push(p);
-                cpu += after - before;
+            for (k, (_, url)) in paths.iter().enumerate() {
+                let before = [
+                    cpu_time(sidecar.0.id(), ticks)?,
+                    cpu_time(epp.0.id(), ticks)?,
+                ];
+                let t = timed(&client, url, &body).await?;
+                let after = [
+                    cpu_time(sidecar.0.id(), ticks)?,
+                    cpu_time(epp.0.id(), ticks)?,
+                ];
+                if i >= 20 {
+                    samples[k].push(t);
+                    for p in 0..2 {
+                        cpu[k][p] += after[p] - before[p];
+                    }
+                }
             }
         }
-        for (path, s) in ["direct", "sidecar"].iter().zip(&mut samples) {
+        for (k, ((path, _), s)) in paths.iter().zip(&samples).enumerate() {
             let ttft: Vec<Duration> = s.iter().map(|t| t.0).collect();
             let total: Vec<Duration> = s.iter().map(|t| t.1).collect();
-            let cpu_cell = if *path == "sidecar" {
-                format!("{:.3} ms", ms(cpu) / args.requests as f64)
-            } else {
-                "-".into()
-            };
+            let per_request = |d: Duration| format!("{:.3} ms", ms(d) / args.requests as f64);
             println!(
-                "| {label} | {path} | {:.3} ms | {:.3} ms | {:.3} ms | {:.3} ms | {cpu_cell} |",
+                "| {label} | {path} | {:.3} ms | {:.3} ms | {:.3} ms | {:.3} ms | {} | {} |",
                 ms(percentile(&ttft, 0.5)),
                 ms(percentile(&ttft, 0.99)),
                 ms(percentile(&total, 0.5)),
                 ms(percentile(&total, 0.99)),
+                per_request(cpu[k][0]),
+                per_request(cpu[k][1]),
             );
         }
     }
@@ -189,11 +237,11 @@ fn clock_ticks_per_second() -> anyhow::Result<u64> {
     Ok(String::from_utf8(out.stdout)?.trim().parse()?)
 }
 
-fn free_ports() -> std::io::Result<[u16; 4]> {
-    let listeners = (0..4)
+fn free_ports() -> std::io::Result<[u16; 6]> {
+    let listeners = (0..6)
         .map(|_| std::net::TcpListener::bind("127.0.0.1:0"))
         .collect::<std::io::Result<Vec<_>>>()?;
-    let mut ports = [0; 4];
+    let mut ports = [0; 6];
     for (port, listener) in ports.iter_mut().zip(&listeners) {
         *port = listener.local_addr()?.port();
     }

@@ -3,7 +3,9 @@
 //! send (its new blocks stored, its least recently used blocks evicted past a per-worker
 //! capacity).
 //! One op = one request routed, events included (applied to the exact index in `kv`
-//! mode only; `approx` records its own decision instead).
+//! mode only; `approx` records its own decision instead). Before the criterion runs, one
+//! pass per mode times each decision (`find_matches` + pick) and each event applied on
+//! its own and prints their p50 and p99.
 //!
 //! Trace format, one JSON object per line: `timestamp` (ms), `input_length`,
 //! `output_length`, `hash_ids` (ids of 512-token blocks, equal ids = equal prefix block).
@@ -11,7 +13,7 @@
 //! so and measures nothing.
 
 use std::collections::{HashMap, VecDeque};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use dynamo_kvcache::{
@@ -128,7 +130,27 @@ struct Stats {
     events: u64,
 }
 
-fn replay(mode: RouterMode, trace: &[Request]) -> Stats {
+/// Durations of single operations, when a pass measures them.
+#[derive(Default)]
+struct OpTimes {
+    decisions: Vec<Duration>,
+    applies: Vec<Duration>,
+}
+
+/// Runs `op`, adding its duration to `into` when there is one.
+fn timed<T>(into: Option<&mut Vec<Duration>>, op: impl FnOnce() -> T) -> T {
+    match into {
+        Some(times) => {
+            let start = Instant::now();
+            let out = op();
+            times.push(start.elapsed());
+            out
+        }
+        None => op(),
+    }
+}
+
+fn replay(mode: RouterMode, trace: &[Request], mut times: Option<&mut OpTimes>) -> Stats {
     let mut index = KvIndex::default();
     let mut approx = ApproxIndex::new(ApproxConfig::default());
     let mut loads = LoadTracker::new();
@@ -143,13 +165,15 @@ fn replay(mode: RouterMode, trace: &[Request]) -> Stats {
 
     for (i, req) in trace.iter().enumerate() {
         let prompt = &req.prompt;
-        let scores = match mode {
-            RouterMode::Approx => approx.find_matches(prompt, req.at),
-            _ => index.find_matches(prompt),
-        };
-        let d = scheduler
-            .pick(&scores, &loads.loads(), prompt.len() as u64, &mut rng)
-            .expect("workers exist");
+        let d = timed(times.as_mut().map(|t| &mut t.decisions), || {
+            let scores = match mode {
+                RouterMode::Approx => approx.find_matches(prompt, req.at),
+                _ => index.find_matches(prompt),
+            };
+            scheduler
+                .pick(&scores, &loads.loads(), prompt.len() as u64, &mut rng)
+                .expect("workers exist")
+        });
         let worker = d.worker;
         let cache = &mut caches[worker.0 as usize];
         let hit = prompt
@@ -171,7 +195,10 @@ fn replay(mode: RouterMode, trace: &[Request]) -> Stats {
                     .collect(),
             };
             if mode == RouterMode::Kv {
-                index.apply(worker, &event).expect("room");
+                timed(times.as_mut().map(|t| &mut t.applies), || {
+                    index.apply(worker, &event)
+                })
+                .expect("room");
             }
             stats.events += 1;
         }
@@ -183,7 +210,10 @@ fn replay(mode: RouterMode, trace: &[Request]) -> Stats {
                 tier: Tier::Gpu,
             };
             if mode == RouterMode::Kv {
-                index.apply(worker, &event).expect("removal");
+                timed(times.as_mut().map(|t| &mut t.applies), || {
+                    index.apply(worker, &event)
+                })
+                .expect("removal");
             }
             stats.events += 1;
         }
@@ -218,13 +248,19 @@ fn trace_replay(c: &mut Criterion) {
         return;
     };
     for mode in RouterMode::ALL {
-        let s = replay(mode, &trace);
+        let mut times = OpTimes::default();
+        let s = replay(mode, &trace, Some(&mut times));
         eprintln!(
-            "trace_replay {mode:>11}: {} requests, {} events, cache hit {:.1}% of {} prompt blocks",
+            "trace_replay {mode:>11}: {} requests, {} events, cache hit {:.1}% of {} prompt blocks; \
+             decision p50 {} p99 {}; event apply p50 {} p99 {}",
             s.requests,
             s.events,
             100.0 * s.hit_blocks as f64 / s.prompt_blocks as f64,
-            s.prompt_blocks
+            s.prompt_blocks,
+            percentile(&mut times.decisions, 0.50),
+            percentile(&mut times.decisions, 0.99),
+            percentile(&mut times.applies, 0.50),
+            percentile(&mut times.applies, 0.99),
         );
     }
     let mut group = c.benchmark_group("trace_replay");
@@ -232,10 +268,20 @@ fn trace_replay(c: &mut Criterion) {
     group.throughput(Throughput::Elements(trace.len() as u64));
     for mode in [RouterMode::Kv, RouterMode::Approx] {
         group.bench_function(format!("{mode}_{WORKERS}_workers"), |b| {
-            b.iter(|| replay(mode, &trace))
+            b.iter(|| replay(mode, &trace, None))
         });
     }
     group.finish();
+}
+
+/// Nearest-rank percentile, formatted; `-` when nothing was timed.
+fn percentile(times: &mut [Duration], q: f64) -> String {
+    if times.is_empty() {
+        return "-".into();
+    }
+    times.sort_unstable();
+    let rank = ((q * times.len() as f64).ceil() as usize).clamp(1, times.len());
+    format!("{:.1} µs", times[rank - 1].as_secs_f64() * 1e6)
 }
 
 criterion_group!(benches, trace_replay);

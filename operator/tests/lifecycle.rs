@@ -7,8 +7,8 @@ use std::collections::BTreeSet;
 use common::{cluster, now, observed, run, running, sample};
 use dynamo_crds::GraphState;
 use dynamo_operator::reconcile::{
-    Desired, ObjectKey, ObjectKind, Observed, OperatorConfig, ReconcileError, pod_selector,
-    reconcile,
+    Desired, ObjectKey, ObjectKind, Observed, OperatorConfig, ReconcileError, is_gated,
+    pod_selector, reconcile,
 };
 use k8s_openapi::api::apps::v1::{Deployment, DeploymentStatus};
 use k8s_openapi::api::core::v1::Pod;
@@ -567,6 +567,66 @@ fn the_epp_gets_its_own_access_unless_the_graph_names_an_account() {
     ] {
         assert!(deleted.contains(&(kind, "disagg-vllm-epp")), "{kind:?}");
     }
+}
+
+#[test]
+fn an_annotated_graph_hands_its_engine_pods_to_a_batch_scheduler() {
+    let mut dgd = sample("multinode-vllm");
+    dgd.metadata.annotations = Some(
+        [
+            ("nvidia.com/dynamo-scheduler", "kai"),
+            ("nvidia.com/dynamo-scheduler-queue", "inference"),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect(),
+    );
+    let d = run(&dgd, &observed(vec![], cluster()));
+    assert!(!d.pods.is_empty());
+    for pod in &d.pods {
+        let name = pod.metadata.name.as_deref().unwrap();
+        assert_eq!(
+            pod.spec.as_ref().unwrap().scheduler_name.as_deref(),
+            Some("kai-scheduler"),
+            "{name}"
+        );
+        assert_eq!(
+            pod.metadata.labels.as_ref().unwrap()["kai.scheduler/queue"],
+            "inference",
+            "{name}"
+        );
+        // A gang's gate still holds until the operator finds the whole gang a domain.
+        let in_gang = pod
+            .metadata
+            .labels
+            .as_ref()
+            .unwrap()
+            .contains_key("nvidia.com/dynamo-gang");
+        assert_eq!(is_gated(pod), in_gang, "{name}");
+    }
+    let epp = d.deployments[0]
+        .spec
+        .clone()
+        .unwrap()
+        .template
+        .spec
+        .unwrap();
+    assert_eq!(
+        epp.scheduler_name, None,
+        "the CPU-only EPP stays with the default"
+    );
+
+    dgd.metadata
+        .annotations
+        .as_mut()
+        .unwrap()
+        .insert("nvidia.com/dynamo-scheduler".into(), "slurm".into());
+    assert_eq!(
+        reconcile(&dgd, &Observed::default(), &OperatorConfig::default()),
+        Err(ReconcileError::UnknownScheduler {
+            value: "slurm".into()
+        })
+    );
 }
 
 fn names_of_services(d: &Desired) -> BTreeSet<String> {

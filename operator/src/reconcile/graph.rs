@@ -9,6 +9,7 @@ use dynamo_crds::{
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 use kube::Resource;
 
+use super::batch_scheduler::BatchScheduler;
 use super::{
     Desired, ObjectKey, ObjectKind, Observed, OperatorConfig, ReconcileError, adapters, labels,
     names, replicas, services, serving, status,
@@ -23,6 +24,8 @@ pub(crate) struct Graph<'a> {
     pub spec: &'a DynamoGraphDeploymentSpec,
     pub config: &'a OperatorConfig,
     pub annotations: BTreeMap<String, String>,
+    /// Where engine pods are scheduled, when not by the default scheduler.
+    pub batch_scheduler: Option<BatchScheduler>,
 }
 
 /// Role of an engine service, as the endpoint picker routes by it.
@@ -81,6 +84,7 @@ impl<'a> Graph<'a> {
         config: &'a OperatorConfig,
     ) -> Result<Self, ReconcileError> {
         let meta = &dgd.metadata;
+        let annotations = meta.annotations.clone().unwrap_or_default();
         Ok(Self {
             name: meta
                 .name
@@ -97,7 +101,8 @@ impl<'a> Graph<'a> {
             generation: meta.generation,
             spec: &dgd.spec,
             config,
-            annotations: meta.annotations.clone().unwrap_or_default(),
+            batch_scheduler: BatchScheduler::from_annotations(&annotations)?,
+            annotations,
         })
     }
 

@@ -11,6 +11,7 @@
 //! gangs held behind a scheduling gate until [`gang`] finds one domain that fits them all.
 
 mod adapters;
+mod batch_scheduler;
 mod epp_access;
 mod graph;
 mod pods;
@@ -35,6 +36,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use serde::Serialize;
 
 pub use adapters::{adapter_enabled, pod_selector};
+pub use batch_scheduler::{QUEUE_ANNOTATION, SCHEDULER_ANNOTATION};
 pub use epp_access::EPP_RULES;
 pub use graph::reconcile;
 pub use pods::{is_gated, pinned_domain};
@@ -232,4 +234,8 @@ pub enum ReconcileError {
         domain: String,
         known: String,
     },
+    #[error(
+        "annotation nvidia.com/dynamo-scheduler: unknown scheduler {value:?}; known: kai, volcano"
+    )]
+    UnknownScheduler { value: String },
 }

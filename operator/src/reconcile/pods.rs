@@ -67,6 +67,9 @@ pub(crate) fn engine_template(g: &Graph, service: &str, spec: &ComponentSpec, ro
     if let Some(meta) = &spec.extra_pod_metadata {
         annotations.extend(meta.annotations.clone().unwrap_or_default());
     }
+    if let Some(scheduler) = &g.batch_scheduler {
+        scheduler.apply(&mut pod_spec, &mut labels, &mut annotations);
+    }
     Pod {
         metadata: ObjectMeta {
             namespace: Some(g.namespace.to_string()),

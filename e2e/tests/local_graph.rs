@@ -74,12 +74,13 @@ async fn the_official_openai_client_works_against_four_workers() {
     assert_eq!(graph.engines("worker").await.len(), 4);
     let python = PathBuf::from(ROOT).join(".cache/venv/bin/python");
     assert!(python.exists(), "run `make pyenv` first");
-    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/openai_checks.py");
+    let script = PathBuf::from(ROOT).join("scripts/openai_checks.py");
     let base_url = graph.url("/v1");
     let model = graph.model.clone();
     let out = tokio::task::spawn_blocking(move || {
         std::process::Command::new(python)
-            .args([script, &base_url, &model])
+            .arg(&script)
+            .args([&base_url, &model])
             .output()
             .unwrap()
     })

@@ -19,10 +19,7 @@ async fn the_official_openai_client_chats_whole_and_streamed() {
     let base_url = format!("http://{}/v1", server.http_addr);
     let out = tokio::task::spawn_blocking(move || {
         Command::new(python)
-            .arg(concat!(
-                env!("CARGO_MANIFEST_DIR"),
-                "/tests/openai_client.py"
-            ))
+            .arg(PathBuf::from(ROOT).join("scripts/openai_checks.py"))
             .args([base_url.as_str(), "qwen"])
             .output()
             .expect("python runs")
@@ -35,5 +32,5 @@ async fn the_official_openai_client_chats_whole_and_streamed() {
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
-    assert!(String::from_utf8_lossy(&out.stdout).contains("openai client: ok"));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("openai checks: ok"));
 }

@@ -14,6 +14,7 @@ use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
 use clap::Parser;
+use dynamo_mocker::replay::Percentiles;
 use serde_json::json;
 
 #[derive(Parser)]
@@ -168,15 +169,16 @@ async fn main() -> anyhow::Result<()> {
             }
         }
         for (k, ((path, _), s)) in paths.iter().zip(&samples).enumerate() {
-            let ttft: Vec<Duration> = s.iter().map(|t| t.0).collect();
-            let total: Vec<Duration> = s.iter().map(|t| t.1).collect();
+            let mut ttft: Vec<f64> = s.iter().map(|t| ms(t.0)).collect();
+            let mut total: Vec<f64> = s.iter().map(|t| ms(t.1)).collect();
+            let (ttft, total) = (Percentiles::of(&mut ttft), Percentiles::of(&mut total));
             let per_request = |d: Duration| format!("{:.3} ms", ms(d) / args.requests as f64);
             println!(
                 "| {label} | {path} | {:.3} ms | {:.3} ms | {:.3} ms | {:.3} ms | {} | {} |",
-                ms(percentile(&ttft, 0.5)),
-                ms(percentile(&ttft, 0.99)),
-                ms(percentile(&total, 0.5)),
-                ms(percentile(&total, 0.99)),
+                ttft.p50,
+                ttft.p99,
+                total.p50,
+                total.p99,
                 per_request(cpu[k][0]),
                 per_request(cpu[k][1]),
             );
@@ -206,12 +208,6 @@ async fn timed(
     }
     let total = start.elapsed();
     Ok((first.unwrap_or(total), total))
-}
-
-fn percentile(samples: &[Duration], q: f64) -> Duration {
-    let mut sorted = samples.to_vec();
-    sorted.sort();
-    sorted[((sorted.len() - 1) as f64 * q).round() as usize]
 }
 
 fn ms(d: Duration) -> f64 {

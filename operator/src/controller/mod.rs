@@ -167,7 +167,7 @@ async fn serve(args: OperatorArgs) -> anyhow::Result<()> {
         &identity,
     );
 
-    let shutdown = shutdown_signal();
+    let shutdown = crate::shutdown_signal();
     tokio::pin!(shutdown);
     if !args.leader_elect {
         metrics.set_leader(true);
@@ -270,14 +270,4 @@ fn hostname() -> String {
         .map(|h| h.trim().to_string())
         .filter(|h| !h.is_empty())
         .unwrap_or_else(|| format!("dynamo-operator-{}", std::process::id()))
-}
-
-async fn shutdown_signal() {
-    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-        .expect("installing the SIGTERM handler");
-    tokio::select! {
-        _ = tokio::signal::ctrl_c() => {}
-        _ = term.recv() => {}
-    }
-    tracing::info!("shutting down");
 }

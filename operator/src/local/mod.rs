@@ -159,7 +159,7 @@ async fn serve(
     let admin = tokio::spawn(admin::serve(admin_listener, runner.clone()));
     let probes = tokio::spawn(probe_readiness(runner.clone()));
     let ready = tokio::spawn(announce_ready(args.host.clone(), args.port));
-    wait_for_shutdown().await?;
+    crate::shutdown_signal().await;
     admin.abort();
     probes.abort();
     ready.abort();
@@ -520,14 +520,4 @@ async fn announce_ready(host: String, port: u16) {
         }
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
-}
-
-async fn wait_for_shutdown() -> anyhow::Result<()> {
-    use tokio::signal::unix::{SignalKind, signal};
-    let mut term = signal(SignalKind::terminate())?;
-    tokio::select! {
-        result = tokio::signal::ctrl_c() => result?,
-        _ = term.recv() => {}
-    }
-    Ok(())
 }

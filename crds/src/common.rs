@@ -21,9 +21,198 @@ use serde_json::Value;
 /// `x-kubernetes-preserve-unknown-fields: true` (kube rewrites `flatten` that way).
 pub type PreservedFields = BTreeMap<String, Value>;
 
-/// Pattern of a DNS-1123 label (RFC 1123): lower-case alphanumerics and '-', starting and
-/// ending with an alphanumeric.
-pub const DNS1123_LABEL_PATTERN: &str = "^[a-z0-9]([-a-z0-9]*[a-z0-9])?$";
+/// Kubernetes' rules for object names, label keys and label values, as
+/// k8s.io/apimachinery `pkg/util/validation` (`validation.go`) defines them: the API server
+/// refuses an object whose name, namespace or labels break them. The validator checks a
+/// manifest's own metadata with them, and the operator every name it generates.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum NameRule {
+    /// `IsDNS1123Label`: at most 63 characters, lower-case alphanumerics and '-', starting
+    /// and ending with an alphanumeric. Namespaces (`ValidateNamespaceName`), a pod's
+    /// `hostname` and `subdomain`.
+    Dns1123Label,
+    /// `IsDNS1123Subdomain`: at most 253 characters, DNS-1123 labels joined by '.'. Names of
+    /// custom resources (the apiextensions-apiserver's `NameIsDNSSubdomain`), pods,
+    /// Deployments, ServiceAccounts.
+    Dns1123Subdomain,
+    /// `IsDNS1035Label`: a DNS-1123 label that starts with a letter. Service names
+    /// (`ValidateServiceName = NameIsDNS1035Label` in k8s.io/kubernetes
+    /// `pkg/apis/core/validation`).
+    Dns1035Label,
+    /// `IsQualifiedName`: label and annotation keys, `[prefix/]name` with a DNS-1123
+    /// subdomain prefix and a name of at most 63 alphanumerics, '-', '_' and '.', starting
+    /// and ending with an alphanumeric.
+    QualifiedName,
+    /// `IsValidLabelValue`: empty, or at most 63 alphanumerics, '-', '_' and '.', starting
+    /// and ending with an alphanumeric.
+    LabelValue,
+}
+
+/// Longest DNS label (RFC 1123, `DNS1123LabelMaxLength`), label value and key name part.
+const LABEL_MAX: usize = 63;
+/// Longest DNS subdomain (`DNS1123SubdomainMaxLength`).
+const SUBDOMAIN_MAX: usize = 253;
+
+/// A value that breaks a [`NameRule`]; displays as `"value" is not a valid <rule>: <why> (<rule text>)`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NameError {
+    pub rule: NameRule,
+    /// The value, quoted and escaped, shortened when long.
+    pub value: String,
+    /// What in the value breaks the rule.
+    pub reason: String,
+}
+
+impl std::fmt::Display for NameError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} is not a valid {}: {} ({})",
+            self.value,
+            self.rule.name(),
+            self.reason,
+            self.rule.requirement()
+        )
+    }
+}
+
+impl NameRule {
+    /// The rule's name as Kubernetes' messages use it.
+    pub fn name(self) -> &'static str {
+        match self {
+            NameRule::Dns1123Label => "DNS-1123 label",
+            NameRule::Dns1123Subdomain => "DNS-1123 subdomain",
+            NameRule::Dns1035Label => "DNS-1035 label",
+            NameRule::QualifiedName => "label or annotation key",
+            NameRule::LabelValue => "label value",
+        }
+    }
+
+    fn requirement(self) -> &'static str {
+        match self {
+            NameRule::Dns1123Label => {
+                "at most 63 lower-case letters, digits and '-', starting and ending with a letter or digit"
+            }
+            NameRule::Dns1123Subdomain => {
+                "at most 253 lower-case letters, digits, '-' and '.', each part between dots starting and ending with a letter or digit"
+            }
+            NameRule::Dns1035Label => {
+                "at most 63 lower-case letters, digits and '-', starting with a letter and ending with a letter or digit"
+            }
+            NameRule::QualifiedName => {
+                "[prefix/]name: an optional DNS-1123 subdomain prefix, and a name of at most 63 letters, digits, '-', '_' and '.', starting and ending with a letter or digit"
+            }
+            NameRule::LabelValue => {
+                "empty, or at most 63 letters, digits, '-', '_' and '.', starting and ending with a letter or digit"
+            }
+        }
+    }
+
+    /// Whether `value` obeys the rule; the error says what breaks it.
+    pub fn check(self, value: &str) -> Result<(), NameError> {
+        match self.broken_by(value) {
+            None => Ok(()),
+            Some(reason) => Err(NameError {
+                rule: self,
+                value: quoted(value),
+                reason,
+            }),
+        }
+    }
+
+    fn broken_by(self, value: &str) -> Option<String> {
+        let lower = |c: char| c.is_ascii_lowercase() || c.is_ascii_digit();
+        let label_char = |c: char| lower(c) || c == '-';
+        // A label value's and a key's name part (`qualifiedNameFmt` in apimachinery).
+        let qualified = |part: &str| {
+            let name_char = |c: char| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.');
+            let alphanumeric = |c: char| c.is_ascii_alphanumeric();
+            shape(part, LABEL_MAX, name_char, alphanumeric, alphanumeric)
+        };
+        match self {
+            NameRule::Dns1123Label => shape(value, LABEL_MAX, label_char, lower, lower),
+            NameRule::Dns1035Label => shape(
+                value,
+                LABEL_MAX,
+                label_char,
+                |c| c.is_ascii_lowercase(),
+                lower,
+            ),
+            NameRule::Dns1123Subdomain => shape(
+                value,
+                SUBDOMAIN_MAX,
+                |c| label_char(c) || c == '.',
+                lower,
+                lower,
+            )
+            .or_else(|| {
+                value
+                    .split('.')
+                    .any(|part| part.is_empty() || part.starts_with('-') || part.ends_with('-'))
+                    .then(|| "a '.' is next to another '.' or a '-'".to_string())
+            }),
+            NameRule::LabelValue if value.is_empty() => None,
+            NameRule::LabelValue => qualified(value),
+            NameRule::QualifiedName => {
+                let (prefix, name) = match value.split_once('/') {
+                    Some((prefix, name)) => (Some(prefix), name),
+                    None => (None, value),
+                };
+                if let Some(prefix) = prefix
+                    && let Err(e) = NameRule::Dns1123Subdomain.check(prefix)
+                {
+                    return Some(format!(
+                        "its prefix {} is not a DNS-1123 subdomain: {}",
+                        e.value, e.reason
+                    ));
+                }
+                qualified(name).map(|reason| match prefix {
+                    Some(_) => format!("its name part {}: {reason}", quoted(name)),
+                    None => reason,
+                })
+            }
+        }
+    }
+}
+
+/// Why `value` is not a non-empty run of at most `max` bytes of `allowed` characters with
+/// a `first`-allowed first and `last`-allowed last character; `None` when it is.
+fn shape(
+    value: &str,
+    max: usize,
+    allowed: impl Fn(char) -> bool,
+    first: impl Fn(char) -> bool,
+    last: impl Fn(char) -> bool,
+) -> Option<String> {
+    let (Some(head), Some(tail)) = (value.chars().next(), value.chars().next_back()) else {
+        return Some("it is empty".into());
+    };
+    if value.len() > max {
+        return Some(format!("it has {} characters", value.len()));
+    }
+    if let Some(c) = value.chars().find(|c| !allowed(*c)) {
+        return Some(format!("it contains {c:?}"));
+    }
+    if !first(head) {
+        return Some(format!("it starts with {head:?}"));
+    }
+    (!last(tail)).then(|| format!("it ends with {tail:?}"))
+}
+
+/// `value` as a quoted, escaped string (a NUL shows as `\0`); a value longer than 96
+/// characters shows its first 64 and last 24, so a 300-character name does not flood the
+/// message and a generated name keeps its distinguishing tail (`...-99999-wkr-1`).
+fn quoted(value: &str) -> String {
+    const HEAD: usize = 64;
+    const TAIL: usize = 24;
+    let count = value.chars().count();
+    if count <= HEAD + TAIL + 8 {
+        return format!("{value:?}");
+    }
+    let head: String = value.chars().take(HEAD).collect();
+    let tail: String = value.chars().skip(count - TAIL).collect();
+    format!("{head:?}...{tail:?} ({count} characters)")
+}
 
 /// Resource amounts of one kind (requests or limits), as strings the way Dynamo writes them.
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]

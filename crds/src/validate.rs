@@ -4,19 +4,22 @@
 //! For each YAML document: pick the CRD from `apiVersion`/`kind`, apply the schema's
 //! defaults, check the object against the structural openAPIV3 schema (types, enums,
 //! bounds, patterns, required and unknown fields, as `kubectl apply`'s strict field
-//! validation does), evaluate the CEL rules (`x-kubernetes-validations`) with kube-cel,
-//! then deserialize it into the typed resource. Every problem is reported, each with the
-//! path of the field it is about.
+//! validation does), check the metadata as the API server checks every object's (name,
+//! namespace, label and annotation keys and values, with [`NameRule`]), evaluate the CEL
+//! rules (`x-kubernetes-validations`) with kube-cel, then deserialize it into the typed
+//! resource. Every problem is reported, each with the path of the field it is about.
 
 use std::fmt;
 use std::sync::OnceLock;
 
-use jsonschema::error::ValidationErrorKind;
+use jsonschema::JsonType;
+use jsonschema::error::{TypeKind, ValidationErrorKind};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::{CustomResourceExt, Resource, ResourceExt};
 use serde::de::DeserializeOwned;
 use serde_json::{Map, Value, json};
 
+use crate::common::NameRule;
 use crate::{
     DynamoGraphDeployment, DynamoGraphDeploymentRequest, DynamoGraphDeploymentScalingAdapter,
 };
@@ -139,6 +142,16 @@ fn render_problems(problems: &[Problem]) -> String {
 /// Validates one or more YAML documents holding DynamoGraphDeployment,
 /// DynamoGraphDeploymentScalingAdapter or DynamoGraphDeploymentRequest objects.
 pub fn validate_manifest(yaml: &str) -> Result<Validated, ValidationError> {
+    validate_manifest_with(yaml, |_| Vec::new())
+}
+
+/// [`validate_manifest`], then `check` on every object that passed it: further problems
+/// as `(field path, message)` pairs, reported like the schema's. The operator checks the
+/// names it would generate from a graph this way.
+pub fn validate_manifest_with(
+    yaml: &str,
+    check: impl Fn(&DynamoObject) -> Vec<(String, String)>,
+) -> Result<Validated, ValidationError> {
     let documents: Vec<Value> =
         serde_saphyr::from_multiple(yaml).map_err(|e| ValidationError::Yaml(e.to_string()))?;
     let mut objects = Vec::new();
@@ -148,7 +161,17 @@ pub fn validate_manifest(yaml: &str) -> Result<Validated, ValidationError> {
             continue;
         }
         match validate_object(index + 1, document) {
-            Ok(object) => objects.push(object),
+            Ok(object) => {
+                let found = check(&object);
+                let label = object.to_string();
+                problems.extend(found.into_iter().map(|(path, message)| Problem {
+                    document: index + 1,
+                    object: Some(label.clone()),
+                    path,
+                    message,
+                }));
+                objects.push(object);
+            }
             Err(mut found) => problems.append(&mut found),
         }
     }
@@ -249,7 +272,12 @@ fn validate_object(document: usize, object: Value) -> Result<DynamoObject, Vec<P
         .pointer("/metadata/name")
         .and_then(Value::as_str)
         .map(str::to_string);
-    let label = match (&name, kind_name.is_empty()) {
+    // A name the API server would refuse is reported on its own line, not repeated in
+    // front of every problem.
+    let shown_name = name
+        .as_deref()
+        .filter(|n| NameRule::Dns1123Subdomain.check(n).is_ok());
+    let label = match (shown_name, kind_name.is_empty()) {
         (Some(name), false) => Some(format!("{kind_name}/{name}")),
         (None, false) => Some(kind_name.clone()),
         _ => None,
@@ -288,17 +316,14 @@ fn validate_object(document: usize, object: Value) -> Result<DynamoObject, Vec<P
     // The API server defaults before it validates; so do we.
     let object = kube_cel::apply_defaults(&checks.openapi, &object);
     let mut problems = Vec::new();
-    if name.as_deref().is_none_or(str::is_empty) {
-        problems.push(problem(
-            "metadata.name".into(),
-            "required field is missing".into(),
-        ));
-    }
     for error in checks.structural.iter_errors(&object) {
         let path = dotted_path(error.instance_path().as_str());
         for (path, message) in describe(&path, error.kind(), error.instance(), &error.to_string()) {
             problems.push(problem(path, message));
         }
+    }
+    for (path, message) in metadata_problems(&object) {
+        problems.push(problem(path, message));
     }
     if let Err(errors) = kube_cel::Validator::new().validate_compiled(&checks.cel, &object, None) {
         for error in errors.as_slice() {
@@ -342,24 +367,40 @@ fn describe(
             .iter()
             .map(|name| (child(name), "unknown field".to_string()))
             .collect(),
-        ValidationErrorKind::Minimum { limit } => one(format!("must be >= {}", number(limit))),
-        ValidationErrorKind::Maximum { limit } => one(format!("must be <= {}", number(limit))),
+        ValidationErrorKind::Minimum { limit } => {
+            one(format!("must be >= {}, got {instance}", number(limit)))
+        }
+        ValidationErrorKind::Maximum { limit } => {
+            one(format!("must be <= {}, got {instance}", number(limit)))
+        }
         ValidationErrorKind::ExclusiveMinimum { limit } => {
-            one(format!("must be > {}", number(limit)))
+            one(format!("must be > {}, got {instance}", number(limit)))
         }
         ValidationErrorKind::ExclusiveMaximum { limit } => {
-            one(format!("must be < {}", number(limit)))
+            one(format!("must be < {}, got {instance}", number(limit)))
         }
-        ValidationErrorKind::MinLength { limit } => {
-            one(format!("must be at least {limit} characters long"))
-        }
-        ValidationErrorKind::MaxLength { limit } => {
-            one(format!("must be at most {limit} characters long"))
-        }
-        ValidationErrorKind::MinItems { limit } => one(format!("must have at least {limit} items")),
-        ValidationErrorKind::MaxItems { limit } => one(format!("must have at most {limit} items")),
+        ValidationErrorKind::MinLength { limit } => one(format!(
+            "must be at least {limit} characters long, has {}",
+            characters(instance)
+        )),
+        ValidationErrorKind::MaxLength { limit } => one(format!(
+            "must be at most {limit} characters long, has {}",
+            characters(instance)
+        )),
+        ValidationErrorKind::MinItems { limit } => one(format!(
+            "must have at least {limit} items, has {}",
+            instance.as_array().map_or(0, Vec::len)
+        )),
+        ValidationErrorKind::MaxItems { limit } => one(format!(
+            "must have at most {limit} items, has {}",
+            instance.as_array().map_or(0, Vec::len)
+        )),
         ValidationErrorKind::MaxProperties { limit } => one(format!(
             "must have at most {limit} entries, has {}",
+            instance.as_object().map_or(0, Map::len)
+        )),
+        ValidationErrorKind::MinProperties { limit } => one(format!(
+            "must have at least {limit} entries, has {}",
             instance.as_object().map_or(0, Map::len)
         )),
         ValidationErrorKind::Pattern { pattern } => {
@@ -369,8 +410,10 @@ fn describe(
             let allowed: Vec<String> = options
                 .as_array()
                 .map(|values| {
+                    // `null` of a nullable field only stands for "not set".
                     values
                         .iter()
+                        .filter(|v| !v.is_null())
                         .map(|v| v.as_str().map_or_else(|| v.to_string(), str::to_string))
                         .collect()
                 })
@@ -380,14 +423,108 @@ fn describe(
                 allowed.join(", ")
             ))
         }
-        ValidationErrorKind::Type { .. } => {
-            let expected = fallback
-                .rsplit_once(" is not of type ")
-                .map_or(fallback, |(_, t)| t);
-            one(format!("{instance} is not of type {expected}"))
+        ValidationErrorKind::Type { kind } => {
+            // Written here rather than taken from jsonschema, whose text for a nullable
+            // field ("is not of types \"integer\", \"null\"") reads badly; `null` is
+            // left out, as above.
+            let expected: Vec<JsonType> = match kind {
+                TypeKind::Single(t) => vec![*t],
+                TypeKind::Multiple(set) => set.iter().filter(|t| *t != JsonType::Null).collect(),
+            };
+            let expected: Vec<&str> = expected.into_iter().map(a_json_type).collect();
+            one(format!(
+                "must be {}, got {}",
+                expected.join(" or "),
+                a_value(instance)
+            ))
         }
         _ => one(fallback.to_string()),
     }
+}
+
+/// `a string`, `an integer`, ... as a message names an expected type.
+fn a_json_type(t: JsonType) -> &'static str {
+    match t {
+        JsonType::Array => "a list",
+        JsonType::Boolean => "true or false",
+        JsonType::Integer => "an integer",
+        JsonType::Null => "null",
+        JsonType::Number => "a number",
+        JsonType::Object => "a mapping",
+        JsonType::String => "a string",
+    }
+}
+
+/// What a message says was found instead: scalars as written, containers by their shape.
+fn a_value(value: &Value) -> String {
+    match value {
+        Value::Array(_) => "a list".into(),
+        Value::Object(_) => "a mapping".into(),
+        Value::Null => "null".into(),
+        Value::String(_) => format!("the string {value}"),
+        other => other.to_string(),
+    }
+}
+
+fn characters(value: &Value) -> usize {
+    value.as_str().map_or(0, |s| s.chars().count())
+}
+
+/// What the API server checks in every object's metadata (`ValidateObjectMeta` in
+/// k8s.io/apimachinery `pkg/api/validation`): the name is a DNS-1123 subdomain (custom
+/// resources), the namespace a DNS-1123 label, label keys qualified names and values
+/// label values, annotation keys qualified names (checked lower-cased, as it does).
+/// Wrong types are the schema check's to report.
+fn metadata_problems(object: &Value) -> Vec<(String, String)> {
+    let metadata = object.get("metadata");
+    let field = |key: &str| metadata.and_then(|m| m.get(key));
+    let map = |key: &str| field(key).and_then(Value::as_object).into_iter().flatten();
+    let mut problems = Vec::new();
+    if field("name").is_none() {
+        problems.push(("metadata.name".into(), "required field is missing".into()));
+    }
+    let mut checks: Vec<(String, NameRule, String)> = Vec::new();
+    if let Some(name) = field("name").and_then(Value::as_str) {
+        checks.push((
+            "metadata.name".into(),
+            NameRule::Dns1123Subdomain,
+            name.into(),
+        ));
+    }
+    if let Some(namespace) = field("namespace").and_then(Value::as_str) {
+        checks.push((
+            "metadata.namespace".into(),
+            NameRule::Dns1123Label,
+            namespace.into(),
+        ));
+    }
+    for (key, value) in map("labels") {
+        checks.push((
+            "metadata.labels".into(),
+            NameRule::QualifiedName,
+            key.clone(),
+        ));
+        if let Some(value) = value.as_str() {
+            checks.push((
+                format!("metadata.labels.{key}"),
+                NameRule::LabelValue,
+                value.into(),
+            ));
+        }
+    }
+    for (key, _) in map("annotations") {
+        checks.push((
+            "metadata.annotations".into(),
+            NameRule::QualifiedName,
+            key.to_lowercase(),
+        ));
+    }
+    problems.extend(
+        checks.into_iter().filter_map(|(path, rule, value)| {
+            rule.check(&value).err().map(|e| (path, e.to_string()))
+        }),
+    );
+    problems
 }
 
 /// A bound as people write it: `2`, not `2.0` (CRD bounds are stored as floats).
@@ -415,12 +552,22 @@ fn dotted_path(pointer: &str) -> String {
     path
 }
 
-/// The CRD schema leaves out the fields every object has; the API server checks those itself.
+/// The CRD schema leaves out the fields every object has; the API server checks those
+/// itself (their types here, their values in [`metadata_problems`]).
 fn with_object_envelope(mut schema: Value) -> Value {
+    let strings = json!({"type": "object", "additionalProperties": {"type": "string"}});
     if let Some(Value::Object(properties)) = schema.get_mut("properties") {
         properties.insert("apiVersion".into(), json!({"type": "string"}));
         properties.insert("kind".into(), json!({"type": "string"}));
-        properties.insert("metadata".into(), json!({"type": "object"}));
+        properties.insert(
+            "metadata".into(),
+            json!({"type": "object", "properties": {
+                "name": {"type": "string"},
+                "namespace": {"type": "string"},
+                "labels": strings,
+                "annotations": strings,
+            }}),
+        );
     }
     schema
 }
@@ -457,6 +604,18 @@ fn openapi_to_json_schema(schema: &Value) -> Value {
                     (key.clone(), value)
                 })
                 .collect();
+            // An integer field holds a Go int32/int64 (and our i32/i64): a larger value
+            // cannot be stored, so it is refused with the bound and the field's path
+            // rather than failing later without one.
+            let bounds = match map.get("format").and_then(Value::as_str) {
+                Some("int32") => Some((json!(i32::MIN), json!(i32::MAX))),
+                Some("int64") => Some((json!(i64::MIN), json!(i64::MAX))),
+                _ => None,
+            };
+            if let Some((min, max)) = bounds {
+                out.entry("minimum").or_insert(min);
+                out.entry("maximum").or_insert(max);
+            }
             if map.get("nullable") == Some(&Value::Bool(true)) {
                 if let Some(Value::String(kind)) = map.get("type") {
                     out.insert("type".into(), json!([kind, "null"]));

@@ -67,6 +67,24 @@ fn every_bad_manifest_is_refused_with_the_expected_message() {
 }
 
 #[test]
+fn every_problem_of_a_bad_manifest_names_its_field() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/bad");
+    for path in yaml_files(&dir) {
+        let yaml = std::fs::read_to_string(&path).unwrap();
+        let err = dynamo_crds::validate_manifest(&yaml).unwrap_err();
+        for problem in err.problems() {
+            assert!(!problem.path.is_empty(), "{}: {problem}", path.display());
+            // Neither jsonschema's own type text nor the `null` of nullable fields.
+            assert!(
+                !problem.message.contains("is not of type") && !problem.message.contains("null"),
+                "{}: {problem}",
+                path.display()
+            );
+        }
+    }
+}
+
+#[test]
 fn all_problems_of_a_manifest_are_reported_with_paths() {
     let yaml = r#"
 apiVersion: nvidia.com/v1alpha1

@@ -1,16 +1,24 @@
-//! `dynamo validate -f FILE`: the API server's schema and CEL checks, offline.
+//! `dynamo validate -f FILE`: the API server's checks (schema, CEL rules, metadata names)
+//! and the names the operator would generate, offline. Every file is reported, including
+//! those that cannot be read; the exit status says whether all of them passed.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use anyhow::Context;
+use dynamo_operator::reconcile::names::validate_manifest;
 
 pub fn run(files: &[PathBuf]) -> anyhow::Result<ExitCode> {
     let mut failed = false;
     for file in files {
-        let yaml =
-            std::fs::read_to_string(file).with_context(|| format!("reading {}", file.display()))?;
-        match dynamo_crds::validate_manifest(&yaml) {
+        let yaml = match std::fs::read_to_string(file) {
+            Ok(yaml) => yaml,
+            Err(err) => {
+                failed = true;
+                eprintln!("{}: cannot read: {err}", file.display());
+                continue;
+            }
+        };
+        match validate_manifest(&yaml) {
             Ok(validated) => {
                 for object in &validated.objects {
                     println!("{}: {object} is valid", file.display());
@@ -18,7 +26,9 @@ pub fn run(files: &[PathBuf]) -> anyhow::Result<ExitCode> {
             }
             Err(err) => {
                 failed = true;
-                eprintln!("{}: {err}", file.display());
+                for line in err.to_string().lines() {
+                    eprintln!("{}: {line}", file.display());
+                }
             }
         }
     }

@@ -1,21 +1,25 @@
 //! The runner's admin API: `GET /graph` lists what runs, `POST /scale` with
 //! `{"service": NAME, "replicas": N}` changes a worker service's replica count (the local
 //! stand-in for the DGDSA scale subresource the planner uses on a cluster).
+//!
+//! It can start and stop processes, so it listens on loopback unless told otherwise, and
+//! anywhere else only with a bearer token, which every request must then carry.
 
+use std::net::SocketAddr;
 use std::sync::Arc;
 
-use axum::extract::{State, rejection::JsonRejection};
-use axum::http::StatusCode;
+use anyhow::{Context, bail};
+use axum::extract::{Request, State, rejection::JsonRejection};
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use serde::Deserialize;
+use tokio::net::TcpListener;
 use tokio::sync::Mutex;
 
 use super::{Runner, ScaleError};
-
-/// Replica counts above this are refused: a typo should not fork thousands of processes.
-const MAX_LOCAL_REPLICAS: u32 = 64;
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -24,14 +28,95 @@ struct ScaleRequest {
     replicas: u32,
 }
 
-pub(crate) async fn serve(listener: tokio::net::TcpListener, runner: Arc<Mutex<Runner>>) {
-    let app = Router::new()
-        .route("/graph", get(graph))
-        .route("/scale", post(scale))
-        .with_state(runner);
-    if let Err(err) = axum::serve(listener, app).await {
-        eprintln!("admin API stopped: {err}");
+/// The admin API's socket and the token its requests must carry, if any.
+pub(crate) struct Admin {
+    listener: TcpListener,
+    token: Option<Arc<str>>,
+}
+
+impl Admin {
+    /// Binds `host:port`, refusing an address beyond loopback without a token (checked on
+    /// the bound address, so a host name that resolves elsewhere is caught too).
+    pub(crate) async fn bind(host: &str, port: u16, token: Option<String>) -> anyhow::Result<Self> {
+        let listener = TcpListener::bind((host, port))
+            .await
+            .with_context(|| format!("cannot bind the admin API on {host}:{port}"))?;
+        let address = listener.local_addr()?;
+        if !address.ip().is_loopback() && token.is_none() {
+            bail!(
+                "the admin API would listen on {address}, beyond this machine, without a token: \
+                 set DYNAMO_ADMIN_TOKEN or --admin-token-file, or keep --admin-host on loopback"
+            );
+        }
+        Ok(Self {
+            listener,
+            token: token.map(Arc::from),
+        })
     }
+
+    pub(crate) fn local_addr(&self) -> anyhow::Result<SocketAddr> {
+        Ok(self.listener.local_addr()?)
+    }
+
+    pub(crate) fn needs_token(&self) -> bool {
+        self.token.is_some()
+    }
+
+    /// Serves until the task is aborted.
+    pub(crate) async fn serve(self, runner: Arc<Mutex<Runner>>) {
+        let mut app = Router::new()
+            .route("/graph", get(graph))
+            .route("/scale", post(scale))
+            .with_state(runner);
+        if let Some(token) = self.token {
+            app = app.layer(middleware::from_fn_with_state(token, require_token));
+        }
+        if let Err(err) = axum::serve(self.listener, app).await {
+            eprintln!("admin API stopped: {err}");
+        }
+    }
+}
+
+/// Lets a request through only with `Authorization: Bearer <token>`.
+async fn require_token(
+    State(token): State<Arc<str>>,
+    headers: HeaderMap,
+    request: Request,
+    next: Next,
+) -> Response {
+    let presented = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.split_once(' '))
+        // The scheme is case-insensitive (RFC 9110, section 11.1).
+        .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
+        .map(|(_, credentials)| credentials.trim());
+    match presented {
+        Some(presented) if same_token(token.as_bytes(), presented.as_bytes()) => {
+            next.run(request).await
+        }
+        Some(_) => unauthorized("wrong bearer token"),
+        None => unauthorized("this admin API needs `Authorization: Bearer <token>`"),
+    }
+}
+
+/// Compares in time that depends only on the expected token's length, so the answer's
+/// timing does not tell how much of a guess was right.
+fn same_token(expected: &[u8], presented: &[u8]) -> bool {
+    let mut difference = u8::from(expected.len() != presented.len());
+    for (i, byte) in expected.iter().enumerate() {
+        difference |= byte ^ presented.get(i).copied().unwrap_or(0);
+    }
+    std::hint::black_box(difference) == 0
+}
+
+fn unauthorized(message: &str) -> Response {
+    let mut response = error(StatusCode::UNAUTHORIZED, message.to_string());
+    response.headers_mut().insert(
+        header::WWW_AUTHENTICATE,
+        header::HeaderValue::from_static("Bearer"),
+    );
+    response
 }
 
 async fn graph(State(runner): State<Arc<Mutex<Runner>>>) -> Response {
@@ -46,20 +131,28 @@ async fn scale(
         Ok(body) => body,
         Err(rejection) => return error(StatusCode::BAD_REQUEST, rejection.body_text()),
     };
-    if request.replicas > MAX_LOCAL_REPLICAS {
-        return error(
-            StatusCode::BAD_REQUEST,
-            format!("at most {MAX_LOCAL_REPLICAS} replicas per service run locally"),
-        );
-    }
     let mut runner = runner.lock().await;
     match runner.scale(&request.service, request.replicas).await {
         Ok(()) => Json(runner.status()).into_response(),
         Err(err @ ScaleError::UnknownService(..)) => error(StatusCode::NOT_FOUND, err.to_string()),
+        Err(err @ ScaleError::OverCap(_)) => error(StatusCode::BAD_REQUEST, err.to_string()),
         Err(ScaleError::Start(err)) => error(StatusCode::INTERNAL_SERVER_ERROR, format!("{err:#}")),
     }
 }
 
 fn error(status: StatusCode, message: String) -> Response {
     (status, Json(serde_json::json!({ "error": message }))).into_response()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::same_token;
+
+    #[test]
+    fn only_the_exact_token_matches() {
+        assert!(same_token(b"s3cret", b"s3cret"));
+        for other in [&b""[..], b"s3cre", b"s3cret!", b"S3cret", b"s3cres"] {
+            assert!(!same_token(b"s3cret", other), "{other:?}");
+        }
+    }
 }

@@ -19,8 +19,9 @@ use anyhow::{Context, bail};
 use serde::Serialize;
 use tokio::sync::Mutex;
 
+use admin::Admin;
 use endpoints::Endpoint;
-use plan::{CommandSpec, Graph, ReplicaPorts, RunOptions};
+use plan::{Caps, CommandSpec, Graph, PlanError, ReplicaPorts, RunOptions};
 use process::{Program, Supervised};
 
 #[derive(clap::Args, Debug)]
@@ -34,6 +35,21 @@ pub struct RunArgs {
     /// Address the frontend binds; replicas always bind loopback.
     #[arg(long, default_value = "127.0.0.1", env = "DYNAMO_HOST")]
     pub host: String,
+    /// Address the admin API binds; anything but loopback needs a token.
+    #[arg(long, default_value = "127.0.0.1", env = "DYNAMO_ADMIN_HOST")]
+    pub admin_host: String,
+    /// Bearer token every admin API request must carry (required off loopback).
+    #[arg(long, env = "DYNAMO_ADMIN_TOKEN", hide_env_values = true)]
+    pub admin_token: Option<String>,
+    /// File holding the admin API's bearer token (trailing whitespace is ignored).
+    #[arg(long, env = "DYNAMO_ADMIN_TOKEN_FILE", conflicts_with = "admin_token")]
+    pub admin_token_file: Option<PathBuf>,
+    /// Most replicas of one worker service (the file, --replicas and POST /scale alike).
+    #[arg(long, default_value_t = 32, env = "DYNAMO_MAX_REPLICAS")]
+    pub max_replicas: u32,
+    /// Most processes of the whole run: an engine and a sidecar per replica, and the picker.
+    #[arg(long, default_value_t = 128, env = "DYNAMO_MAX_PROCESSES")]
+    pub max_processes: u32,
     /// Router mode of the endpoint picker: kv, approx, round-robin or random.
     #[arg(long, default_value = "kv", env = "DYNAMO_ROUTER_MODE")]
     pub router_mode: String,
@@ -65,6 +81,24 @@ fn parse_replicas(s: &str) -> Result<(String, u32), String> {
     Ok((service.to_owned(), n))
 }
 
+impl RunArgs {
+    /// The admin API's token, from `--admin-token` (`DYNAMO_ADMIN_TOKEN`) or its file.
+    fn admin_token(&self) -> anyhow::Result<Option<String>> {
+        let token = match (&self.admin_token, &self.admin_token_file) {
+            (Some(token), _) => token.clone(),
+            (None, Some(file)) => std::fs::read_to_string(file)
+                .with_context(|| format!("cannot read the admin token file {}", file.display()))?
+                .trim_end()
+                .to_owned(),
+            (None, None) => return Ok(None),
+        };
+        if token.is_empty() {
+            bail!("the admin token is empty");
+        }
+        Ok(Some(token))
+    }
+}
+
 fn parse_seconds(s: &str) -> Result<Duration, String> {
     s.parse::<f64>()
         .ok()
@@ -84,7 +118,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
 async fn run_async(args: RunArgs) -> anyhow::Result<()> {
     let yaml = std::fs::read_to_string(&args.file)
         .with_context(|| format!("cannot read {}", args.file.display()))?;
-    let validated = dynamo_crds::validate::validate_manifest(&yaml)
+    let validated = crate::reconcile::names::validate_manifest(&yaml)
         .with_context(|| format!("{} is not a valid manifest", args.file.display()))?;
     let mut graphs = validated.graph_deployments();
     let (Some(dgd), None) = (graphs.next(), graphs.next()) else {
@@ -96,6 +130,10 @@ async fn run_async(args: RunArgs) -> anyhow::Result<()> {
     let options = RunOptions {
         model_path: args.model_path.clone(),
         replicas: args.replicas.iter().cloned().collect(),
+        caps: Caps {
+            replicas_per_service: args.max_replicas,
+            processes: args.max_processes,
+        },
     };
     let graph = Graph::from_dgd(dgd, &options)?;
     for note in &graph.notes {
@@ -104,9 +142,7 @@ async fn run_async(args: RunArgs) -> anyhow::Result<()> {
     let bins = Bins::new(args.bin_dir.clone())?;
     let state_dir = std::env::temp_dir().join(format!("dynamo-run-{}", std::process::id()));
     std::fs::create_dir_all(&state_dir)?;
-    let admin_listener = tokio::net::TcpListener::bind((args.host.as_str(), args.admin_port))
-        .await
-        .with_context(|| format!("cannot bind the admin API on port {}", args.admin_port))?;
+    let admin = Admin::bind(&args.admin_host, args.admin_port, args.admin_token()?).await?;
 
     let runner = Arc::new(Mutex::new(Runner {
         graph,
@@ -118,7 +154,7 @@ async fn run_async(args: RunArgs) -> anyhow::Result<()> {
         ready: HashSet::new(),
         used_ports: HashSet::new(),
     }));
-    let result = serve(&runner, &args, admin_listener).await;
+    let result = serve(&runner, &args, admin).await;
     eprintln!("stopping: the endpoint picker first, then every replica");
     runner.lock().await.stop_all().await;
     std::fs::remove_dir_all(&state_dir).ok();
@@ -126,11 +162,7 @@ async fn run_async(args: RunArgs) -> anyhow::Result<()> {
 }
 
 /// Starts everything, then waits for Ctrl-C or SIGTERM.
-async fn serve(
-    runner: &Arc<Mutex<Runner>>,
-    args: &RunArgs,
-    admin_listener: tokio::net::TcpListener,
-) -> anyhow::Result<()> {
+async fn serve(runner: &Arc<Mutex<Runner>>, args: &RunArgs, admin: Admin) -> anyhow::Result<()> {
     {
         let mut r = runner.lock().await;
         let services: Vec<(String, u32)> = r
@@ -154,9 +186,9 @@ async fn serve(
         );
         let epp = r.bins.program(epp)?;
         r.epp = Some(Supervised::start("epp".into(), epp, r.grace));
-        print_table(&r, args, admin_listener.local_addr()?.port());
+        print_table(&r, args, &admin)?;
     }
-    let admin = tokio::spawn(admin::serve(admin_listener, runner.clone()));
+    let admin = tokio::spawn(admin.serve(runner.clone()));
     let probes = tokio::spawn(probe_readiness(runner.clone()));
     let ready = tokio::spawn(announce_ready(args.host.clone(), args.port));
     crate::shutdown_signal().await;
@@ -194,6 +226,8 @@ struct Replica {
 pub(crate) enum ScaleError {
     #[error("no worker service {0:?} (workers: {1})")]
     UnknownService(String, String),
+    #[error(transparent)]
+    OverCap(PlanError),
     #[error(transparent)]
     Start(#[from] anyhow::Error),
 }
@@ -294,7 +328,16 @@ impl Runner {
             let known: Vec<&str> = self.graph.workers.keys().map(String::as_str).collect();
             return Err(ScaleError::UnknownService(service.into(), known.join(", ")));
         }
-        let current = self.replicas.get(service).map_or(0, Vec::len) as u32;
+        let mut counts: BTreeMap<String, u32> = self
+            .graph
+            .workers
+            .keys()
+            .map(|s| (s.clone(), self.replicas.get(s).map_or(0, Vec::len) as u32))
+            .collect();
+        let current = counts.insert(service.to_owned(), replicas).unwrap_or(0);
+        self.graph
+            .check_caps(&counts)
+            .map_err(ScaleError::OverCap)?;
         for _ in current..replicas {
             self.add_replica(service)?;
         }
@@ -465,7 +508,7 @@ impl Bins {
     }
 }
 
-fn print_table(runner: &Runner, args: &RunArgs, admin_port: u16) {
+fn print_table(runner: &Runner, args: &RunArgs, admin: &Admin) -> anyhow::Result<()> {
     let g = &runner.graph;
     println!(
         "dynamo run: graph {} ({} workers, model {}, router {})",
@@ -492,14 +535,20 @@ fn print_table(runner: &Runner, args: &RunArgs, admin_port: u16) {
     }
     println!("  OpenAI API   http://{}:{}/v1", args.host, args.port);
     println!(
-        "  admin API    http://{}:{admin_port} (GET /graph, POST /scale)",
-        args.host
+        "  admin API    http://{} (GET /graph, POST /scale{})",
+        admin.local_addr()?,
+        if admin.needs_token() {
+            "; Authorization: Bearer <token>"
+        } else {
+            ""
+        }
     );
     println!("Try:");
     println!(
         "  curl http://localhost:{}/v1/chat/completions -H 'Content-Type: application/json' \\\n    -d '{{\"model\": \"{}\", \"messages\": [{{\"role\": \"user\", \"content\": \"Hello!\"}}], \"max_tokens\": 32}}'",
         args.port, g.model_name
     );
+    Ok(())
 }
 
 /// Prints one line when the frontend answers `/health` with 200.

@@ -15,7 +15,22 @@ pub struct RunOptions {
     pub model_path: Option<PathBuf>,
     /// Replica counts that replace the file's, by service name.
     pub replicas: BTreeMap<String, u32>,
+    pub caps: Caps,
 }
+
+/// How much one local run may start, so a typo (`replicas: 100000`) is refused instead of
+/// forking processes until the machine gives out. Enforced on the file, `--replicas` and
+/// every `POST /scale`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Caps {
+    /// Replicas of one worker service.
+    pub replicas_per_service: u32,
+    /// Processes of the whole run: [`PROCESSES_PER_REPLICA`] per replica and the picker.
+    pub processes: u32,
+}
+
+/// An engine and its sidecar.
+pub const PROCESSES_PER_REPLICA: u32 = 2;
 
 /// Why a graph cannot run locally; each says what to change.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -44,6 +59,22 @@ pub enum PlanError {
     ModelMismatch(String, String),
     #[error("workers use different KV block sizes ({0} and {1}); the picker needs one")]
     BlockSizeMismatch(u32, u32),
+    #[error(
+        "service {service:?}: {replicas} replicas is more than the local cap of {cap} per service (--max-replicas)"
+    )]
+    TooManyReplicas {
+        service: String,
+        replicas: u32,
+        cap: u32,
+    },
+    #[error(
+        "{replicas} replicas would run {processes} processes (an engine and a sidecar each, and the picker), more than the local cap of {cap} (--max-processes)"
+    )]
+    TooManyProcesses {
+        replicas: u64,
+        processes: u64,
+        cap: u32,
+    },
 }
 
 /// The role of a worker replica, as the picker's endpoints file names it.
@@ -105,6 +136,7 @@ pub struct Graph {
     pub workers: BTreeMap<String, WorkerService>,
     /// Services that are not started, and why.
     pub notes: Vec<String>,
+    pub caps: Caps,
 }
 
 /// Flags the runner owns in an engine command; the user's values are dropped because a
@@ -203,7 +235,7 @@ impl Graph {
             served = Some((model, block_size));
         }
         let (model_name, block_size) = served.expect("at least one worker");
-        Ok(Self {
+        let graph = Self {
             name,
             backend,
             model_name,
@@ -211,7 +243,37 @@ impl Graph {
             model_path,
             workers,
             notes,
-        })
+            caps: options.caps,
+        };
+        let planned = graph
+            .workers
+            .iter()
+            .map(|(service, w)| (service.clone(), w.replicas))
+            .collect();
+        graph.check_caps(&planned)?;
+        Ok(graph)
+    }
+
+    /// Whether running `replicas` (per worker service) stays within the caps.
+    pub fn check_caps(&self, replicas: &BTreeMap<String, u32>) -> Result<(), PlanError> {
+        let cap = self.caps.replicas_per_service;
+        if let Some((service, &n)) = replicas.iter().find(|(_, n)| **n > cap) {
+            return Err(PlanError::TooManyReplicas {
+                service: service.clone(),
+                replicas: n,
+                cap,
+            });
+        }
+        let total: u64 = replicas.values().map(|&n| u64::from(n)).sum();
+        let processes = total * u64::from(PROCESSES_PER_REPLICA) + 1;
+        if processes > u64::from(self.caps.processes) {
+            return Err(PlanError::TooManyProcesses {
+                replicas: total,
+                processes,
+                cap: self.caps.processes,
+            });
+        }
+        Ok(())
     }
 
     /// The engine of one replica of `service`.
@@ -470,10 +532,16 @@ mod tests {
         validated.graph_deployments().next().unwrap().clone()
     }
 
+    const CAPS: Caps = Caps {
+        replicas_per_service: 8,
+        processes: 20,
+    };
+
     fn options() -> RunOptions {
         RunOptions {
             model_path: Some("/models/qwen-mock".into()),
             replicas: BTreeMap::new(),
+            caps: CAPS,
         }
     }
 
@@ -587,10 +655,44 @@ mod tests {
     }
 
     #[test]
+    fn replicas_and_processes_are_capped_from_the_file_and_the_flag() {
+        let mut dgd = sample("disagg-mocker.yaml");
+        dgd.spec.services.get_mut("decode").unwrap().replicas = Some(100_000);
+        assert_eq!(
+            Graph::from_dgd(&dgd, &options()),
+            Err(PlanError::TooManyReplicas {
+                service: "decode".into(),
+                replicas: 100_000,
+                cap: 8
+            })
+        );
+        let mut opts = options();
+        opts.replicas.insert("decode".into(), 9);
+        let err = Graph::from_dgd(&sample("disagg-mocker.yaml"), &opts).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "service \"decode\": 9 replicas is more than the local cap of 8 per service (--max-replicas)"
+        );
+        // 8 + 2 replicas: 20 processes and the picker.
+        opts.replicas = BTreeMap::from([("decode".into(), 8), ("prefill".into(), 2)]);
+        assert_eq!(
+            Graph::from_dgd(&sample("disagg-mocker.yaml"), &opts),
+            Err(PlanError::TooManyProcesses {
+                replicas: 10,
+                processes: 21,
+                cap: 20
+            })
+        );
+        opts.replicas.insert("prefill".into(), 1);
+        let graph = Graph::from_dgd(&sample("disagg-mocker.yaml"), &opts).unwrap();
+        assert_eq!(graph.workers["decode"].replicas, 8);
+    }
+
+    #[test]
     fn a_model_directory_is_required() {
         let opts = RunOptions {
             model_path: None,
-            replicas: BTreeMap::new(),
+            ..options()
         };
         assert_eq!(
             Graph::from_dgd(&sample("agg-mocker.yaml"), &opts),

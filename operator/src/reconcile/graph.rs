@@ -222,35 +222,13 @@ impl<'a> Graph<'a> {
     }
 }
 
-/// Every generated name must be a DNS-1123 label: pod hostnames and Service names are.
+/// Refuses a graph whose generated names the API server would refuse, before anything
+/// is applied: the controller then reports the first problem in the `Ready` condition.
 fn check_names(g: &Graph) -> Result<(), ReconcileError> {
-    let mut slugs: BTreeMap<String, &String> = BTreeMap::new();
-    for (service, spec) in &g.spec.services {
-        let slug = names::service_slug(service);
-        if let Some(first) = slugs.insert(slug, service) {
-            return Err(ReconcileError::ServiceNameCollision {
-                first: first.clone(),
-                second: service.clone(),
-            });
-        }
-        let replicas = spec.replicas.unwrap_or(1).max(1) as u32;
-        let longest = if spec.multinode.is_some() {
-            names::gang_pod(
-                g.name,
-                service,
-                replicas - 1,
-                spec.node_count().max(1) as u32 - 1,
-            )
-        } else {
-            names::single_pod(g.name, service, replicas - 1)
-        };
-        for name in [longest, names::epp(g.name), names::inference_pool(g.name)] {
-            if !names::is_dns_label(&name) {
-                return Err(ReconcileError::InvalidName { name });
-            }
-        }
+    match names::problems(g.name, g.spec).into_iter().next() {
+        Some(problem) => Err(problem.into()),
+        None => Ok(()),
     }
-    Ok(())
 }
 
 /// Reconciles one graph: see the module documentation of [`super`].

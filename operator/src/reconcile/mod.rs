@@ -220,12 +220,9 @@ impl Desired {
 pub enum ReconcileError {
     #[error("the DynamoGraphDeployment has no metadata.{0}")]
     MissingMetadata(&'static str),
-    #[error(
-        "object name {name:?} is not a DNS-1123 label (at most 63 characters); shorten the graph or service name"
-    )]
-    InvalidName { name: String },
-    #[error("services {first:?} and {second:?} differ only in case; object names are lower-cased")]
-    ServiceNameCollision { first: String, second: String },
+    /// A generated name the API server would refuse (see [`names::problems`]).
+    #[error(transparent)]
+    InvalidName(#[from] names::NameProblem),
     #[error(
         "service {service:?}: unknown topologyConstraint.packDomain {domain:?}; known: {known}"
     )]

@@ -116,6 +116,7 @@ async fn bench_finds_the_model_and_reports_a_live_run() {
                 speedup_ratio: 10.0,
                 ..EngineConfig::default()
             },
+            server: Default::default(),
         },
         std::future::pending(),
     )

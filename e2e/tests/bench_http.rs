@@ -33,6 +33,7 @@ async fn serve() -> RunningServer {
             speedup_ratio: 10.0,
             ..EngineConfig::default()
         },
+        server: Default::default(),
     };
     start(config, std::future::pending())
         .await

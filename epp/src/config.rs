@@ -7,18 +7,26 @@ use std::time::Duration;
 
 use clap::Parser;
 use dynamo_kvcache::{QueuePolicy, RouterMode, SaturationThreshold};
+use dynamo_server::{ServerLimits, parse_duration};
 
 /// Endpoint picker: Gateway API Inference Extension ext_proc server and OpenAI HTTP
 /// frontend, routing on KV cache overlap and load.
 #[derive(Parser, Debug, Clone)]
 #[command(name = "dynamo-epp", version, about)]
 pub struct Args {
-    /// Hugging Face-style model directory (tokenizer.json, tokenizer_config.json, config.json).
+    /// Hugging Face-style model directory (tokenizer.json, tokenizer_config.json,
+    /// config.json). Without one the picker loads the model from its pods' model cards
+    /// (what the operator's picker does) and `--model-name` is required.
     #[arg(long, env = "DYNAMO_MODEL_PATH")]
-    pub model_path: PathBuf,
+    pub model_path: Option<PathBuf>,
     /// Served model name [default: the directory's name].
     #[arg(long, env = "DYNAMO_MODEL_NAME")]
     pub model_name: Option<String>,
+    /// Port of each pod's model card (its sidecar's metrics port), read to check that the
+    /// pod serves the picker's model and, without `--model-path`, to load it; 0: no
+    /// cards (an endpoints file may name each pod's own).
+    #[arg(long, env = "DYNAMO_EPP_MODEL_CARD_PORT", default_value_t = 9090)]
+    pub model_card_port: u16,
 
     /// Address the HTTP frontend, ext_proc and metrics listeners bind.
     #[arg(long, env = "DYNAMO_EPP_HOST", default_value = "0.0.0.0")]
@@ -104,9 +112,17 @@ pub struct Args {
     /// /health waits at most this long for a new pod's first KV snapshot.
     #[arg(long, env = "DYNAMO_EPP_WARMUP", default_value = "5s", value_parser = parse_duration)]
     pub warmup: Duration,
-    /// A pod that refused a connection is avoided for this long.
+    /// A pod that failed a request before answering is avoided for this long.
     #[arg(long, env = "DYNAMO_EPP_UNHEALTHY_FOR", default_value = "5s", value_parser = parse_duration)]
     pub unhealthy_for: Duration,
+    /// Pods an HTTP frontend request is sent to at most, one after another, while each
+    /// fails before answering (engine unreachable, connection refused or reset).
+    #[arg(long, env = "DYNAMO_EPP_MAX_ATTEMPTS", default_value_t = DEFAULT_MAX_ATTEMPTS)]
+    pub max_attempts: usize,
+    /// Largest request body accepted, in bytes [default: the longest prompt text the
+    /// model's context could hold, plus 1 MiB].
+    #[arg(long, env = "DYNAMO_EPP_MAX_BODY_BYTES")]
+    pub max_body_bytes: Option<usize>,
 
     /// Order of requests waiting while every pod is saturated: fcfs, lcfs or wspt.
     #[arg(long, env = "DYNAMO_EPP_QUEUE_POLICY", default_value = "fcfs")]
@@ -123,7 +139,13 @@ pub struct Args {
     /// A pod is saturated with more prefill plus decode blocks in flight than this.
     #[arg(long, env = "DYNAMO_EPP_MAX_BLOCKS_IN_FLIGHT")]
     pub max_blocks_in_flight: Option<u64>,
+
+    #[command(flatten)]
+    pub server: ServerLimits,
 }
+
+/// Pods an HTTP frontend request is tried on unless `--max-attempts` says otherwise.
+pub const DEFAULT_MAX_ATTEMPTS: usize = 3;
 
 /// Where the pods come from.
 #[derive(Debug, Clone, PartialEq)]
@@ -180,8 +202,9 @@ impl Default for RouterConfig {
 /// Everything [`crate::start`] needs.
 #[derive(Debug, Clone)]
 pub struct Config {
-    pub model_path: PathBuf,
+    pub model_path: Option<PathBuf>,
     pub model_name: Option<String>,
+    pub model_card_port: Option<u16>,
     pub http_addr: SocketAddr,
     pub ext_proc_addr: SocketAddr,
     pub metrics_addr: Option<SocketAddr>,
@@ -189,6 +212,11 @@ pub struct Config {
     pub kv_events_port: u16,
     pub metrics_poll_interval: Option<Duration>,
     pub router: RouterConfig,
+    /// Pods one HTTP frontend request may be tried on (at least 1).
+    pub max_attempts: usize,
+    /// `None`: derived from the model ([`crate::request::default_body_limit`]).
+    pub max_body_bytes: Option<usize>,
+    pub server: ServerLimits,
 }
 
 impl Args {
@@ -223,6 +251,11 @@ impl Args {
         }
         anyhow::ensure!(self.block_size > 0, "--block-size must be positive");
         anyhow::ensure!(
+            self.model_path.is_some() || self.model_name.is_some(),
+            "give --model-path, or --model-name to load the model from the pods' model cards"
+        );
+        anyhow::ensure!(self.max_attempts > 0, "--max-attempts must be at least 1");
+        anyhow::ensure!(
             self.router_temperature.is_finite() && self.router_temperature >= 0.0,
             "--router-temperature must be >= 0, got {}",
             self.router_temperature
@@ -245,6 +278,7 @@ impl Args {
         Ok(Config {
             model_path: self.model_path,
             model_name: self.model_name,
+            model_card_port: (self.model_card_port != 0).then_some(self.model_card_port),
             http_addr: SocketAddr::new(ip, self.http_port),
             ext_proc_addr: SocketAddr::new(ip, self.ext_proc_port),
             metrics_addr: self.metrics_port.map(|p| SocketAddr::new(ip, p)),
@@ -269,29 +303,11 @@ impl Args {
                     max_blocks_in_flight: self.max_blocks_in_flight,
                 },
             },
+            max_attempts: self.max_attempts,
+            max_body_bytes: self.max_body_bytes,
+            server: self.server,
         })
     }
-}
-
-/// `250ms`, `2s`, `1m`, or a bare number of seconds (`0.5`).
-pub fn parse_duration(s: &str) -> Result<Duration, String> {
-    let s = s.trim();
-    let (number, scale) = if let Some(n) = s.strip_suffix("ms") {
-        (n, 1e-3)
-    } else if let Some(n) = s.strip_suffix('s') {
-        (n, 1.0)
-    } else if let Some(n) = s.strip_suffix('m') {
-        (n, 60.0)
-    } else {
-        (s, 1.0)
-    };
-    number
-        .trim()
-        .parse::<f64>()
-        .ok()
-        .filter(|v| v.is_finite() && *v >= 0.0)
-        .map(|v| Duration::from_secs_f64(v * scale))
-        .ok_or_else(|| format!("invalid duration {s:?}: expected e.g. 500ms, 2s, 1m or 0.5"))
 }
 
 #[cfg(test)]
@@ -308,13 +324,22 @@ mod tests {
     }
 
     #[test]
-    fn durations_take_units_or_seconds() {
-        assert_eq!(parse_duration("250ms"), Ok(Duration::from_millis(250)));
-        assert_eq!(parse_duration("2s"), Ok(Duration::from_secs(2)));
-        assert_eq!(parse_duration("1m"), Ok(Duration::from_secs(60)));
-        assert_eq!(parse_duration("0.5"), Ok(Duration::from_millis(500)));
-        assert!(parse_duration("-1s").is_err());
-        assert!(parse_duration("soon").is_err());
+    fn without_a_model_directory_the_model_is_named_and_learned_from_the_pods() {
+        let pods = |extra: &[&str]| {
+            let mut argv = vec!["dynamo-epp", "--endpoints", "10.0.0.1:8000"];
+            argv.extend_from_slice(extra);
+            Args::try_parse_from(argv).unwrap().into_config()
+        };
+        let err = pods(&[]).unwrap_err().to_string();
+        assert!(err.contains("--model-name"), "{err}");
+        let c = pods(&["--model-name", "Qwen/Qwen3-0.6B"]).unwrap();
+        assert_eq!((c.model_path, c.model_card_port), (None, Some(9090)));
+        assert_eq!(
+            pods(&["--model-name", "m", "--model-card-port", "0"])
+                .unwrap()
+                .model_card_port,
+            None
+        );
     }
 
     #[test]
@@ -359,6 +384,18 @@ mod tests {
         assert!(e.contains("--max-kv-usage"), "{e}");
         let e = args(&["--endpoints", "nowhere"]).unwrap_err();
         assert!(e.contains("nowhere"), "{e}");
+        let e = args(&["--endpoints", "10.0.0.1:8000", "--max-attempts", "0"]).unwrap_err();
+        assert!(e.contains("--max-attempts"), "{e}");
+        let c = args(&["--endpoints", "10.0.0.1:8000"]).unwrap();
+        assert_eq!((c.max_attempts, c.max_body_bytes), (3, None));
+        let c = args(&[
+            "--endpoints",
+            "10.0.0.1:8000",
+            "--max-body-bytes",
+            "1000000",
+        ])
+        .unwrap();
+        assert_eq!(c.max_body_bytes, Some(1_000_000));
         let c = args(&[
             "--endpoints",
             "10.0.0.1:8000",

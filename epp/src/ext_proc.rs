@@ -4,18 +4,22 @@
 //! `docs/proposals/004-endpoint-picker-protocol/README.md`):
 //!
 //! - the gateway streams each request's headers and body (`FULL_DUPLEX_STREAMED`); the
-//!   picker buffers the body until `end_of_stream`, parses the OpenAI request,
-//!   tokenizes it and picks a pod;
+//!   picker buffers the body until `end_of_stream` (at most the body limit: a longer
+//!   one, by `content-length` or by the chunks so far, gets an immediate 413), parses
+//!   the OpenAI request, tokenizes it and picks a pod;
 //! - it answers the headers phase with header `x-gateway-destination-endpoint: ip:port`
-//!   and the same value in dynamic metadata under `envoy.lb`, then hands the body back
-//!   unchanged;
+//!   and the same value in dynamic metadata under `envoy.lb`, removes a client's
+//!   `x-prefiller-host-port` (only the picker names a prefill pod), then hands the body
+//!   back unchanged;
 //! - it honours the subset hint: `x-gateway-destination-endpoint-subset` (a list of
 //!   `ip:port`) under the `envoy.lb.subset_hint` namespace of the request's
 //!   `metadata_context`; an empty subset or one with no known pod gets a 503;
 //! - no ready pod: an immediate 503; every pod saturated and the queue full: an
 //!   immediate 429; a bad request: the OpenAI 4xx the engine would have sent;
 //! - the response streams through the picker too, so it measures TTFT/ITL and ends the
-//!   request's load when the response body ends or the stream closes.
+//!   request's load when the response body ends or the stream closes; a sidecar's 503
+//!   `engine_unreachable` marks the pod unhealthy (the gateway, not the picker, would
+//!   have to resend the request: see `docs/epp.md`).
 //!
 //! gRPC health (`grpc.health.v1`) answers `liveness` (always serving), `readiness` and
 //! `envoy.service.ext_proc.v3.ExternalProcessor` (serving while the router is ready).
@@ -25,7 +29,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use dynamo_llm::{ApiError, ModelDir};
+use dynamo_llm::ApiError;
+use dynamo_server::GrpcConnection;
 use envoy_types::pb::envoy::config::core::v3::{HeaderValue, HeaderValueOption, Metadata};
 use envoy_types::pb::envoy::service::ext_proc::v3::external_processor_server::{
     ExternalProcessor, ExternalProcessorServer,
@@ -39,16 +44,17 @@ use envoy_types::pb::envoy::service::ext_proc::v3::{
 };
 use envoy_types::pb::envoy::r#type::v3::HttpStatus;
 use envoy_types::pb::google::protobuf::{Struct, Value, value::Kind};
-use tokio::net::TcpListener;
+use futures::Stream;
+use http::StatusCode;
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
-use tonic::transport::server::TcpIncoming;
 use tonic::{Request, Response, Status, Streaming};
 use tonic_health::ServingStatus;
 
-use crate::frontend::{PREFILLER_HEADER, route_error};
+use crate::frontend::{ERROR_BODY_BYTES, PREFILLER_HEADER, engine_unreachable, route_error};
 use crate::meter::ResponseMeter;
 use crate::metrics::Metrics;
+use crate::model_source::ModelSource;
 use crate::request::{self, Api};
 use crate::router::{Assignment, RouteRequest, Router};
 
@@ -69,18 +75,23 @@ pub const HEALTH_SERVICES: [&str; 3] = [
 /// The ext_proc service; one [`Session`] per HTTP request stream.
 #[derive(Clone)]
 pub struct ExtProc {
-    model: Arc<ModelDir>,
+    model: ModelSource,
     router: Arc<Router>,
     metrics: Arc<Metrics>,
 }
 
 impl ExtProc {
-    pub fn new(model: Arc<ModelDir>, router: Arc<Router>, metrics: Arc<Metrics>) -> Self {
+    pub fn new(model: ModelSource, router: Arc<Router>, metrics: Arc<Metrics>) -> Self {
         Self {
             model,
             router,
             metrics,
         }
+    }
+
+    /// Ready to serve: the model is loaded and the router can route.
+    fn ready(&self) -> bool {
+        self.model.get().is_ok() && self.router.readiness().is_ok()
     }
 }
 
@@ -99,10 +110,10 @@ impl ExternalProcessor for ExtProc {
     }
 }
 
-/// Serves ext_proc and gRPC health on `listener` until `shutdown`; readiness follows
-/// the router every 500 ms.
+/// Serves ext_proc and gRPC health on `incoming` until `shutdown`; readiness follows
+/// the model and the router every 500 ms.
 pub async fn serve(
-    listener: TcpListener,
+    incoming: impl Stream<Item = std::io::Result<GrpcConnection>> + Send + 'static,
     ext_proc: ExtProc,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), tonic::transport::Error> {
@@ -110,13 +121,13 @@ pub async fn serve(
     reporter
         .set_service_status(HEALTH_SERVICES[0], ServingStatus::Serving)
         .await;
-    let router = ext_proc.router.clone();
+    let watched = ext_proc.clone();
     let readiness = tokio::spawn(async move {
         let mut last = None;
         loop {
-            let status = match router.readiness() {
-                Ok(()) => ServingStatus::Serving,
-                Err(_) => ServingStatus::NotServing,
+            let status = match watched.ready() {
+                true => ServingStatus::Serving,
+                false => ServingStatus::NotServing,
             };
             if last != Some(status) {
                 for service in &HEALTH_SERVICES[1..] {
@@ -130,10 +141,7 @@ pub async fn serve(
     let result = tonic::transport::Server::builder()
         .add_service(health)
         .add_service(ExternalProcessorServer::new(ext_proc))
-        .serve_with_incoming_shutdown(
-            TcpIncoming::from(listener).with_nodelay(Some(true)),
-            shutdown,
-        )
+        .serve_with_incoming_shutdown(incoming, shutdown)
         .await;
     readiness.abort();
     result
@@ -146,9 +154,13 @@ struct Session {
     path: String,
     subset: Option<Vec<SocketAddr>>,
     body: Vec<u8>,
+    /// Largest request body buffered, in bytes (known once the model is).
+    body_limit: usize,
     prompt_tokens: usize,
     assignment: Option<Assignment>,
     meter: Option<ResponseMeter>,
+    /// The body so far of a 503 answer, to tell whether the pod's engine is down.
+    error_body: Option<Vec<u8>>,
 }
 
 impl Session {
@@ -159,9 +171,11 @@ impl Session {
             path: String::new(),
             subset: None,
             body: Vec::new(),
+            body_limit: 0,
             prompt_tokens: 0,
             assignment: None,
             meter: None,
+            error_body: None,
         }
     }
 
@@ -201,9 +215,23 @@ impl Session {
                     // No body (e.g. GET /v1/models): route on load alone.
                     return self.pick(false).await;
                 }
+                self.body_limit = match self.shared.model.get() {
+                    Ok(loaded) => loaded.body_limit,
+                    Err(e) => return (vec![self.refuse(e)], true),
+                };
+                let declared = header(&headers, "content-length").and_then(|v| v.parse().ok());
+                if declared.is_some_and(|n: usize| n > self.body_limit) {
+                    let refusal = self.refuse(ApiError::body_too_large(self.body_limit));
+                    return (vec![refusal], true);
+                }
+                self.body.reserve(declared.unwrap_or(0));
                 (Vec::new(), false)
             }
             Phase::RequestBody(body) => {
+                if self.body.len() + body.body.len() > self.body_limit {
+                    let refusal = self.refuse(ApiError::body_too_large(self.body_limit));
+                    return (vec![refusal], true);
+                }
                 self.body.extend_from_slice(&body.body);
                 if body.end_of_stream {
                     return self.pick(true).await;
@@ -217,9 +245,12 @@ impl Session {
             Phase::ResponseHeaders(headers) => {
                 let status = header(&headers, ":status").unwrap_or_else(|| "200".into());
                 self.count(&status);
+                if status == StatusCode::SERVICE_UNAVAILABLE.as_str() {
+                    self.error_body = Some(Vec::new());
+                }
                 let mut meter = ResponseMeter::start(
                     self.shared.metrics.clone(),
-                    &self.shared.model.name,
+                    self.shared.model.name(),
                     self.prompt_tokens,
                     self.started,
                 );
@@ -239,6 +270,7 @@ impl Session {
                 if let Some(m) = self.meter.as_mut() {
                     m.on_data(&body.body);
                 }
+                self.inspect_error(&body.body, body.end_of_stream);
                 let end = body.end_of_stream;
                 let passthrough = reply(Reply::ResponseBody(streamed_body(body.body, end)));
                 if end {
@@ -262,7 +294,10 @@ impl Session {
         let mut route = RouteRequest::default();
         let body = Bytes::from(std::mem::take(&mut self.body));
         if let Some(api) = Api::from_path(&self.path) {
-            let model = self.shared.model.clone();
+            let model = match self.shared.model.get() {
+                Ok(loaded) => loaded.model.clone(),
+                Err(e) => return (vec![self.refuse(e)], true),
+            };
             match request::prepare_async(model, api, body.clone()).await {
                 Ok(prepared) => {
                     self.prompt_tokens = prepared.token_ids.len();
@@ -284,9 +319,11 @@ impl Session {
         let headers_reply = ProcessingResponse {
             response: Some(Reply::RequestHeaders(HeadersResponse {
                 response: Some(CommonResponse {
+                    // Envoy applies removals before settings (`MutationUtils::
+                    // applyHeaderMutations`), so a prefill pod named here survives.
                     header_mutation: Some(HeaderMutation {
                         set_headers,
-                        remove_headers: Vec::new(),
+                        remove_headers: vec![PREFILLER_HEADER.to_owned()],
                     }),
                     // The destination header changes where the route sends the request.
                     clear_route_cache: true,
@@ -328,11 +365,32 @@ impl Session {
             .metrics
             .requests
             .get_or_create(&vec![
-                ("model", self.shared.model.name.clone()),
+                ("model", self.shared.model.name().to_owned()),
                 ("route", route.to_owned()),
                 ("status", status.to_owned()),
             ])
             .inc();
+    }
+
+    /// Collects a 503's body (up to [`ERROR_BODY_BYTES`]); at its end, a sidecar's
+    /// `engine_unreachable` marks the pod unhealthy, so later requests avoid it.
+    fn inspect_error(&mut self, chunk: &[u8], end: bool) {
+        let Some(buffer) = self.error_body.as_mut() else {
+            return;
+        };
+        if buffer.len() + chunk.len() > ERROR_BODY_BYTES as usize {
+            self.error_body = None;
+            return;
+        }
+        buffer.extend_from_slice(chunk);
+        if let Some(a) = self
+            .assignment
+            .as_ref()
+            .filter(|_| end && engine_unreachable(buffer))
+        {
+            tracing::warn!(address = %a.address, "endpoint's engine is unreachable");
+            self.shared.router.mark_unhealthy(a.address);
+        }
     }
 
     /// The response ended normally.

@@ -3,27 +3,37 @@
 //! the answer back unchanged. A client that leaves drops the proxied stream, which closes
 //! the upstream connection (the engine aborts the request) and ends its load.
 //!
-//! A pod that refuses the connection (nothing was sent, nothing returned) is marked
-//! unhealthy for a while and the request is retried once on another pod.
+//! The body is read up to a limit derived from the model's context
+//! ([`request::default_body_limit`]); a longer one is refused with 413 as soon as its
+//! `Content-Length` or its streamed bytes say so.
+//!
+//! A pod that fails before answering (connection refused or reset, or its sidecar's 503
+//! `engine_unreachable`: the sidecar is up, its engine is not) is marked unhealthy for a
+//! while and the request goes to another pod, up to `max_attempts` pods: nothing has
+//! reached the client yet and the body is still in hand. Any other answer, errors
+//! included, goes to the client unchanged.
 
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
-use std::time::{Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use axum::Router as HttpRouter;
-use axum::body::{Body, Bytes};
-use axum::extract::{DefaultBodyLimit, State};
+use axum::body::{Body, BodyDataStream, Bytes};
+use axum::extract::State;
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Json, Response};
 use axum::routing::{get, post};
+use bytes::BytesMut;
+use dynamo_llm::ApiError;
+use dynamo_llm::error::ENGINE_UNREACHABLE;
 use dynamo_llm::openai::ModelList;
-use dynamo_llm::{ApiError, ModelDir};
-use futures::Stream;
-use serde_json::json;
+use futures::{Stream, StreamExt};
+use serde_json::{Value, json};
 
 use crate::meter::ResponseMeter;
 use crate::metrics::Metrics;
+use crate::model_source::ModelSource;
 use crate::request::{self, Api};
 use crate::router::{Assignment, RouteError, Router};
 
@@ -36,24 +46,32 @@ pub const PREFILLER_HEADER: &str = "x-prefiller-host-port";
 /// picker's own connection's business.
 const FORWARDED_HEADERS: [&str; 4] = ["authorization", "x-request-id", "traceparent", "tracestate"];
 
-/// Largest request body accepted (long prompts are a few MB of JSON at most).
-const MAX_BODY: usize = 64 << 20;
+/// Largest error body read to tell a sidecar's `engine_unreachable` 503 from others.
+pub const ERROR_BODY_BYTES: u64 = 64 << 10;
+
+/// How long a refused body is still read (and dropped), so that the client reads the 413
+/// rather than a reset: closing a connection with unread data sends RST (RFC 1122
+/// 4.2.2.13), which can discard the response before the client reads it.
+const DRAIN_FOR: Duration = Duration::from_secs(5);
 
 pub struct Frontend {
-    pub model: Arc<ModelDir>,
+    pub model: ModelSource,
     pub router: Arc<Router>,
     pub metrics: Arc<Metrics>,
     pub client: reqwest::Client,
     /// Unix seconds of start, for `/v1/models`.
     pub created: u64,
+    /// Pods one request is tried on at most.
+    pub max_attempts: usize,
 }
 
 impl Frontend {
     pub fn new(
-        model: Arc<ModelDir>,
+        model: ModelSource,
         router: Arc<Router>,
         metrics: Arc<Metrics>,
         client: reqwest::Client,
+        max_attempts: usize,
     ) -> Self {
         let created = SystemTime::now()
             .duration_since(UNIX_EPOCH)
@@ -64,7 +82,14 @@ impl Frontend {
             metrics,
             client,
             created,
+            max_attempts,
         }
+    }
+
+    /// Ready to serve: the model is loaded and the router can route.
+    pub fn readiness(&self) -> Result<(), String> {
+        self.model.get().map_err(|e| e.message)?;
+        self.router.readiness()
     }
 }
 
@@ -74,7 +99,7 @@ pub fn routes(frontend: Arc<Frontend>) -> HttpRouter {
         .route(
             Api::Chat.path(),
             post(
-                |State(f): State<Arc<Frontend>>, headers: HeaderMap, body: Bytes| async move {
+                |State(f): State<Arc<Frontend>>, headers: HeaderMap, body: Body| async move {
                     f.serve(Api::Chat, headers, body).await
                 },
             ),
@@ -82,7 +107,7 @@ pub fn routes(frontend: Arc<Frontend>) -> HttpRouter {
         .route(
             Api::Completions.path(),
             post(
-                |State(f): State<Arc<Frontend>>, headers: HeaderMap, body: Bytes| async move {
+                |State(f): State<Arc<Frontend>>, headers: HeaderMap, body: Body| async move {
                     f.serve(Api::Completions, headers, body).await
                 },
             ),
@@ -100,7 +125,6 @@ pub fn routes(frontend: Arc<Frontend>) -> HttpRouter {
                 code: None,
             }
         })
-        .layer(DefaultBodyLimit::max(MAX_BODY))
         .with_state(frontend)
 }
 
@@ -113,7 +137,7 @@ pub fn ops_routes() -> HttpRouter<Arc<Frontend>> {
 }
 
 async fn health(State(f): State<Arc<Frontend>>) -> Response {
-    match f.router.readiness() {
+    match f.readiness() {
         Ok(()) => Json(json!({"status": "ready"})).into_response(),
         Err(reason) => (
             StatusCode::SERVICE_UNAVAILABLE,
@@ -134,12 +158,13 @@ async fn metrics(State(f): State<Arc<Frontend>>) -> Response {
         .into_response()
 }
 
-async fn models(State(f): State<Arc<Frontend>>) -> Json<ModelList> {
-    Json(ModelList::single(
-        &f.model.name,
+async fn models(State(f): State<Arc<Frontend>>) -> Result<Json<ModelList>, ApiError> {
+    let model = &f.model.get()?.model;
+    Ok(Json(ModelList::single(
+        &model.name,
         f.created,
-        f.model.max_context,
-    ))
+        model.max_context,
+    )))
 }
 
 /// The OpenAI error for a request the router could not place.
@@ -150,17 +175,73 @@ pub fn route_error(e: RouteError) -> ApiError {
     }
 }
 
+/// Whether an answer's body is a sidecar's `engine_unreachable` error (its engine is
+/// down, the pod cannot serve).
+pub fn engine_unreachable(body: &[u8]) -> bool {
+    serde_json::from_slice::<Value>(body).is_ok_and(|v| v["error"]["code"] == ENGINE_UNREACHABLE)
+}
+
+/// The request body, refused with 413 as soon as it is known to be longer than `limit`:
+/// at once from its `Content-Length`, else when the bytes streamed in pass it.
+async fn read_body(headers: &HeaderMap, body: Body, limit: usize) -> Result<Bytes, ApiError> {
+    let declared = headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
+    let mut stream = body.into_data_stream();
+    if declared.is_some_and(|n| n > limit as u64) {
+        drain(stream);
+        return Err(ApiError::body_too_large(limit));
+    }
+    let mut buffer = BytesMut::with_capacity(declared.map_or(0, |n| n as usize));
+    while let Some(chunk) = stream.next().await {
+        let chunk = chunk.map_err(|e| {
+            ApiError::bad_request(format!("reading the request body failed: {e}"), None)
+        })?;
+        if buffer.len() + chunk.len() > limit {
+            drain(stream);
+            return Err(ApiError::body_too_large(limit));
+        }
+        buffer.extend_from_slice(&chunk);
+    }
+    Ok(buffer.freeze())
+}
+
+/// Reads and drops the rest of a refused body for at most [`DRAIN_FOR`].
+fn drain(mut stream: BodyDataStream) {
+    tokio::spawn(tokio::time::timeout(DRAIN_FOR, async move {
+        while let Some(Ok(_)) = stream.next().await {}
+    }));
+}
+
+/// A pod's answer to one attempt.
+enum Answer {
+    /// Streamed on as it arrives.
+    Stream(reqwest::Response),
+    /// A small error read whole to tell whether the pod failed (see [`engine_unreachable`]).
+    Whole {
+        status: StatusCode,
+        content_type: Option<HeaderValue>,
+        body: Bytes,
+    },
+}
+
 impl Frontend {
-    async fn serve(self: Arc<Self>, api: Api, headers: HeaderMap, body: Bytes) -> Response {
+    async fn serve(self: Arc<Self>, api: Api, headers: HeaderMap, body: Body) -> Response {
         let started = Instant::now();
-        let response = match self.proxy(api, &headers, body, started).await {
-            Ok(response) => response,
+        let response = match self.model.get() {
+            Ok(loaded) => match read_body(&headers, body, loaded.body_limit).await {
+                Ok(body) => match self.proxy(api, &headers, body, started).await {
+                    Ok(response) => response,
+                    Err(e) => e.into_response(),
+                },
+                Err(e) => e.into_response(),
+            },
             Err(e) => e.into_response(),
         };
         self.metrics
             .requests
             .get_or_create(&vec![
-                ("model", self.model.name.clone()),
+                ("model", self.model.name().to_owned()),
                 ("route", api.path().to_owned()),
                 ("status", response.status().as_u16().to_string()),
             ])
@@ -175,72 +256,108 @@ impl Frontend {
         body: Bytes,
         started: Instant,
     ) -> Result<Response, ApiError> {
-        let prepared = request::prepare_async(self.model.clone(), api, body.clone()).await?;
+        let model = self.model.get()?.model.clone();
+        let prepared = request::prepare_async(model, api, body.clone()).await?;
         let mut route = request::route_request(&prepared);
-        let mut attempts_left = 2;
+        let mut attempt = 0;
         loop {
-            attempts_left -= 1;
+            attempt += 1;
             let assignment = self
                 .router
                 .route(route.clone())
                 .await
                 .map_err(route_error)?;
             let address = assignment.address;
-            let mut upstream = self
-                .client
-                .post(format!("http://{address}{}", api.path()))
-                .header(header::CONTENT_TYPE, "application/json")
-                .body(body.clone());
-            for name in FORWARDED_HEADERS {
-                for value in headers.get_all(name) {
-                    upstream = upstream.header(name, value);
-                }
-            }
-            if let Some(prefill) = assignment.prefill {
-                upstream = upstream.header(PREFILLER_HEADER, prefill.to_string());
-            }
-            match upstream.send().await {
+            let failure = match self.attempt(api, headers, &body, &assignment).await {
                 Ok(answer) => {
                     let meter = ResponseMeter::start(
                         self.metrics.clone(),
-                        &self.model.name,
+                        self.model.name(),
                         prepared.token_ids.len(),
                         started,
                     );
                     return Ok(relay(answer, assignment, meter));
                 }
-                Err(e) if e.is_connect() => {
-                    tracing::warn!(%address, error = %e, "endpoint refused the request");
-                    self.router.mark_unhealthy(address);
-                    drop(assignment);
-                    if attempts_left == 0 {
-                        return Err(ApiError::unavailable(format!(
-                            "endpoint {address} refused the connection"
-                        )));
-                    }
-                    route.exclude.push(address);
-                }
-                Err(e) => {
-                    return Err(ApiError {
-                        status: StatusCode::BAD_GATEWAY,
-                        message: format!("endpoint {address} failed: {e}"),
-                        kind: "server_error",
-                        param: None,
-                        code: None,
-                    });
-                }
+                Err(failure) => failure,
+            };
+            tracing::warn!(%address, %failure, attempt, "endpoint failed before answering");
+            self.router.mark_unhealthy(address);
+            drop(assignment);
+            if attempt >= self.max_attempts {
+                return Err(ApiError::unavailable(format!(
+                    "endpoint {address} failed before answering ({failure}); \
+                     {attempt} endpoints tried"
+                )));
+            }
+            route.exclude.push(address);
+        }
+    }
+
+    /// Sends the request to the assigned pod; `Err` says why the pod failed before
+    /// answering.
+    async fn attempt(
+        &self,
+        api: Api,
+        headers: &HeaderMap,
+        body: &Bytes,
+        assignment: &Assignment,
+    ) -> Result<Answer, String> {
+        let mut upstream = self
+            .client
+            .post(format!("http://{}{}", assignment.address, api.path()))
+            .header(header::CONTENT_TYPE, "application/json")
+            .body(body.clone());
+        for name in FORWARDED_HEADERS {
+            for value in headers.get_all(name) {
+                upstream = upstream.header(name, value);
             }
         }
+        if let Some(prefill) = assignment.prefill {
+            upstream = upstream.header(PREFILLER_HEADER, prefill.to_string());
+        }
+        // Refused, reset or closed before a status line: nothing came back.
+        let answer = upstream.send().await.map_err(|e| e.to_string())?;
+        let small = answer
+            .content_length()
+            .is_some_and(|n| n <= ERROR_BODY_BYTES);
+        if answer.status() != StatusCode::SERVICE_UNAVAILABLE || !small {
+            return Ok(Answer::Stream(answer));
+        }
+        let status = answer.status();
+        let content_type = answer.headers().get(header::CONTENT_TYPE).cloned();
+        let body = answer.bytes().await.map_err(|e| e.to_string())?;
+        if engine_unreachable(&body) {
+            return Err(ENGINE_UNREACHABLE.to_owned());
+        }
+        Ok(Answer::Whole {
+            status,
+            content_type,
+            body,
+        })
     }
 }
 
 /// The upstream answer as the client's response: same status, content type and bytes.
-fn relay(answer: reqwest::Response, assignment: Assignment, mut meter: ResponseMeter) -> Response {
-    let status = answer.status();
-    let content_type = answer.headers().get(header::CONTENT_TYPE).cloned();
+fn relay(answer: Answer, assignment: Assignment, mut meter: ResponseMeter) -> Response {
+    let (status, content_type, upstream): (_, _, ByteStream) = match answer {
+        Answer::Stream(answer) => (
+            answer.status(),
+            answer.headers().get(header::CONTENT_TYPE).cloned(),
+            Box::pin(answer.bytes_stream()),
+        ),
+        Answer::Whole {
+            status,
+            content_type,
+            body,
+        } => (
+            status,
+            content_type,
+            Box::pin(futures::stream::iter([Ok(body)])),
+        ),
+    };
     meter.set_content_type(content_type.as_ref().and_then(|v| v.to_str().ok()));
     let body = MeteredBody {
-        upstream: Box::pin(answer.bytes_stream()),
+        upstream,
         assignment: Some(assignment),
         meter: Some(meter),
     };

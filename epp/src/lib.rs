@@ -7,6 +7,7 @@
 //! - [`config`]: flags and checked configuration;
 //! - [`discovery`]: where the pods come from; [`pool`]: keeps the router's pods current;
 //! - [`events`]: KV event followers; [`engine_metrics`]: engine load polling;
+//!   [`model_source`]: the model, from a directory or the pods' model cards;
 //! - [`router`]: the shared routing state, picks and load accounting;
 //! - [`request`]: OpenAI request checks and tokenization; [`meter`]: response metrics;
 //! - [`frontend`]: the HTTP frontend; [`ext_proc`]: the gateway's ext_proc server;
@@ -20,6 +21,7 @@ pub mod ext_proc;
 pub mod frontend;
 pub mod meter;
 pub mod metrics;
+pub mod model_source;
 pub mod pool;
 pub mod request;
 pub mod router;
@@ -28,8 +30,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use axum::serve::ListenerExt;
-use dynamo_llm::ModelDir;
+use dynamo_server::Server;
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
@@ -40,6 +41,7 @@ pub use router::Router;
 use crate::ext_proc::ExtProc;
 use crate::frontend::Frontend;
 use crate::metrics::Metrics;
+use crate::model_source::ModelSource;
 
 /// A running picker; dropping it does not stop it, [`Epp::shutdown`] does.
 pub struct Epp {
@@ -77,16 +79,30 @@ impl Epp {
     }
 }
 
-/// Loads the model, binds every listener, starts discovery, and serves.
+/// Loads the model (or starts learning it from the pods), binds every listener, starts
+/// discovery, and serves.
 pub async fn start(config: Config) -> anyhow::Result<Epp> {
-    let model = Arc::new(ModelDir::load(
-        &config.model_path,
-        config.model_name.as_deref(),
-    )?);
+    let block_size = u32::try_from(config.router.block_size)?;
+    let model = match &config.model_path {
+        Some(path) => ModelSource::from_dir(
+            path,
+            config.model_name.as_deref(),
+            block_size,
+            config.max_body_bytes,
+        )?,
+        None => ModelSource::from_pods(
+            config
+                .model_name
+                .clone()
+                .ok_or_else(|| anyhow::anyhow!("--model-name is required without --model-path"))?,
+            block_size,
+            config.max_body_bytes,
+        ),
+    };
     let metrics = Arc::new(Metrics::new());
     let router = Arc::new(Router::new(
         config.router.clone(),
-        &model.name,
+        model.name(),
         metrics.clone(),
     ));
     let client = reqwest::Client::builder()
@@ -94,32 +110,40 @@ pub async fn start(config: Config) -> anyhow::Result<Epp> {
         .tcp_nodelay(true)
         .build()?;
     let endpoints = discovery::start(&config.discovery, config.kv_events_port).await?;
-    let pool = tokio::spawn(pool::run(
-        router.clone(),
-        endpoints,
-        config.metrics_poll_interval,
-        client.clone(),
-    ));
+    let pod_tasks = pool::PodTasks {
+        metrics_poll: config.metrics_poll_interval,
+        model: model.clone(),
+        model_card_port: config.model_card_port,
+        client: client.clone(),
+    };
+    let pool = tokio::spawn(pool::run(router.clone(), endpoints, pod_tasks));
 
+    let server = Server::new(&config.server);
     let stop = CancellationToken::new();
     let frontend = Arc::new(Frontend::new(
         model.clone(),
         router.clone(),
         metrics.clone(),
         client,
+        config.max_attempts,
     ));
     let mut tasks = Vec::new();
 
     let http = TcpListener::bind(config.http_addr).await?;
     let http_addr = http.local_addr()?;
-    tasks.push(serve_http(http, frontend::routes(frontend.clone()), &stop));
+    tasks.push(serve_http(
+        &server,
+        http,
+        frontend::routes(frontend.clone()),
+        &stop,
+    ));
 
     let metrics_addr = match config.metrics_addr {
         Some(addr) => {
             let listener = TcpListener::bind(addr).await?;
             let bound = listener.local_addr()?;
             let app = frontend::ops_routes().with_state(frontend);
-            tasks.push(serve_http(listener, app, &stop));
+            tasks.push(serve_http(&server, listener, app, &stop));
             Some(bound)
         }
         None => None,
@@ -128,9 +152,9 @@ pub async fn start(config: Config) -> anyhow::Result<Epp> {
     let grpc = TcpListener::bind(config.ext_proc_addr).await?;
     let ext_proc_addr = grpc.local_addr()?;
     let service = ExtProc::new(model.clone(), router.clone(), metrics.clone());
-    let shutdown = stop.clone().cancelled_owned();
+    let (incoming, shutdown) = (server.grpc_incoming(grpc), stop.clone().cancelled_owned());
     tasks.push(tokio::spawn(async move {
-        ext_proc::serve(grpc, service, shutdown).await?;
+        ext_proc::serve(incoming, service, shutdown).await?;
         Ok(())
     }));
 
@@ -138,7 +162,7 @@ pub async fn start(config: Config) -> anyhow::Result<Epp> {
         http_addr,
         ext_proc_addr,
         metrics_addr,
-        model_name: model.name.clone(),
+        model_name: model.name().to_owned(),
         router,
         metrics,
         stop,
@@ -148,20 +172,14 @@ pub async fn start(config: Config) -> anyhow::Result<Epp> {
 }
 
 fn serve_http(
+    server: &Server,
     listener: TcpListener,
     app: axum::Router,
     stop: &CancellationToken,
 ) -> JoinHandle<anyhow::Result<()>> {
-    // Streamed tokens are small writes: without TCP_NODELAY, Nagle's algorithm holds
-    // them back waiting for ACKs.
-    let listener = listener.tap_io(|tcp| {
-        let _ = tcp.set_nodelay(true);
-    });
-    let shutdown = stop.clone().cancelled_owned();
+    let (server, shutdown) = (server.clone(), stop.clone().cancelled_owned());
     tokio::spawn(async move {
-        axum::serve(listener, app)
-            .with_graceful_shutdown(shutdown)
-            .await?;
+        server.serve_http(listener, app, shutdown).await?;
         Ok(())
     })
 }

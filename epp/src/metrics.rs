@@ -70,6 +70,8 @@ pub struct Metrics {
     pub queue_wait_seconds: Histogram,
     pub queue_depth: Gauge,
     pub upstream_failures: Family<Labels, Counter>,
+    /// 1 for a pod whose model card does not fit the picker's model (not routed to).
+    pub model_card_mismatch: Family<Labels, Gauge>,
     // Pods and their event streams.
     pub endpoints: Family<Labels, Gauge>,
     pub index_blocks: Gauge,
@@ -106,6 +108,7 @@ impl Metrics {
             queue_wait_seconds: latency(),
             queue_depth: Gauge::default(),
             upstream_failures: Family::default(),
+            model_card_mismatch: Family::default(),
             endpoints: Family::default(),
             index_blocks: Gauge::default(),
             kv_updates: Family::default(),
@@ -191,6 +194,11 @@ impl Metrics {
             "dynamo_epp_upstream_failures",
             "Requests a pod refused before answering, by pod",
             m.upstream_failures.clone(),
+        );
+        r.register(
+            "dynamo_epp_model_card_mismatch",
+            "1 for a pod whose model card names another model or block size (not routed to), by pod",
+            m.model_card_mismatch.clone(),
         );
         r.register(
             "dynamo_epp_endpoints",

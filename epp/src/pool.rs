@@ -1,5 +1,6 @@
 //! Keeps the router's pods equal to what discovery reports: a new pod gets a fresh
-//! `WorkerId`, a KV event follower (kv mode) and an engine metrics poller; a pod that
+//! `WorkerId`, a KV event follower (kv mode), an engine metrics poller and a model card
+//! follower; a pod that
 //! leaves has its tasks stopped before its state is dropped, so no late event of a gone
 //! pod reaches the index.
 
@@ -12,6 +13,7 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use crate::discovery::{EndpointSet, EndpointSpec};
+use crate::model_source::{self, ModelSource};
 use crate::router::Router;
 use crate::{engine_metrics, events};
 
@@ -25,18 +27,29 @@ struct Member {
 pub async fn run(
     router: Arc<Router>,
     mut endpoints: watch::Receiver<EndpointSet>,
-    metrics_poll: Option<Duration>,
-    client: reqwest::Client,
+    tasks: PodTasks,
 ) {
     let mut members = Members::default();
     loop {
         let set = endpoints.borrow_and_update().clone();
-        members.reconcile(&router, set, metrics_poll, &client).await;
+        members.reconcile(&router, set, &tasks).await;
         if endpoints.changed().await.is_err() {
             // The source ended (it logged why): keep the last set.
             std::future::pending::<()>().await;
         }
     }
+}
+
+/// What runs for each pod besides its KV event follower.
+#[derive(Clone)]
+pub struct PodTasks {
+    /// How often its engine's metrics are read, if at all.
+    pub metrics_poll: Option<Duration>,
+    /// The model its card is checked against (and loaded from, if not yet known).
+    pub model: ModelSource,
+    /// Its sidecar's card port, when its discovery source names no card URL.
+    pub model_card_port: Option<u16>,
+    pub client: reqwest::Client,
 }
 
 #[derive(Default)]
@@ -46,13 +59,7 @@ struct Members {
 }
 
 impl Members {
-    async fn reconcile(
-        &mut self,
-        router: &Arc<Router>,
-        set: EndpointSet,
-        metrics_poll: Option<Duration>,
-        client: &reqwest::Client,
-    ) {
+    async fn reconcile(&mut self, router: &Arc<Router>, set: EndpointSet, pod: &PodTasks) {
         let gone: Vec<EndpointSpec> = self
             .live
             .keys()
@@ -85,13 +92,26 @@ impl Members {
                     spec.kv_events.clone(),
                 )));
             }
-            if let Some(interval) = metrics_poll {
+            if let Some(interval) = pod.metrics_poll {
                 tasks.push(tokio::spawn(engine_metrics::poll(
                     router.clone(),
                     worker,
                     spec.address,
                     interval,
-                    client.clone(),
+                    pod.client.clone(),
+                )));
+            }
+            let card = spec.model_card.clone().or_else(|| {
+                pod.model_card_port
+                    .map(|port| model_source::card_url(spec.address, port))
+            });
+            if let Some(card) = card {
+                tasks.push(tokio::spawn(model_source::follow(
+                    router.clone(),
+                    worker,
+                    card,
+                    pod.model.clone(),
+                    pod.client.clone(),
                 )));
             }
             tracing::info!(address = %spec.address, kv_events = %spec.kv_events, role = spec.role.as_str(), "endpoint added");

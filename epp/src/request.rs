@@ -34,6 +34,22 @@ impl Api {
     }
 }
 
+/// Room in a body for what surrounds the prompt text: JSON syntax and escapes, roles,
+/// tools, parameters.
+const BODY_FRAMING_BYTES: usize = 1 << 20;
+
+/// The body limit when the tokenizer admits no prompt bound (what the frontend accepted
+/// before bodies were bounded by the context).
+const UNBOUNDED_BODY_BYTES: usize = 64 << 20;
+
+/// The largest request body worth reading for `model`: one that could carry the longest
+/// prompt text its context could hold ([`ModelDir::max_prompt_bytes`]).
+pub fn default_body_limit(model: &ModelDir) -> usize {
+    model.max_prompt_bytes().map_or(UNBOUNDED_BODY_BYTES, |b| {
+        b.saturating_add(BODY_FRAMING_BYTES)
+    })
+}
+
 /// Checks and tokenizes `body` for `api`.
 pub fn prepare(model: &ModelDir, api: Api, body: &[u8]) -> Result<PreparedRequest, ApiError> {
     match api {

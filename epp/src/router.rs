@@ -69,6 +69,8 @@ struct Endpoint {
     synced: bool,
     /// Avoided until then after refusing a connection.
     unhealthy_until: Option<Instant>,
+    /// Why its model card does not fit the picker's model: never routed to meanwhile.
+    card_problem: Option<String>,
 }
 
 /// A request's routing inputs, kept while it waits.
@@ -296,6 +298,7 @@ impl Router {
                     .is_none_or(|s| s.contains(&e.spec.address))
             })
             .filter(|(_, e)| !job.exclude.contains(&e.spec.address))
+            .filter(|(_, e)| e.card_problem.is_none())
             .collect();
         let healthy: Vec<WorkerId> = eligible
             .iter()
@@ -498,6 +501,7 @@ impl Router {
                     added: Instant::now(),
                     synced: false,
                     unhealthy_until: None,
+                    card_problem: None,
                 },
             );
             self.publish_endpoint_gauges(&st);
@@ -514,6 +518,7 @@ impl Router {
             if let Some(gone) = st.endpoints.remove(&worker) {
                 let pod = vec![("pod", gone.spec.address.to_string())];
                 self.metrics.engine_kv_usage.remove(&pod);
+                self.metrics.model_card_mismatch.remove(&pod);
             }
             st.load.remove_worker(worker);
             st.approx.remove_worker(worker);
@@ -599,6 +604,21 @@ impl Router {
         deliver(deliveries);
     }
 
+    /// Whether the pod's model card fits the picker's model (`None`) or why not; a pod
+    /// that does not fit is not routed to until it does.
+    pub fn set_card_problem(&self, worker: WorkerId, problem: Option<String>) {
+        let mut st = self.lock();
+        let Some(endpoint) = st.endpoints.get_mut(&worker) else {
+            return;
+        };
+        let pod = vec![("pod", endpoint.spec.address.to_string())];
+        self.metrics
+            .model_card_mismatch
+            .get_or_create(&pod)
+            .set(i64::from(problem.is_some()));
+        endpoint.card_problem = problem;
+    }
+
     /// The pod at `address` refused a connection: avoid it for a while.
     pub fn mark_unhealthy(&self, address: SocketAddr) {
         let until = Instant::now() + self.config.unhealthy_for;
@@ -627,6 +647,17 @@ impl Router {
             .all(|e| !SERVING_ROLES.contains(&e.spec.role))
         {
             return Err("no worker or decode endpoint".into());
+        }
+        let misfits: Vec<String> = st
+            .endpoints
+            .values()
+            .filter_map(|e| Some(format!("{} {}", e.spec.address, e.card_problem.as_ref()?)))
+            .collect();
+        if misfits.len() == st.endpoints.len() {
+            return Err(format!(
+                "no pod serves the picker's model: {}",
+                misfits.join("; ")
+            ));
         }
         let waiting: Vec<String> = st
             .endpoints

@@ -18,8 +18,8 @@ use envoy_types::pb::envoy::service::ext_proc::v3::external_processor_client::Ex
 use envoy_types::pb::envoy::service::ext_proc::v3::processing_request::Request as Phase;
 use envoy_types::pb::envoy::service::ext_proc::v3::processing_response::Response as Reply;
 use envoy_types::pb::envoy::service::ext_proc::v3::{
-    BodyResponse, HeadersResponse, HttpBody, HttpHeaders, ImmediateResponse, ProcessingRequest,
-    ProcessingResponse, body_mutation,
+    BodyResponse, HeaderMutation, HeadersResponse, HttpBody, HttpHeaders, ImmediateResponse,
+    ProcessingRequest, ProcessingResponse, body_mutation,
 };
 use envoy_types::pb::google::protobuf::{ListValue, Struct, Value as PbValue, value::Kind};
 use serde_json::Value;
@@ -179,22 +179,41 @@ fn subset_metadata(addresses: &[&str]) -> Metadata {
     }
 }
 
-/// The destination header a request-headers reply sets.
-fn destination(reply: &Reply) -> String {
+/// The header changes of a request-headers reply.
+fn mutation(reply: &Reply) -> &HeaderMutation {
     let Reply::RequestHeaders(HeadersResponse {
         response: Some(common),
     }) = reply
     else {
         panic!("expected request headers, got {reply:?}");
     };
-    header_set(common.header_mutation.as_ref().unwrap(), DESTINATION_KEY)
-        .expect("destination header")
+    common.header_mutation.as_ref().unwrap()
 }
 
-fn header_set(
-    mutation: &envoy_types::pb::envoy::service::ext_proc::v3::HeaderMutation,
-    key: &str,
-) -> Option<String> {
+/// The destination header a request-headers reply sets.
+fn destination(reply: &Reply) -> String {
+    header_set(mutation(reply), DESTINATION_KEY).expect("destination header")
+}
+
+/// A chat request whose client names a prefill pod itself; returns the picker's reply
+/// to its headers and body.
+async fn forged_prefill_request(epp: &Epp) -> Reply {
+    let mut x = Exchange::open(epp).await;
+    x.send(headers(
+        &[
+            (":method", "POST"),
+            (":path", "/v1/chat/completions"),
+            ("x-prefiller-host-port", "10.6.6.6:8000"),
+        ],
+        false,
+    ))
+    .await;
+    let body = chat("hi", 2, false).to_string();
+    x.send(body_phase(body.as_bytes(), true, false)).await;
+    x.reply().await
+}
+
+fn header_set(mutation: &HeaderMutation, key: &str) -> Option<String> {
     mutation
         .set_headers
         .iter()
@@ -473,26 +492,12 @@ async fn a_disaggregated_pool_names_the_prefill_pod_too() {
         epp.router.endpoints().len() == 2
     })
     .await;
-    let mut x = Exchange::open(&epp).await;
-    let reply = x
-        .request(
-            "/v1/chat/completions",
-            &chat("hi", 2, false).to_string(),
-            None,
-        )
-        .await;
+    // The client's own prefill header is removed, and the picker's set instead.
+    let reply = forged_prefill_request(&epp).await;
     assert_eq!(destination(&reply), decode.address.to_string());
-    let Reply::RequestHeaders(HeadersResponse {
-        response: Some(common),
-    }) = &reply
-    else {
-        unreachable!()
-    };
+    assert_eq!(mutation(&reply).remove_headers, ["x-prefiller-host-port"]);
     assert_eq!(
-        header_set(
-            common.header_mutation.as_ref().unwrap(),
-            "x-prefiller-host-port"
-        ),
+        header_set(mutation(&reply), "x-prefiller-host-port"),
         Some(prefill.address.to_string())
     );
 }
@@ -543,4 +548,142 @@ async fn grpc_health_services_follow_readiness() {
     }
     let unknown = health.check(check("nope")).await.unwrap_err();
     assert_eq!(unknown.code(), tonic::Code::NotFound);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_clients_prefill_header_is_removed() {
+    let worker = Sidecarred::start(8000);
+    let file = EndpointsFile::new();
+    file.write(&[worker.entry("worker")]);
+    let epp = picker(&file, RouterConfig::default()).await;
+    eventually("one endpoint", || async {
+        epp.router.endpoints().len() == 1
+    })
+    .await;
+    let reply = forged_prefill_request(&epp).await;
+    assert_eq!(destination(&reply), worker.address.to_string());
+    assert_eq!(mutation(&reply).remove_headers, ["x-prefiller-host-port"]);
+    assert_eq!(header_set(mutation(&reply), "x-prefiller-host-port"), None);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_body_over_the_limit_gets_an_immediate_413() {
+    let pod = Sidecarred::start(8000);
+    let file = EndpointsFile::new();
+    file.write(&[pod.entry("worker")]);
+    let mut config = config(&file, RouterConfig::default());
+    config.max_body_bytes = Some(1000);
+    let epp = start(config).await.unwrap();
+    eventually("one endpoint", || async {
+        epp.router.endpoints().len() == 1
+    })
+    .await;
+    let too_large = |reply: &Reply| {
+        let (status, error) = immediate(reply);
+        assert_eq!(status, 413, "{error}");
+        assert!(
+            error["error"]["message"]
+                .as_str()
+                .unwrap()
+                .contains("1000 bytes"),
+            "{error}"
+        );
+    };
+
+    // Announced by content-length: refused at the headers, before any body chunk.
+    let mut x = Exchange::open(&epp).await;
+    x.send(headers(
+        &[
+            (":method", "POST"),
+            (":path", "/v1/chat/completions"),
+            ("content-length", "5000"),
+        ],
+        false,
+    ))
+    .await;
+    too_large(&x.reply().await);
+
+    // Not announced: refused at the chunk that passes the limit.
+    let mut x = Exchange::open(&epp).await;
+    x.send(headers(
+        &[(":method", "POST"), (":path", "/v1/chat/completions")],
+        false,
+    ))
+    .await;
+    x.send(body_phase(&[b' '; 600], false, false)).await;
+    x.send(body_phase(&[b' '; 600], false, false)).await;
+    too_large(&x.reply().await);
+
+    // Under it: routed.
+    let mut x = Exchange::open(&epp).await;
+    let reply = x
+        .request(
+            "/v1/chat/completions",
+            &chat("hi", 2, false).to_string(),
+            None,
+        )
+        .await;
+    assert_eq!(destination(&reply), pod.address.to_string());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unreachable_engine_in_the_answer_marks_the_pod_unhealthy() {
+    let pods = [Sidecarred::start(8000), Sidecarred::start(8001)];
+    let file = EndpointsFile::new();
+    file.write(&[pods[0].entry("worker"), pods[1].entry("worker")]);
+    let epp = picker(
+        &file,
+        RouterConfig {
+            mode: dynamo_kvcache::RouterMode::RoundRobin,
+            unhealthy_for: Duration::from_secs(600),
+            ..RouterConfig::default()
+        },
+    )
+    .await;
+    eventually("two endpoints", || async {
+        epp.router.endpoints().len() == 2
+    })
+    .await;
+    let body = chat("hi", 2, false).to_string();
+    let failures = |pod: &str| {
+        let series = format!("dynamo_epp_upstream_failures_total{{pod=\"{pod}\"}}");
+        metric_value(&epp.metrics.encode(), &series) == Some(1)
+    };
+    // Routes one request and answers it with a 503 carrying `code`; returns its pod.
+    let answer_503 = |code: &'static str| {
+        let epp = &epp;
+        let body = &body;
+        async move {
+            let mut x = Exchange::open(epp).await;
+            let pod = destination(&x.request("/v1/chat/completions", body, None).await);
+            streamed(&x.reply().await);
+            x.send(response_headers(&[
+                (":status", "503"),
+                ("content-type", "application/json"),
+            ]))
+            .await;
+            x.reply().await;
+            let error = serde_json::json!({"error": {"message": "down", "type":
+                "service_unavailable", "param": null, "code": code}})
+            .to_string();
+            let (a, b) = error.as_bytes().split_at(10);
+            x.send(body_phase(a, false, true)).await;
+            x.reply().await;
+            x.send(body_phase(b, true, true)).await;
+            x.reply().await;
+            pod
+        }
+    };
+
+    // The engine's own 503 (busy, say) says nothing about the pod.
+    let busy = answer_503("overloaded").await;
+    assert!(!failures(&busy));
+    // A sidecar whose engine is down: that pod is avoided from now on.
+    let dead = answer_503("engine_unreachable").await;
+    eventually("the failure to be counted", || async { failures(&dead) }).await;
+    for _ in 0..4 {
+        let mut x = Exchange::open(&epp).await;
+        let pod = destination(&x.request("/v1/chat/completions", &body, None).await);
+        assert_ne!(pod, dead);
+    }
 }

@@ -10,8 +10,11 @@ use common::*;
 use dynamo_epp::config::RouterConfig;
 use dynamo_epp::{Epp, start};
 use dynamo_kvcache::{RouterMode, SaturationThreshold};
+use dynamo_llm::ApiError;
+use dynamo_llm::error::ENGINE_UNREACHABLE;
 use dynamo_llm::openai::ChatCompletionRequest;
 use serde_json::{Value, json};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 struct Picker {
     epp: Epp,
@@ -483,6 +486,158 @@ async fn a_pod_refusing_connections_is_retried_elsewhere_and_then_avoided() {
         )),
         "tried once, then avoided: {metrics}"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pod_whose_engine_is_down_is_avoided_and_its_requests_go_elsewhere() {
+    let pod = Pod::start().await;
+    let down = ApiError {
+        code: Some(ENGINE_UNREACHABLE),
+        ..ApiError::unavailable("engine request to http://127.0.0.1:1/ failed: refused")
+    };
+    let (broken, broken_entry) = failing_pod(down.clone()).await;
+    let file = EndpointsFile::new();
+    file.write(&[pod.entry(), broken_entry]);
+    let round_robin = RouterConfig {
+        mode: RouterMode::RoundRobin,
+        unhealthy_for: Duration::from_secs(600),
+        ..kv()
+    };
+    let picker = Picker::start(&file, round_robin).await;
+    picker.wait_endpoints(2).await;
+    for i in 0..4 {
+        let response = picker.chat(&chat(&format!("q{i}"), 2, true)).await;
+        assert_eq!(response.status(), 200, "request {i}");
+        assert!(response.text().await.unwrap().ends_with("data: [DONE]\n\n"));
+    }
+    assert_eq!(pod.served().await, 4);
+    let failures = |text: &str, pod| {
+        metric_value(
+            text,
+            &format!("dynamo_epp_upstream_failures_total{{pod=\"{pod}\"}}"),
+        )
+    };
+    assert_eq!(
+        failures(&picker.metrics().await, broken),
+        Some(1),
+        "tried once, then avoided"
+    );
+
+    // Another 503 is the engine's answer, not a dead pod: passed on, nothing retried.
+    let busy = ApiError {
+        code: Some("overloaded"),
+        ..ApiError::unavailable("the engine is busy")
+    };
+    let (busy_pod, busy_entry) = failing_pod(busy.clone()).await;
+    file.write(&[busy_entry]);
+    picker.wait_endpoints(1).await;
+    let response = picker.chat(&chat("hi", 2, false)).await;
+    assert_eq!(response.status(), 503);
+    assert_eq!(response.json::<Value>().await.unwrap(), busy.body());
+    assert_eq!(failures(&picker.metrics().await, busy_pod), None);
+
+    // Every pod down: each tried once, then a 503 that says so.
+    let (a, a_entry) = failing_pod(down.clone()).await;
+    let (b, b_entry) = failing_pod(down).await;
+    file.write(&[a_entry, b_entry]);
+    picker.wait_endpoints(2).await;
+    let response = picker.chat(&chat("hi", 2, false)).await;
+    assert_eq!(response.status(), 503);
+    let error: Value = response.json().await.unwrap();
+    assert_eq!(error["error"]["type"], "service_unavailable", "{error}");
+    let metrics = picker.metrics().await;
+    assert_eq!(
+        (failures(&metrics, a), failures(&metrics, b)),
+        (Some(1), Some(1))
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_body_over_the_limit_is_a_413_before_it_is_read() {
+    let pod = Pod::start().await;
+    let file = EndpointsFile::new();
+    file.write(&[pod.entry()]);
+    let mut config = config(&file, kv());
+    config.max_body_bytes = Some(2000);
+    let epp = start(config).await.unwrap();
+    let base = format!("http://{}", epp.http_addr);
+    let http = reqwest::Client::new();
+    eventually("one endpoint", || async {
+        epp.router.endpoints().len() == 1
+    })
+    .await;
+    let too_large = |status: reqwest::StatusCode, error: &Value| {
+        assert_eq!(status, 413, "{error}");
+        assert_eq!(error["error"]["type"], "invalid_request_error", "{error}");
+        assert!(
+            error["error"]["message"]
+                .as_str()
+                .unwrap()
+                .contains("2000 bytes"),
+            "{error}"
+        );
+    };
+
+    // Content-Length over the limit: the answer comes with no body byte sent.
+    let mut socket = tokio::net::TcpStream::connect(epp.http_addr).await.unwrap();
+    socket
+        .write_all(
+            b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\n\
+              content-type: application/json\r\ncontent-length: 5000\r\n\r\n",
+        )
+        .await
+        .unwrap();
+    let mut answer = Vec::new();
+    let mut buf = [0; 4096];
+    while !answer.windows(2).any(|w| w == b"}}") {
+        let n = tokio::time::timeout(Duration::from_secs(20), socket.read(&mut buf))
+            .await
+            .expect("an answer before the body")
+            .unwrap();
+        assert!(n > 0, "closed without an answer");
+        answer.extend_from_slice(&buf[..n]);
+    }
+    let answer = String::from_utf8(answer).unwrap();
+    assert!(answer.starts_with("HTTP/1.1 413"), "{answer}");
+    let json_start = answer.find("{\"error\"").unwrap();
+    too_large(
+        reqwest::StatusCode::PAYLOAD_TOO_LARGE,
+        &serde_json::from_str(&answer[json_start..]).unwrap(),
+    );
+
+    // Chunked, with no length announced: cut where it passes the limit.
+    let body = chat(&text(500, 1), 2, false).to_string().into_bytes();
+    assert!(body.len() > 2000);
+    let chunks: Vec<Result<Vec<u8>, std::io::Error>> =
+        body.chunks(700).map(|c| Ok(c.to_vec())).collect();
+    let response = http
+        .post(format!("{base}/v1/chat/completions"))
+        .header("content-type", "application/json")
+        .body(reqwest::Body::wrap_stream(futures::stream::iter(chunks)))
+        .send()
+        .await
+        .unwrap();
+    let status = response.status();
+    too_large(status, &response.json().await.unwrap());
+
+    // Under the limit, chunked or not: served.
+    let small = chat("hello", 2, false).to_string().into_bytes();
+    let chunks: Vec<Result<Vec<u8>, std::io::Error>> =
+        small.chunks(10).map(|c| Ok(c.to_vec())).collect();
+    for body in [
+        reqwest::Body::from(small.clone()),
+        reqwest::Body::wrap_stream(futures::stream::iter(chunks)),
+    ] {
+        let response = http
+            .post(format!("{base}/v1/chat/completions"))
+            .header("content-type", "application/json")
+            .body(body)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), 200);
+    }
+    assert_eq!(pod.served().await, 2);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -9,6 +9,13 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use serde_json::json;
 
+/// OpenAI's `code` for a request longer than the model's context.
+pub const CONTEXT_LENGTH_EXCEEDED: &str = "context_length_exceeded";
+
+/// The `code` of a sidecar's 503 when its engine does not accept connections: the pod,
+/// not the request, failed, so a router may send the request to another pod.
+pub const ENGINE_UNREACHABLE: &str = "engine_unreachable";
+
 /// An error to send back to the client.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{status}: {message}")]
@@ -45,17 +52,37 @@ impl ApiError {
         }
     }
 
-    /// 400: prompt plus requested output exceed the model's context.
-    pub fn context_length_exceeded(prompt_tokens: usize, max_tokens: u64, limit: usize) -> Self {
+    /// 400: prompt plus requested output exceed the model's context; `prompt` says how
+    /// long the prompt is (e.g. "5000 prompt tokens"), `param` is its field
+    /// (`messages` or `prompt`).
+    pub fn context_length_exceeded(
+        prompt: &str,
+        max_tokens: u64,
+        limit: usize,
+        param: &str,
+    ) -> Self {
         Self {
-            code: Some("context_length_exceeded"),
+            code: Some(CONTEXT_LENGTH_EXCEEDED),
             ..Self::bad_request(
                 format!(
-                    "The model's context is {limit} tokens, but the request needs \
-                     {prompt_tokens} prompt tokens plus {max_tokens} output tokens. \
-                     Shorten the prompt or lower max_tokens."
+                    "The model's context is {limit} tokens, but the request needs {prompt} \
+                     plus {max_tokens} output tokens. Shorten the prompt or lower max_tokens."
                 ),
-                Some("messages"),
+                Some(param),
+            )
+        }
+    }
+
+    /// 413: the request body is larger than the server accepts.
+    pub fn body_too_large(limit: usize) -> Self {
+        Self {
+            status: StatusCode::PAYLOAD_TOO_LARGE,
+            ..Self::bad_request(
+                format!(
+                    "The request body is larger than {limit} bytes, the most this server \
+                     accepts: a prompt that long cannot fit the model's context."
+                ),
+                None,
             )
         }
     }
@@ -133,8 +160,9 @@ mod tests {
 
     #[test]
     fn context_error_is_a_client_error_with_the_numbers() {
-        let err = ApiError::context_length_exceeded(5000, 100, 4096);
+        let err = ApiError::context_length_exceeded("5000 prompt tokens", 100, 4096, "prompt");
         assert_eq!(err.status, StatusCode::BAD_REQUEST);
+        assert_eq!(err.param.as_deref(), Some("prompt"));
         assert_eq!(err.code, Some("context_length_exceeded"));
         assert!(err.message.contains("4096") && err.message.contains("5000"));
     }

@@ -4,9 +4,11 @@
 
 pub mod chat_template;
 pub mod error;
+pub mod model_card;
 pub mod model_dir;
 pub mod openai;
 pub mod prepare;
+pub mod prompt_bound;
 
 pub use chat_template::ChatTemplate;
 pub use error::ApiError;

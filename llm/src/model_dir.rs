@@ -9,6 +9,15 @@ use serde_json::Value;
 use tokenizers::Tokenizer;
 
 use crate::ChatTemplate;
+use crate::prompt_bound::PromptBound;
+
+/// The files of a model directory this reads (Hugging Face's names).
+pub const TOKENIZER_FILE: &str = "tokenizer.json";
+pub const TOKENIZER_CONFIG_FILE: &str = "tokenizer_config.json";
+pub const CONFIG_FILE: &str = "config.json";
+pub const GENERATION_CONFIG_FILE: &str = "generation_config.json";
+/// The chat template beside `tokenizer_config.json`, when that names none.
+pub const CHAT_TEMPLATE_FILE: &str = "chat_template.jinja";
 
 /// Context length assumed when neither config names one (vLLM refuses to start then; a
 /// mock engine can afford a default).
@@ -42,27 +51,30 @@ pub struct ModelDir {
     /// Vocabulary size with added tokens, counted once: `Tokenizer::get_vocab_size(true)`
     /// builds the whole vocabulary map on every call (tens of ms for Qwen's 151k tokens).
     vocab_size: usize,
+    /// How few tokens a text can encode to, known before tokenizing it; `None` for
+    /// tokenizers that can delete text.
+    prompt_bound: Option<PromptBound>,
 }
 
 impl ModelDir {
     /// Loads `path`; `name` overrides the served model name.
     pub fn load(path: &Path, name: Option<&str>) -> Result<Self, ModelDirError> {
-        let tokenizer_path = path.join("tokenizer.json");
+        let tokenizer_path = path.join(TOKENIZER_FILE);
         let tokenizer =
             Tokenizer::from_file(&tokenizer_path).map_err(|e| ModelDirError::Invalid {
                 path: tokenizer_path.clone(),
                 message: e.to_string(),
             })?;
-        let tokenizer_config = read_json_if_present(&path.join("tokenizer_config.json"))?;
-        let config = read_json_if_present(&path.join("config.json"))?;
-        let generation_config = read_json_if_present(&path.join("generation_config.json"))?;
+        let tokenizer_config = read_json_if_present(&path.join(TOKENIZER_CONFIG_FILE))?;
+        let config = read_json_if_present(&path.join(CONFIG_FILE))?;
+        let generation_config = read_json_if_present(&path.join(GENERATION_CONFIG_FILE))?;
 
         let special = |key: &str| special_token(&tokenizer_config, key).unwrap_or_default();
         let chat_template = match chat_template_source(path, &tokenizer_config)? {
             Some(source) => Some(
                 ChatTemplate::new(source, special("bos_token"), special("eos_token")).map_err(
                     |e| ModelDirError::Invalid {
-                        path: path.join("tokenizer_config.json"),
+                        path: path.join(TOKENIZER_CONFIG_FILE),
                         message: format!("chat_template: {e}"),
                     },
                 )?,
@@ -98,6 +110,7 @@ impl ModelDir {
             name,
             path: path.to_owned(),
             vocab_size: tokenizer.get_vocab_size(true),
+            prompt_bound: PromptBound::of(&tokenizer),
             tokenizer,
             chat_template,
             max_context,
@@ -122,6 +135,22 @@ impl ModelDir {
     /// How many ids the vocabulary has, special tokens included.
     pub fn vocab_size(&self) -> usize {
         self.vocab_size
+    }
+
+    /// The longest prompt text that could fit the context, in bytes: longer ones are
+    /// refused without tokenizing. `None` when the tokenizer admits no such bound.
+    pub fn max_prompt_bytes(&self) -> Option<usize> {
+        let bound = self.prompt_bound.as_ref()?;
+        Some(self.max_context.saturating_mul(bound.bytes_per_token()))
+    }
+
+    /// A lower bound of `text`'s token count, tight enough to tell whether it exceeds
+    /// `limit`, found without tokenizing it (see [`PromptBound`]); 0 when the tokenizer
+    /// admits no bound.
+    pub fn min_tokens(&self, text: &str, limit: usize) -> usize {
+        self.prompt_bound
+            .as_ref()
+            .map_or(0, |b| b.min_tokens(&self.tokenizer, text, limit))
     }
 }
 
@@ -155,7 +184,7 @@ fn chat_template_source(
         }
         _ => {}
     }
-    let file = dir.join("chat_template.jinja");
+    let file = dir.join(CHAT_TEMPLATE_FILE);
     match std::fs::read_to_string(&file) {
         Ok(s) => Ok(Some(s)),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),

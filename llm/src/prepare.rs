@@ -69,23 +69,35 @@ impl ModelDir {
             messages.push(rendered);
         }
         let prompt = template.render(&messages, req.tools.as_ref(), true)?;
-        self.finish(Endpoint::Chat, self.encode(&prompt), &req.params, true)
+        let token_ids = self.tokenize_prompt(&prompt, &req.params, "messages")?;
+        self.finish(Endpoint::Chat, token_ids, &req.params, true)
     }
 
     /// Checks a completion request and tokenizes its prompt.
     pub fn prepare_completion(&self, req: &CompletionRequest) -> Result<PreparedRequest, ApiError> {
         self.check_model(&req.model)?;
         let token_ids = match &req.prompt {
-            Prompt::Text(text) => self.encode(text),
+            Prompt::Text(text) => self.tokenize_prompt(text, &req.params, "prompt")?,
             Prompt::Tokens(ids) => {
                 let vocab = self.vocab_size();
-                if let Some(bad) = ids.iter().find(|&&id| id as usize >= vocab) {
-                    return Err(ApiError::bad_request(
-                        format!("prompt token id {bad} is outside the vocabulary (size {vocab})"),
-                        Some("prompt"),
-                    ));
+                if let Some((i, bad)) = ids
+                    .iter()
+                    .enumerate()
+                    .find(|(_, id)| **id as usize >= vocab)
+                {
+                    return Err(token_id_error(i, bad, vocab));
                 }
                 ids.clone()
+            }
+            // Numbers that are not all u32: negative, fractional or too large token ids.
+            Prompt::Batch(items) if items.iter().all(Value::is_number) => {
+                let vocab = self.vocab_size();
+                let (i, bad) = items
+                    .iter()
+                    .enumerate()
+                    .find(|(_, id)| id.as_u64().is_none_or(|id| id >= vocab as u64))
+                    .expect("numbers that all fit a u32 parse as token ids");
+                return Err(token_id_error(i, bad, vocab));
             }
             Prompt::Batch(_) => {
                 return Err(ApiError::bad_request(
@@ -95,6 +107,38 @@ impl ModelDir {
             }
         };
         self.finish(Endpoint::Completions, token_ids, &req.params, false)
+    }
+
+    /// Tokenizes a prompt text, first refusing a long one that cannot fit the context
+    /// whatever it tokenizes to ([`ModelDir::min_tokens`]), at a fraction of tokenizing's
+    /// cost. A short one is tokenized at once, so that its error gives the exact count.
+    fn tokenize_prompt(
+        &self,
+        text: &str,
+        params: &SamplingParams,
+        param: &str,
+    ) -> Result<Vec<u32>, ApiError> {
+        // The output takes at least one token of the context.
+        let output = output_limit(params).1.map_or(1, |n| n.max(1) as u64);
+        let room = self.max_context.saturating_sub(output as usize);
+        let at_least = if text.len() > room {
+            self.min_tokens(text, room)
+        } else {
+            0
+        };
+        if at_least > room {
+            let prompt = format!(
+                "at least {at_least} prompt tokens (its {} bytes of text)",
+                text.len()
+            );
+            return Err(ApiError::context_length_exceeded(
+                &prompt,
+                output,
+                self.max_context,
+                param,
+            ));
+        }
+        Ok(self.encode(text))
     }
 
     fn check_model(&self, model: &str) -> Result<(), ApiError> {
@@ -112,10 +156,11 @@ impl ModelDir {
         params: &SamplingParams,
         chat: bool,
     ) -> Result<PreparedRequest, ApiError> {
+        let prompt_param = if chat { "messages" } else { "prompt" };
         if token_ids.is_empty() {
             return Err(ApiError::bad_request(
                 "the prompt is empty",
-                Some(if chat { "messages" } else { "prompt" }),
+                Some(prompt_param),
             ));
         }
         if let Some(n) = params.n.filter(|&n| n != 1) {
@@ -136,10 +181,7 @@ impl ModelDir {
                 Some("top_p"),
             ));
         }
-        let (limit_name, limit) = match (params.max_completion_tokens, params.max_tokens) {
-            (Some(n), _) => ("max_completion_tokens", Some(n)),
-            (None, n) => ("max_tokens", n),
-        };
+        let (limit_name, limit) = output_limit(params);
         let room = self.max_context.saturating_sub(token_ids.len()) as u64;
         let max_tokens = match limit {
             Some(n) if n < 1 => {
@@ -153,9 +195,10 @@ impl ModelDir {
         };
         if max_tokens == 0 || max_tokens > room {
             return Err(ApiError::context_length_exceeded(
-                token_ids.len(),
+                &format!("{} prompt tokens", token_ids.len()),
                 max_tokens.max(1),
                 self.max_context,
+                prompt_param,
             ));
         }
         let min_tokens = match params.min_tokens {
@@ -188,6 +231,27 @@ impl ModelDir {
             ignore_eos: params.ignore_eos,
             priority,
         })
+    }
+}
+
+/// 400 for `prompt[index]`, which is not a token id of a vocabulary of `vocab`.
+fn token_id_error(index: usize, id: &dyn std::fmt::Display, vocab: usize) -> ApiError {
+    ApiError::bad_request(
+        format!(
+            "prompt token ids must be integers from 0 to {} (the vocabulary size is \
+             {vocab}); prompt[{index}] is {id}",
+            vocab - 1
+        ),
+        Some("prompt"),
+    )
+}
+
+/// The output limit the client set and its field: `max_completion_tokens` wins over
+/// `max_tokens`.
+fn output_limit(params: &SamplingParams) -> (&'static str, Option<i64>) {
+    match (params.max_completion_tokens, params.max_tokens) {
+        (Some(n), _) => ("max_completion_tokens", Some(n)),
+        (None, n) => ("max_tokens", n),
     }
 }
 

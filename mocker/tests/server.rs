@@ -6,8 +6,8 @@ use common::serve;
 use dynamo_kvcache::vllm_events::{KvEvent, decode_message};
 use dynamo_mocker::EngineConfig;
 use dynamo_mocker::server::RunningServer;
+use dynamo_zmtp::{Event, Options, Sub};
 use serde_json::{Value, json};
-use zeromq::{Socket, SocketRecv, SubSocket};
 
 mod common;
 
@@ -118,12 +118,27 @@ async fn a_repeated_prompt_hits_the_prefix_cache_and_publishes_only_new_blocks()
         ..EngineConfig::default()
     })
     .await;
-    let mut sub = SubSocket::new();
-    sub.connect(server.kv_events_endpoint.as_deref().unwrap())
+    let (connected, mut handshake) = tokio::sync::watch::channel(false);
+    let options = Options {
+        monitor: Some(std::sync::Arc::new(move |event: &Event| {
+            connected.send_replace(matches!(event, Event::Connected(_)));
+        })),
+        ..Options::default()
+    };
+    let endpoint = server.kv_events_endpoint.as_deref().unwrap();
+    let mut sub = Sub::connect(
+        endpoint.parse().unwrap(),
+        vec![bytes::Bytes::new()],
+        options,
+    );
+    // A Sub connects and reads only while asked for a message: keep it asking.
+    let (tx, mut events) = tokio::sync::mpsc::unbounded_channel();
+    tokio::spawn(async move { while tx.send(sub.recv().await).is_ok() {} });
+    tokio::time::timeout(Duration::from_secs(10), handshake.wait_for(|up| *up))
         .await
+        .expect("the subscriber connects")
         .unwrap();
-    sub.subscribe("").await.unwrap();
-    tokio::time::sleep(Duration::from_millis(200)).await; // let the subscription reach the publisher
+    tokio::time::sleep(Duration::from_millis(100)).await; // let the subscription reach the publisher
 
     let body = json!({"model": "qwen", "prompt": prompt(100), "max_tokens": 1});
     let (status, first) = post(&server, "/v1/completions", body.clone()).await;
@@ -132,7 +147,7 @@ async fn a_repeated_prompt_hits_the_prefix_cache_and_publishes_only_new_blocks()
     assert_eq!(first["usage"]["prompt_tokens_details"]["cached_tokens"], 0);
 
     // The first request stores every full block of its prompt.
-    let message = tokio::time::timeout(Duration::from_secs(5), sub.recv())
+    let message = tokio::time::timeout(Duration::from_secs(5), events.recv())
         .await
         .expect("a KV event arrives")
         .unwrap();
@@ -161,7 +176,7 @@ async fn a_repeated_prompt_hits_the_prefix_cache_and_publishes_only_new_blocks()
         cached as f64
     );
     // Nothing new to store: no further event within a few steps.
-    let more = tokio::time::timeout(Duration::from_millis(300), sub.recv()).await;
+    let more = tokio::time::timeout(Duration::from_millis(300), events.recv()).await;
     assert!(more.is_err(), "a repeated prompt published {more:?}");
 }
 

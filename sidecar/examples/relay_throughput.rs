@@ -1,6 +1,7 @@
 //! The relay end to end: an engine publishing vLLM's ZMQ KV events as fast as it can,
 //! the sidecar, and 4 gRPC subscribers; then the time a new subscriber waits for the
-//! snapshot of a pod holding 100,000 blocks.
+//! snapshot of a pod holding 100,000 blocks. The engine is the `zeromq` crate's XPUB, an
+//! implementation independent of the sidecar's `dynamo_zmtp`.
 //!
 //! `cargo run --release -p dynamo-sidecar --example relay_throughput`
 

@@ -3,9 +3,11 @@
 //! gRPC on 9100, health and metrics on 9090.
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::Parser;
+use dynamo_server::{ServerLimits, parse_duration};
 
 #[derive(Parser, Clone, Debug)]
 #[command(name = "dynamo-sidecar", version, about)]
@@ -31,6 +33,25 @@ pub struct Config {
     /// `--kv-events-config` `replay_endpoint`); `none`: a gap resets the pod's view.
     #[arg(long, env = "DYNAMO_SIDECAR_ENGINE_KV_REPLAY", default_value = "none")]
     pub engine_kv_replay: String,
+    /// Largest KV event message, all frames together, taken from the engine's sockets
+    /// [default: 32 MiB; one vLLM step's batch, even a million-token prefill, is under
+    /// 10 MiB]. A peer that declares more is cut off before it is read, and counted.
+    #[arg(
+        long,
+        env = "DYNAMO_SIDECAR_KV_EVENTS_MAX_MESSAGE_BYTES",
+        default_value_t = 32 << 20,
+        hide_default_value = true,
+        value_parser = clap::value_parser!(u64).range(1..)
+    )]
+    pub kv_events_max_message_bytes: u64,
+    /// Most frames in one KV event message (vLLM sends 3); past it the peer is cut off.
+    #[arg(
+        long,
+        env = "DYNAMO_SIDECAR_KV_EVENTS_MAX_MESSAGE_FRAMES",
+        default_value_t = 16,
+        value_parser = clap::value_parser!(u64).range(3..)
+    )]
+    pub kv_events_max_message_frames: u64,
     /// Bind address of the gRPC and metrics listeners.
     #[arg(long, env = "DYNAMO_SIDECAR_HOST", default_value_t = IpAddr::V4(Ipv4Addr::UNSPECIFIED))]
     pub host: IpAddr,
@@ -45,15 +66,44 @@ pub struct Config {
     /// first of its `/v1/models`].
     #[arg(long, env = "DYNAMO_SIDECAR_MODEL_NAME")]
     pub model_name: Option<String>,
-    /// Seconds in-flight requests get to finish after SIGTERM or SIGINT.
+    /// What the engine loads: its model directory, or a Hugging Face id found in the hub
+    /// cache under `--hf-home`. The model card (`/model_card` on the metrics port) serves
+    /// its tokenizer and chat template; without it, no card.
+    #[arg(long, env = "DYNAMO_SIDECAR_MODEL_SOURCE")]
+    pub model_source: Option<String>,
+    /// The engine's Hugging Face home (its `HF_HOME`), shared with the sidecar.
+    #[arg(long, env = "DYNAMO_SIDECAR_HF_HOME")]
+    pub hf_home: Option<PathBuf>,
+    /// Tokens per KV block the engine uses, for the model card (the engine's own
+    /// metrics win when they say).
+    #[arg(long, env = "DYNAMO_SIDECAR_BLOCK_SIZE")]
+    pub block_size: Option<u32>,
+    /// Time in-flight requests get to finish after SIGTERM or SIGINT (`30`, `30s`, `500ms`).
     #[arg(
         long,
         env = "DYNAMO_SIDECAR_SHUTDOWN_GRACE",
         default_value = "30",
-        value_parser = parse_seconds
+        value_parser = parse_duration
     )]
     pub shutdown_grace: Duration,
+    /// Request paths the proxy passes to the engine, comma-separated; an entry ending in
+    /// `*` is a prefix, and `*` alone passes everything (engine admin routes such as
+    /// vLLM's `/reset_prefix_cache` included). Others get 404.
+    #[arg(
+        long,
+        env = "DYNAMO_SIDECAR_PROXY_PATHS",
+        value_delimiter = ',',
+        default_value = DEFAULT_PROXY_PATHS
+    )]
+    pub proxy_paths: Vec<String>,
+    #[command(flatten)]
+    pub server: ServerLimits,
 }
+
+/// The OpenAI inference and model routes, the engine's `/metrics` (the endpoint picker
+/// reads each pod's load there) and `/health`.
+const DEFAULT_PROXY_PATHS: &str = "/v1/chat/completions,/v1/completions,/v1/embeddings,\
+    /v1/responses,/v1/responses/*,/v1/models,/v1/models/*,/metrics,/health";
 
 impl Config {
     /// Every default, as the binary gets them without flags or environment.
@@ -81,13 +131,6 @@ impl Config {
     pub fn metrics_addr(&self) -> SocketAddr {
         SocketAddr::new(self.host, self.metrics_port)
     }
-}
-
-fn parse_seconds(s: &str) -> Result<Duration, String> {
-    s.parse::<f64>()
-        .ok()
-        .and_then(|secs| Duration::try_from_secs_f64(secs).ok())
-        .ok_or_else(|| format!("{s:?} is not a number of seconds (0 or more)"))
 }
 
 fn endpoint_or_none(value: &str) -> Option<&str> {
@@ -133,6 +176,6 @@ mod tests {
         let err = Config::try_parse_from(["dynamo-sidecar", "--shutdown-grace=-1"])
             .unwrap_err()
             .to_string();
-        assert!(err.contains("not a number of seconds"), "{err}");
+        assert!(err.contains("invalid duration"), "{err}");
     }
 }

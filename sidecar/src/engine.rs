@@ -29,21 +29,24 @@ pub async fn check_health(client: &reqwest::Client, engine: &reqwest::Url) -> Re
 /// The engine's served model name: the first model of its OpenAI `/v1/models` list
 /// (vLLM lists the base model first, then LoRA adapters). Waits until the engine answers.
 pub async fn served_model(client: &reqwest::Client, engine: &reqwest::Url) -> String {
-    let url = url(engine, "/v1/models");
     loop {
-        match first_model(client, &url).await {
+        match first_model(client, engine).await {
             Ok(name) => return name,
             Err(e) => {
-                tracing::debug!(%url, error = %e, "engine model not known yet");
+                tracing::debug!(%engine, error = %e, "engine model not known yet");
                 tokio::time::sleep(Duration::from_millis(500)).await;
             }
         }
     }
 }
 
-async fn first_model(client: &reqwest::Client, url: &str) -> anyhow::Result<String> {
+/// The first model of the engine's `/v1/models`, asked once.
+pub async fn first_model(
+    client: &reqwest::Client,
+    engine: &reqwest::Url,
+) -> anyhow::Result<String> {
     let list: Value = client
-        .get(url)
+        .get(url(engine, "/v1/models"))
         .timeout(TIMEOUT)
         .send()
         .await?
@@ -54,4 +57,24 @@ async fn first_model(client: &reqwest::Client, url: &str) -> anyhow::Result<Stri
         .as_str()
         .map(str::to_owned)
         .ok_or_else(|| anyhow::anyhow!("no model in {list}"))
+}
+
+/// Tokens per KV block as the engine's metrics say: the `block_size` label of vLLM's
+/// `vllm:cache_config_info` gauge (`vllm/v1/metrics/loggers.py`; the mock engine exports
+/// it too). `None` when the engine has no such metric.
+pub async fn block_size(client: &reqwest::Client, engine: &reqwest::Url) -> Option<u32> {
+    let text = client
+        .get(url(engine, "/metrics"))
+        .timeout(TIMEOUT)
+        .send()
+        .await
+        .ok()?
+        .text()
+        .await
+        .ok()?;
+    let labels = text
+        .lines()
+        .find_map(|line| line.strip_prefix("vllm:cache_config_info{"))?;
+    let value = labels.split("block_size=\"").nth(1)?;
+    value[..value.find('"')?].parse().ok()
 }

@@ -7,18 +7,17 @@ use std::time::Duration;
 use dynamo_kvstream::KvEventHub;
 use dynamo_kvstream::pb::kv_event_stream_server::{KvEventStream, KvEventStreamServer};
 use dynamo_kvstream::pb::{EventMessage, SubscribeRequest};
+use dynamo_server::GrpcConnection;
 use futures::{Stream, StreamExt};
-use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tonic::transport::Server;
-use tonic::transport::server::TcpIncoming;
 use tonic::{Request, Response, Status};
 
 /// Serves until `stop` is cancelled, which also ends every open subscription (they
 /// never end by themselves, and a graceful HTTP/2 shutdown waits for open streams).
 /// HTTP/2 keepalive pings find subscribers that vanished without closing their stream.
 pub async fn serve(
-    listener: TcpListener,
+    incoming: impl Stream<Item = std::io::Result<GrpcConnection>> + Send + 'static,
     hub: KvEventHub,
     stop: CancellationToken,
 ) -> Result<(), tonic::transport::Error> {
@@ -30,10 +29,7 @@ pub async fn serve(
         .http2_keepalive_interval(Some(Duration::from_secs(10)))
         .http2_keepalive_timeout(Some(Duration::from_secs(20)))
         .add_service(KvEventStreamServer::new(subscriptions))
-        .serve_with_incoming_shutdown(
-            TcpIncoming::from(listener).with_nodelay(Some(true)),
-            stop.cancelled_owned(),
-        )
+        .serve_with_incoming_shutdown(incoming, stop.cancelled_owned())
         .await
 }
 

@@ -1,7 +1,8 @@
 //! Health, readiness and metrics on the metrics port: `/health` says the process is up;
 //! `/ready` that the pod can take traffic (the engine answers, the KV event
 //! subscription is live or disabled, and the sidecar is not shutting down); `/metrics`
-//! is the sidecar's own Prometheus text.
+//! is the sidecar's own Prometheus text; `/model_card` is the engine's model card
+//! ([`crate::model_card`]).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -15,6 +16,7 @@ use serde_json::json;
 
 use crate::engine;
 use crate::metrics::Metrics;
+use crate::model_card::CardSource;
 
 #[derive(Clone)]
 pub struct Health {
@@ -27,12 +29,17 @@ pub struct Health {
 }
 
 impl Health {
-    pub fn router(self) -> Router {
-        Router::new()
+    /// `/health`, `/ready`, `/metrics`, and the model card when there is one.
+    pub fn router(self, card: Option<CardSource>) -> Router {
+        let router = Router::new()
             .route("/health", get(|| async { "ok" }))
             .route("/ready", get(ready))
             .route("/metrics", get(metrics))
-            .with_state(self)
+            .with_state(self);
+        match card {
+            Some(card) => router.merge(card.routes()),
+            None => router,
+        }
     }
 }
 

@@ -3,7 +3,8 @@
 //! - [`proxy`]: the inference proxy on 8000, streaming to and from the engine;
 //! - [`relay`]: the engine's ZMQ KV events, re-hashed and published into a
 //!   [`KvEventHub`] served by the gRPC server on 9100 ([`grpc`]);
-//! - [`health`]: `/health`, `/ready` and `/metrics` on 9090 ([`metrics`]);
+//! - [`health`]: `/health`, `/ready` and `/metrics` on 9090 ([`metrics`]), and the
+//!   engine's [`model_card`];
 //! - [`engine`]: what the sidecar asks the engine itself.
 //!
 //! [`Sidecar::start`] runs all of it in-process, which is what the binary and the tests do.
@@ -13,6 +14,7 @@ pub mod engine;
 pub mod grpc;
 pub mod health;
 pub mod metrics;
+pub mod model_card;
 pub mod proxy;
 pub mod relay;
 
@@ -22,8 +24,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use anyhow::Context;
-use axum::serve::ListenerExt;
 use dynamo_kvstream::{HubConfig, KvEventHub};
+use dynamo_server::Server;
 use tokio::net::TcpListener;
 use tokio_util::sync::{CancellationToken, DropGuard};
 use tokio_util::task::AbortOnDropHandle;
@@ -31,7 +33,7 @@ use tokio_util::task::AbortOnDropHandle;
 pub use config::Config;
 use health::Health;
 use metrics::Metrics;
-use proxy::Proxy;
+use proxy::{PathAllowlist, Proxy};
 
 /// A started sidecar. Dropping it stops everything at once (in-flight proxied requests
 /// are left to finish on their own); [`Sidecar::shutdown`] lets them finish first.
@@ -52,16 +54,16 @@ pub struct Sidecar {
 impl Sidecar {
     /// Binds every listener (a taken port fails here) and starts serving.
     pub async fn start(config: &Config) -> anyhow::Result<Self> {
-        for (flag, endpoint) in [
-            ("--engine-kv-events", config.kv_events_endpoint()),
-            ("--engine-kv-replay", config.kv_replay_endpoint()),
-        ] {
-            if let Some(endpoint) = endpoint {
-                endpoint
-                    .parse::<zeromq::Endpoint>()
-                    .with_context(|| format!("{flag} {endpoint:?} is not a ZMQ endpoint"))?;
-            }
-        }
+        let parse = |flag: &str, endpoint: Option<&str>| -> anyhow::Result<_> {
+            endpoint
+                .map(|e| {
+                    e.parse::<dynamo_zmtp::Endpoint>()
+                        .with_context(|| format!("{flag} {e:?} is not a ZMQ endpoint"))
+                })
+                .transpose()
+        };
+        let kv_events = parse("--engine-kv-events", config.kv_events_endpoint())?;
+        let kv_replay = parse("--engine-kv-replay", config.kv_replay_endpoint())?;
         let hub = KvEventHub::new(HubConfig::default());
         let mut metrics = Metrics::new();
         metrics.watch_hub(hub.clone());
@@ -77,26 +79,28 @@ impl Sidecar {
             metrics_listener.local_addr()?,
         );
 
+        let server = Server::new(&config.server);
         let stop_accepting = CancellationToken::new();
-        // Streamed tokens are small writes: without TCP_NODELAY, Nagle's algorithm holds
-        // them back waiting for ACKs.
-        let proxy_listener = proxy_listener.tap_io(|tcp| {
-            let _ = tcp.set_nodelay(true);
-        });
-        let proxy_app = Proxy::new(client.clone(), &config.engine_url, metrics.clone()).router();
-        let proxy = AbortOnDropHandle::new(tokio::spawn(
-            axum::serve(proxy_listener, proxy_app)
-                .with_graceful_shutdown(stop_accepting.clone().cancelled_owned())
-                .into_future(),
-        ));
+        let proxy_app = Proxy::new(
+            client.clone(),
+            &config.engine_url,
+            PathAllowlist::new(&config.proxy_paths),
+            metrics.clone(),
+        )
+        .router();
+        let proxy = {
+            let (server, stop) = (server.clone(), stop_accepting.clone());
+            AbortOnDropHandle::new(tokio::spawn(async move {
+                server
+                    .serve_http(proxy_listener, proxy_app, stop.cancelled_owned())
+                    .await
+            }))
+        };
 
         let mut background = Vec::new();
-        let relay_connected = config.kv_events_endpoint().map(|endpoint| {
+        let relay_connected = kv_events.map(|endpoint| {
             let connected = Arc::new(AtomicBool::new(false));
-            let (endpoint, replay) = (
-                endpoint.to_owned(),
-                config.kv_replay_endpoint().map(str::to_owned),
-            );
+            let (replay, limits) = (kv_replay, relay::limits(config));
             let (model, client, engine) = (
                 config.model_name().map(str::to_owned),
                 client.clone(),
@@ -108,20 +112,30 @@ impl Sidecar {
                     Some(model) => model,
                     None => engine::served_model(&client, &engine).await,
                 };
-                relay::run(endpoint, replay, model, hub, metrics, flag).await;
+                relay::run(endpoint, replay, limits, model, hub, metrics, flag).await;
             }));
             connected
         });
 
         let (hub_for_grpc, stop_grpc) = (hub.clone(), CancellationToken::new());
-        let stop = stop_grpc.clone();
+        let (stop, incoming) = (stop_grpc.clone(), server.grpc_incoming(grpc_listener));
         background.push(spawn(async move {
-            if let Err(e) = grpc::serve(grpc_listener, hub_for_grpc, stop).await {
+            if let Err(e) = grpc::serve(incoming, hub_for_grpc, stop).await {
                 tracing::error!(error = %e, "the gRPC server stopped");
             }
         }));
 
         let draining = Arc::new(AtomicBool::new(false));
+        let card = config.model_source.clone().map(|source| {
+            model_card::CardSource::new(
+                source,
+                config.hf_home.clone(),
+                config.model_name().map(str::to_owned),
+                config.block_size,
+                client.clone(),
+                config.engine_url.clone(),
+            )
+        });
         let health = Health {
             client,
             engine: config.engine_url.clone(),
@@ -130,7 +144,11 @@ impl Sidecar {
             draining: draining.clone(),
         };
         background.push(spawn(async move {
-            if let Err(e) = axum::serve(metrics_listener, health.router()).await {
+            let forever = std::future::pending();
+            if let Err(e) = server
+                .serve_http(metrics_listener, health.router(card), forever)
+                .await
+            {
                 tracing::error!(error = %e, "the metrics server stopped");
             }
         }));

@@ -1,15 +1,12 @@
 //! `dynamo-sidecar`: the per-pod data plane beside an engine. See `docs/sidecar.md`.
 
 use clap::Parser;
+use dynamo_server::{init_logging, shutdown_signal};
 use dynamo_sidecar::{Config, Sidecar};
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
-        )
-        .init();
+    init_logging();
     let config = Config::parse();
     let sidecar = Sidecar::start(&config).await?;
     tracing::info!(
@@ -24,14 +21,4 @@ async fn main() -> anyhow::Result<()> {
     tracing::info!(grace = ?config.shutdown_grace, "shutting down");
     sidecar.shutdown(config.shutdown_grace).await;
     Ok(())
-}
-
-/// Ctrl-C or SIGTERM (what Kubernetes sends).
-async fn shutdown_signal() {
-    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-        .expect("installing the SIGTERM handler");
-    tokio::select! {
-        _ = tokio::signal::ctrl_c() => {}
-        _ = term.recv() => {}
-    }
 }

@@ -39,6 +39,9 @@ pub struct Metrics {
     pub relay_lag: Histogram,
     /// 1 while the event subscription has a connected engine.
     pub relay_connected: Gauge,
+    /// Engine ZMQ peers cut off for breaking the protocol or the size limits, by
+    /// `reason` (`dynamo_zmtp::Error::violation`).
+    pub zmq_violations: Family<Label, Counter>,
 }
 
 impl Metrics {
@@ -57,6 +60,7 @@ impl Metrics {
             // 100 µs to 26 s.
             relay_lag: Histogram::new(exponential_buckets(1e-4, 4.0, 10)),
             relay_connected: Gauge::default(),
+            zmq_violations: Family::default(),
         };
         let r = &mut m.registry;
         r.register(
@@ -113,6 +117,11 @@ impl Metrics {
             "relay_connected",
             "1 while the KV event subscription is connected to the engine",
             m.relay_connected.clone(),
+        );
+        r.register(
+            "kv_zmq_violations",
+            "Engine ZMQ peers disconnected for breaking the protocol or the size limits, by reason",
+            m.zmq_violations.clone(),
         );
         m
     }

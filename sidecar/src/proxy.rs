@@ -1,10 +1,13 @@
-//! The inference proxy: every request, whatever its path and method, goes to the engine
-//! with its headers and body streamed as they arrive, and the answer streams back the
-//! same way, so SSE tokens pass one chunk at a time. A client that leaves drops the
+//! The inference proxy: every request to an allowed path ([`PathAllowlist`]) goes to the
+//! engine with its headers and body streamed as they arrive, and the answer streams back
+//! the same way, so SSE tokens pass one chunk at a time. A client that leaves drops the
 //! response body, which drops the engine connection and so cancels the request there.
+//! An engine error that is not JSON (a 413 from its HTTP server, say) reaches the client
+//! as an OpenAI-style error with the same status.
 
 use std::error::Error;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use axum::Router;
@@ -22,20 +25,51 @@ use crate::metrics::Metrics;
 pub struct Proxy {
     client: reqwest::Client,
     engine: reqwest::Url,
+    paths: Arc<PathAllowlist>,
     metrics: Arc<Metrics>,
 }
 
 impl Proxy {
-    pub fn new(client: reqwest::Client, engine: &reqwest::Url, metrics: Arc<Metrics>) -> Self {
+    pub fn new(
+        client: reqwest::Client,
+        engine: &reqwest::Url,
+        paths: PathAllowlist,
+        metrics: Arc<Metrics>,
+    ) -> Self {
         Self {
             client,
             engine: engine.clone(),
+            paths: Arc::new(paths),
             metrics,
         }
     }
 
     pub fn router(self) -> Router {
         Router::new().fallback(forward).with_state(self)
+    }
+}
+
+/// The paths the proxy passes on: exact paths, or prefixes written with a trailing `*`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct PathAllowlist {
+    exact: Vec<String>,
+    prefixes: Vec<String>,
+}
+
+impl PathAllowlist {
+    pub fn new<S: AsRef<str>>(entries: &[S]) -> Self {
+        let (mut exact, mut prefixes) = (Vec::new(), Vec::new());
+        for entry in entries.iter().map(|e| e.as_ref().trim()) {
+            match entry.strip_suffix('*') {
+                Some(prefix) => prefixes.push(prefix.to_owned()),
+                None => exact.push(entry.to_owned()),
+            }
+        }
+        Self { exact, prefixes }
+    }
+
+    pub fn allows(&self, path: &str) -> bool {
+        self.exact.iter().any(|p| p == path) || self.prefixes.iter().any(|p| path.starts_with(p))
     }
 }
 
@@ -47,12 +81,44 @@ pub fn engine_client() -> reqwest::Result<reqwest::Client> {
         .redirect(reqwest::redirect::Policy::none())
         .tcp_nodelay(true)
         .connect_timeout(Duration::from_secs(5))
+        // vLLM's server closes connections idle for 5 s (uvicorn's `timeout_keep_alive`,
+        // vllm `entrypoints/constants.py` TIMEOUT_KEEP_ALIVE): reusing one it is closing
+        // would fail a request, so ours are dropped first.
+        .pool_idle_timeout(Duration::from_secs(4))
         .build()
 }
 
+/// The most of a non-JSON engine error body quoted back to the client.
+const QUOTED_ERROR_BYTES: usize = 1024;
+
 async fn forward(State(proxy): State<Proxy>, request: Request) -> Response {
+    let (class, response) = answer(&proxy, request).await;
+    proxy
+        .metrics
+        .requests
+        .get_or_create(&[("status", class)])
+        .inc();
+    response
+}
+
+/// The client's response and the class it is counted under.
+async fn answer(proxy: &Proxy, request: Request) -> (&'static str, Response) {
     let in_flight = InFlight::start(&proxy.metrics);
     let (parts, body) = request.into_parts();
+    if !proxy.paths.allows(parts.uri.path()) {
+        let refused = ApiError {
+            status: StatusCode::NOT_FOUND,
+            code: Some("path_not_proxied"),
+            ..ApiError::bad_request(
+                format!(
+                    "the sidecar does not pass {} to the engine (see its --proxy-paths)",
+                    parts.uri.path()
+                ),
+                None,
+            )
+        };
+        return ("4xx", refused.into_response());
+    }
     let path = parts.uri.path_and_query().map_or("/", |pq| pq.as_str());
     let url = engine::url(&proxy.engine, path);
     let mut upstream = proxy
@@ -60,31 +126,77 @@ async fn forward(State(proxy): State<Proxy>, request: Request) -> Response {
         .request(parts.method, &url)
         .headers(end_to_end(parts.headers, true));
     // A body-less request stays body-less (a stream would make it chunked).
+    let client_body_failed = Arc::new(AtomicBool::new(false));
     if body.size_hint().exact() != Some(0) {
-        upstream = upstream.body(reqwest::Body::wrap_stream(body.into_data_stream()));
+        let failed = client_body_failed.clone();
+        let stream = body.into_data_stream().inspect(move |chunk| {
+            if chunk.is_err() {
+                failed.store(true, Ordering::Relaxed);
+            }
+        });
+        upstream = upstream.body(reqwest::Body::wrap_stream(stream));
     }
-    let response = match upstream.send().await {
-        Ok(answer) => {
-            let status = answer.status();
-            let headers = end_to_end(answer.headers().clone(), false);
-            // The guard rides with the body: the request is in flight until it is sent.
-            let body = Body::from_stream(answer.bytes_stream().map(move |chunk| {
-                let _ = &in_flight;
-                chunk
-            }));
-            let mut response = Response::new(body);
-            *response.status_mut() = status;
-            *response.headers_mut() = headers;
-            response
-        }
-        Err(e) => engine_error(&url, &e).into_response(),
+    let sent = upstream.send().await;
+    // The client went away mid-upload (or stalled past the body timeout): whatever the
+    // engine made of the cut body, the failure is the client's, not the engine's.
+    if client_body_failed.load(Ordering::Relaxed) {
+        let error = ApiError::bad_request("the request body was not received whole", None);
+        return ("client_aborted", error.into_response());
+    }
+    let answer = match sent {
+        Ok(answer) => answer,
+        Err(e) => return ("5xx", engine_error(&url, &e).into_response()),
     };
-    proxy
-        .metrics
-        .requests
-        .get_or_create(&[("status", status_class(response.status()))])
-        .inc();
-    response
+    let status = answer.status();
+    let class = status_class(status);
+    if (status.is_client_error() || status.is_server_error()) && !is_json(answer.headers()) {
+        return (class, plain_error(status, answer).await.into_response());
+    }
+    let headers = end_to_end(answer.headers().clone(), false);
+    // The guard rides with the body: the request is in flight until it is sent.
+    let body = Body::from_stream(answer.bytes_stream().map(move |chunk| {
+        let _ = &in_flight;
+        chunk
+    }));
+    let mut response = Response::new(body);
+    *response.status_mut() = status;
+    *response.headers_mut() = headers;
+    (class, response)
+}
+
+fn is_json(headers: &HeaderMap) -> bool {
+    headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.trim_start().starts_with("application/json"))
+}
+
+/// An engine error whose body is not JSON (its HTTP server's own 413 or 502 page, say)
+/// as an OpenAI-style error with the same status, quoting the start of the body.
+async fn plain_error(status: StatusCode, answer: reqwest::Response) -> ApiError {
+    let mut quoted = Vec::new();
+    let mut chunks = answer.bytes_stream();
+    while quoted.len() < QUOTED_ERROR_BYTES {
+        match chunks.next().await {
+            Some(Ok(chunk)) => quoted.extend_from_slice(&chunk),
+            _ => break,
+        }
+    }
+    quoted.truncate(QUOTED_ERROR_BYTES);
+    let text = String::from_utf8_lossy(&quoted);
+    let message = format!("the engine answered {status}: {}", text.trim());
+    let kind = if status.is_client_error() {
+        "invalid_request_error"
+    } else {
+        "server_error"
+    };
+    ApiError {
+        status,
+        message,
+        kind,
+        param: None,
+        code: Some("engine_error"),
+    }
 }
 
 /// 503 when the engine cannot be reached (not started, restarting), 502 when it was
@@ -98,7 +210,7 @@ fn engine_error(url: &str, e: &reqwest::Error) -> ApiError {
     }
     if e.is_connect() {
         ApiError {
-            code: Some("engine_unreachable"),
+            code: Some(dynamo_llm::error::ENGINE_UNREACHABLE),
             ..ApiError::unavailable(message)
         }
     } else {
@@ -192,6 +304,18 @@ mod tests {
         let names: Vec<&str> = request.keys().map(HeaderName::as_str).collect();
         assert_eq!(names, ["authorization", "x-gateway-destination-endpoint"]);
         assert!(end_to_end(h, false).contains_key(header::HOST));
+    }
+
+    #[test]
+    fn the_allowlist_takes_exact_paths_and_prefixes() {
+        let paths = PathAllowlist::new(&["/v1/completions", "/v1/models/*", " /metrics "]);
+        assert!(paths.allows("/v1/completions"));
+        assert!(!paths.allows("/v1/completions/x"));
+        assert!(paths.allows("/v1/models/qwen"));
+        assert!(!paths.allows("/v1/models"));
+        assert!(paths.allows("/metrics"));
+        assert!(!paths.allows("/reset_prefix_cache"));
+        assert!(PathAllowlist::new(&["*"]).allows("/reset_prefix_cache"));
     }
 
     #[test]

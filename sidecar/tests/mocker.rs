@@ -31,6 +31,7 @@ async fn mocker() -> RunningServer {
             speedup_ratio: 100.0,
             ..EngineConfig::default()
         },
+        server: Default::default(),
     };
     start(config, std::future::pending()).await.unwrap()
 }
@@ -103,4 +104,69 @@ async fn relayed_mocker_events_carry_the_engines_own_hashes() {
         .await
         .unwrap();
     assert!(metrics.contains("vllm:num_requests_running"), "{metrics}");
+}
+
+#[tokio::test]
+async fn the_model_card_serves_the_engines_files_name_and_block_size() {
+    let engine = mocker().await;
+    let model_dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../.cache/models/qwen-mock");
+    let source = model_dir.to_str().unwrap();
+    // No --model-name and a block size flag the engine contradicts: the engine's own
+    // /v1/models and metrics win.
+    let sidecar = sidecar_with(
+        &format!("http://{}", engine.http_addr),
+        None,
+        None,
+        &[
+            "--model-name",
+            "",
+            "--model-source",
+            source,
+            "--block-size",
+            "64",
+        ],
+    )
+    .await;
+    let base = format!("http://{}/model_card", sidecar.metrics_addr);
+    let card: dynamo_llm::model_card::ModelCard =
+        reqwest::get(&base).await.unwrap().json().await.unwrap();
+    assert_eq!(card.name, "qwen");
+    assert_eq!(card.block_size, Some(16));
+    assert_eq!(
+        card,
+        dynamo_llm::model_card::ModelCard::read(&model_dir, "qwen", Some(16)).unwrap()
+    );
+
+    let tokenizer = reqwest::get(format!("{base}/files/tokenizer.json"))
+        .await
+        .unwrap();
+    assert_eq!(tokenizer.status(), 200);
+    assert_eq!(
+        tokenizer.bytes().await.unwrap(),
+        std::fs::read(model_dir.join("tokenizer.json")).unwrap()
+    );
+    for refused in ["..%2Fconfig.json", "weights.safetensors"] {
+        let response = reqwest::get(format!("{base}/files/{refused}"))
+            .await
+            .unwrap();
+        assert_eq!(response.status(), 404, "{refused}");
+    }
+
+    // A Hugging Face id the engine has not downloaded: not yet.
+    let waiting = sidecar_with(
+        &format!("http://{}", engine.http_addr),
+        None,
+        None,
+        &[
+            "--model-source",
+            "Qwen/Qwen3-0.6B",
+            "--hf-home",
+            "/nonexistent",
+        ],
+    )
+    .await;
+    let response = reqwest::get(format!("http://{}/model_card", waiting.metrics_addr))
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 503);
 }

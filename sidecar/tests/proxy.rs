@@ -58,27 +58,138 @@ async fn sse_passes_chunk_by_chunk_with_headers_and_body_intact() {
 }
 
 #[tokio::test]
-async fn any_path_reaches_the_engine_including_its_metrics() {
+async fn only_allowed_paths_reach_the_engine() {
     let upstream = Upstream::start().await;
     let sidecar = sidecar(&upstream.url, None, None).await;
     let base = format!("http://{}", sidecar.proxy_addr);
+    // The engine's metrics are allowed: the picker reads each pod's load there.
     let metrics = reqwest::get(format!("{base}/metrics")).await.unwrap();
     assert_eq!(
         metrics.text().await.unwrap(),
         "vllm:num_requests_running 3\n"
     );
-    let missing = reqwest::get(format!("{base}/no/such/path")).await.unwrap();
-    assert_eq!(missing.status(), 404);
+    // An engine admin route is refused by the sidecar itself.
+    let admin = reqwest::Client::new()
+        .post(format!("{base}/reset_prefix_cache"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(admin.status(), 404);
+    let body: Value = admin.json().await.unwrap();
+    assert_eq!(body["error"]["code"], "path_not_proxied", "{body}");
     assert_eq!(
         metric(&sidecar, "dynamo_sidecar_requests_total", "status=\"4xx\"").await,
+        1.0
+    );
+
+    // `*` passes everything: now the engine answers (it has no such route).
+    let open = sidecar_with(&upstream.url, None, None, &["--proxy-paths", "*"]).await;
+    let missing = reqwest::Client::new()
+        .post(format!("http://{}/reset_prefix_cache", open.proxy_addr))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(missing.status(), 404);
+    let body: Value = missing.json().await.unwrap();
+    assert_eq!(body["error"]["code"], "engine_error", "{body}");
+}
+
+/// An engine at a free port answering every request with `status` and a plain-text body,
+/// as an HTTP server does for a body over its limit.
+async fn plain_text_engine(status: u16, text: &'static str) -> (String, AbortOnDrop) {
+    let app = axum::Router::new()
+        .fallback(move || async move { (axum::http::StatusCode::from_u16(status).unwrap(), text) });
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let server = tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    (url, AbortOnDrop(server))
+}
+
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+#[tokio::test]
+async fn a_plain_text_engine_error_reaches_the_client_as_an_openai_error() {
+    let (engine, _server) = plain_text_engine(413, "Payload Too Large").await;
+    let sidecar = sidecar(&engine, None, None).await;
+    let response = reqwest::Client::new()
+        .post(format!("http://{}/v1/completions", sidecar.proxy_addr))
+        .body("{}")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 413);
+    assert_eq!(response.headers()["content-type"], "application/json");
+    let body: Value = response.json().await.unwrap();
+    assert_eq!(body["error"]["type"], "invalid_request_error", "{body}");
+    assert_eq!(body["error"]["code"], "engine_error", "{body}");
+    let message = body["error"]["message"].as_str().unwrap();
+    assert!(
+        message.contains("413") && message.contains("Payload Too Large"),
+        "{message}"
+    );
+}
+
+#[tokio::test]
+async fn an_aborted_upload_is_counted_as_the_clients_not_the_engines() {
+    use tokio::io::AsyncWriteExt;
+    let upstream = Upstream::start().await;
+    let sidecar = sidecar(&upstream.url, None, None).await;
+    let mut tcp = tokio::net::TcpStream::connect(sidecar.proxy_addr)
+        .await
+        .unwrap();
+    tcp.write_all(
+        b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-length: 1000\r\n\r\n{\"model\"",
+    )
+    .await
+    .unwrap();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    drop(tcp);
+    eventually("the aborted request is counted", || async {
+        metric(&sidecar, "dynamo_sidecar_requests_total", "").await == 1.0
+    })
+    .await;
+    assert_eq!(
+        metric(
+            &sidecar,
+            "dynamo_sidecar_requests_total",
+            "status=\"client_aborted\""
+        )
+        .await,
         1.0
     );
 }
 
 #[tokio::test]
+async fn silent_connections_are_closed_on_every_port() {
+    use tokio::io::AsyncReadExt;
+    let upstream = Upstream::start().await;
+    let sidecar = sidecar_with(
+        &upstream.url,
+        None,
+        None,
+        &["--idle-timeout", "300ms", "--header-timeout", "300ms"],
+    )
+    .await;
+    for addr in [sidecar.proxy_addr, sidecar.metrics_addr, sidecar.grpc_addr] {
+        let mut tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let mut buf = [0u8; 16];
+        let read = tokio::time::timeout(WAIT, tcp.read(&mut buf))
+            .await
+            .unwrap_or_else(|_| panic!("{addr} keeps a silent connection"));
+        assert!(matches!(read, Ok(0) | Err(_)), "{addr}: {read:?}");
+    }
+}
+
+#[tokio::test]
 async fn a_client_that_leaves_cancels_the_engine_request() {
     let upstream = Upstream::start().await;
-    let sidecar = sidecar(&upstream.url, None, None).await;
+    let sidecar = sidecar_with(&upstream.url, None, None, &["--proxy-paths", "*"]).await;
     let mut response = reqwest::get(format!("http://{}/forever", sidecar.proxy_addr))
         .await
         .unwrap();
@@ -169,7 +280,7 @@ async fn shutdown_stops_accepting_and_lets_in_flight_requests_finish() {
 #[tokio::test]
 async fn shutdown_gives_up_on_requests_after_the_grace_period() {
     let upstream = Upstream::start().await;
-    let sidecar = sidecar(&upstream.url, None, None).await;
+    let sidecar = sidecar_with(&upstream.url, None, None, &["--proxy-paths", "*"]).await;
     let mut response = reqwest::get(format!("http://{}/forever", sidecar.proxy_addr))
         .await
         .unwrap();

@@ -2,10 +2,13 @@
 //! rewrites it when it scales):
 //!
 //! ```json
-//! {"endpoints": [{"address": "127.0.0.1:18000", "kv_events": "http://127.0.0.1:19100", "role": "worker"}]}
+//! {"endpoints": [{"address": "127.0.0.1:18000", "kv_events": "http://127.0.0.1:19100",
+//!   "role": "worker", "sidecar_metrics": "http://127.0.0.1:19090"}]}
 //! ```
 //!
-//! `kv_events` defaults to the address's IP on `--kv-events-port`, `role` to `worker`.
+//! `kv_events` defaults to the address's IP on `--kv-events-port`, `role` to `worker`;
+//! `sidecar_metrics` (where the pod's model card is) to the address's IP on
+//! `--model-card-port`.
 //! Unknown fields are ignored so the writer may add its own. Polling (not inotify) keeps
 //! it portable and catches writers that replace the file by rename.
 
@@ -13,6 +16,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
+use dynamo_llm::model_card::CARD_PATH;
 use serde::Deserialize;
 use tokio::sync::watch;
 
@@ -30,6 +34,8 @@ struct FileEntry {
     kv_events: Option<String>,
     #[serde(default)]
     role: Role,
+    #[serde(default)]
+    sidecar_metrics: Option<String>,
 }
 
 /// Parses the file's content; the message names what is wrong.
@@ -46,6 +52,9 @@ pub fn parse(text: &str, kv_events_port: u16) -> Result<EndpointSet, String> {
             }
             spec.kv_events = url;
         }
+        spec.model_card = entry
+            .sidecar_metrics
+            .map(|base| format!("{}{CARD_PATH}", base.trim_end_matches('/')));
         set.push(spec);
     }
     Ok(normalize(set))
@@ -107,7 +116,8 @@ mod tests {
     fn entries_get_defaults_and_are_sorted() {
         let set = parse(
             r#"{"endpoints": [
-                {"address": "127.0.0.1:18001", "role": "decode", "name": "ignored"},
+                {"address": "127.0.0.1:18001", "role": "decode", "name": "ignored",
+                 "sidecar_metrics": "http://127.0.0.1:19090"},
                 {"address": "127.0.0.1:18000", "kv_events": "http://127.0.0.1:19000"}
             ]}"#,
             9100,
@@ -120,11 +130,13 @@ mod tests {
                     address: "127.0.0.1:18000".parse().unwrap(),
                     kv_events: "http://127.0.0.1:19000".into(),
                     role: Role::Worker,
+                    model_card: None,
                 },
                 EndpointSpec {
                     address: "127.0.0.1:18001".parse().unwrap(),
                     kv_events: "http://127.0.0.1:9100".into(),
                     role: Role::Decode,
+                    model_card: Some("http://127.0.0.1:19090/model_card".into()),
                 },
             ]
         );

@@ -18,8 +18,10 @@ use crate::config::DiscoveryConfig;
 )]
 #[serde(rename_all = "lowercase")]
 pub enum Role {
-    /// Aggregated: prefill and decode on one pod.
+    /// Aggregated: prefill and decode on one pod (the operator's pod label says
+    /// `aggregated`, which files may use too).
     #[default]
+    #[serde(alias = "aggregated")]
     Worker,
     Prefill,
     Decode,
@@ -43,6 +45,9 @@ pub struct EndpointSpec {
     /// The pod's KV event stream, `http://ip:port`.
     pub kv_events: String,
     pub role: Role,
+    /// The pod's model card URL when its source names one; else the picker derives it
+    /// from `--model-card-port`.
+    pub model_card: Option<String>,
 }
 
 impl EndpointSpec {
@@ -52,6 +57,7 @@ impl EndpointSpec {
             address,
             kv_events: kv_events_url(address, kv_events_port),
             role,
+            model_card: None,
         }
     }
 }

@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use dynamo_epp::config::{Config, DiscoveryConfig, RouterConfig};
+use dynamo_epp::config::{Config, DEFAULT_MAX_ATTEMPTS, DiscoveryConfig, RouterConfig};
 use dynamo_kvcache::{BlockHasher, KvEvent, StoredBlock, Tier};
 use dynamo_kvstream::{HubConfig, KvEventHub};
 use dynamo_llm::ModelDir;
@@ -96,6 +96,7 @@ impl Pod {
                     speedup_ratio: speedup,
                     ..EngineConfig::default()
                 },
+                server: Default::default(),
             },
             std::future::pending(),
         )
@@ -212,8 +213,9 @@ impl Drop for EndpointsFile {
 /// A picker config on ephemeral loopback ports reading `file`.
 pub fn config(file: &EndpointsFile, router: RouterConfig) -> Config {
     Config {
-        model_path: model_dir(),
+        model_path: Some(model_dir()),
         model_name: None,
+        model_card_port: None,
         http_addr: "127.0.0.1:0".parse().unwrap(),
         ext_proc_addr: "127.0.0.1:0".parse().unwrap(),
         metrics_addr: None,
@@ -227,6 +229,9 @@ pub fn config(file: &EndpointsFile, router: RouterConfig) -> Config {
             block_size: BLOCK_SIZE,
             ..router
         },
+        max_attempts: DEFAULT_MAX_ATTEMPTS,
+        max_body_bytes: None,
+        server: Default::default(),
     }
 }
 
@@ -262,4 +267,32 @@ pub fn text(words: usize, seed: u64) -> String {
         })
         .collect::<Vec<_>>()
         .join(" ")
+}
+
+/// A pod whose sidecar answers every request with `error` (e.g. its 503
+/// `engine_unreachable` while its engine is down), on a real socket.
+pub async fn failing_pod(error: dynamo_llm::ApiError) -> (SocketAddr, Value) {
+    use axum::response::IntoResponse;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let address = listener.local_addr().unwrap();
+    let app = axum::Router::new().fallback(move || {
+        let error = error.clone();
+        async move { error.into_response() }
+    });
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    // No KV stream: the endpoint is used in round-robin pools.
+    let entry = json!({"address": address.to_string(), "kv_events": format!("http://{address}")});
+    (address, entry)
+}
+
+/// The value of the sample `series` (its name and labels as printed), if present.
+pub fn metric_value(text: &str, series: &str) -> Option<u64> {
+    text.lines()
+        .find_map(|l| {
+            l.strip_prefix(series)?
+                .strip_prefix(' ')?
+                .parse::<f64>()
+                .ok()
+        })
+        .map(|v| v as u64)
 }

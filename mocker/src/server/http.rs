@@ -117,7 +117,7 @@ async fn generate(
         .await
         .map_err(|e| match e {
             SubmitError::Rejected(r @ Rejected::TooLong { .. }) => ApiError {
-                code: Some("context_length_exceeded"),
+                code: Some(dynamo_llm::error::CONTEXT_LENGTH_EXCEEDED),
                 ..ApiError::bad_request(
                     format!("The request does not fit in the KV cache: {r}"),
                     Some("max_tokens"),

@@ -5,33 +5,36 @@
 
 use std::time::{SystemTime, UNIX_EPOCH};
 
+use anyhow::Context;
 use bytes::Bytes;
 use dynamo_kvcache::vllm_events::{KvEvent, KvEventEncoder};
+use dynamo_zmtp::{Endpoint, Options, Pub};
 use tokio::sync::mpsc;
-use zeromq::{PubSocket, Socket, SocketSend, ZmqMessage};
 
 /// A bound PUB socket; `endpoint` is the resolved address (a port 0 gets its real port).
 pub struct KvPublisher {
-    socket: PubSocket,
+    socket: Pub,
     pub endpoint: String,
     encoder: KvEventEncoder,
 }
 
 impl KvPublisher {
     pub async fn bind(endpoint: &str, topic: String) -> anyhow::Result<Self> {
-        let mut socket = PubSocket::new();
-        let bound = socket
-            .bind(endpoint)
+        let parsed: Endpoint = endpoint
+            .parse()
+            .with_context(|| format!("KV event endpoint {endpoint:?}"))?;
+        let socket = Pub::bind(&parsed, Options::default())
             .await
-            .map_err(|e| anyhow::anyhow!("binding the KV event socket {endpoint}: {e}"))?;
+            .with_context(|| format!("binding the KV event socket {endpoint}"))?;
         Ok(Self {
+            endpoint: socket.endpoint().to_string(),
             socket,
-            endpoint: bound.to_string(),
             encoder: KvEventEncoder::new(topic, None),
         })
     }
 
-    /// Sends each batch as one message until the engine stops.
+    /// Sends each batch as one message until the engine stops. A subscriber too slow to
+    /// take them misses messages, as with vLLM's PUB socket; its sequence shows the gap.
     pub async fn run(mut self, mut batches: mpsc::UnboundedReceiver<Vec<KvEvent>>) {
         while let Some(events) = batches.recv().await {
             let ts = SystemTime::now()
@@ -43,10 +46,7 @@ impl KvPublisher {
                 .into_iter()
                 .map(Bytes::from)
                 .collect();
-            let message = ZmqMessage::try_from(frames).expect("three frames are never empty");
-            if let Err(e) = self.socket.send(message).await {
-                tracing::warn!("KV event publish failed: {e}");
-            }
+            self.socket.send(&frames);
         }
     }
 }

@@ -1,6 +1,7 @@
 //! The mock engine as a server: vLLM's HTTP API, metrics and ZMQ KV events over the
 //! engine core, on wall-clock time.
 
+mod args;
 mod engine_loop;
 mod http;
 mod kv_publisher;
@@ -11,13 +12,14 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use axum::serve::ListenerExt;
 use dynamo_llm::ModelDir;
+use dynamo_server::{Server, ServerLimits};
 use tokio::net::TcpListener;
 use tokio::sync::mpsc;
 
 use crate::{Engine, EngineConfig, RealClock};
 
+pub use args::Args;
 pub use engine_loop::{EngineHandle, GenEvent, SubmitError};
 
 /// Everything the server needs to start.
@@ -30,6 +32,8 @@ pub struct ServerConfig {
     /// ZMQ PUB endpoint for KV events; `None` publishes none.
     pub kv_events_endpoint: Option<String>,
     pub engine: EngineConfig,
+    /// Timeouts and connection budget of the HTTP server.
+    pub server: ServerLimits,
 }
 
 /// A started server.
@@ -43,7 +47,7 @@ pub struct RunningServer {
 
 impl RunningServer {
     /// Serves until `shutdown` resolves, then stops accepting and finishes in-flight
-    /// requests (axum's graceful shutdown).
+    /// requests.
     pub async fn wait(self) -> anyhow::Result<()> {
         self.serve.await??;
         Ok(())
@@ -65,11 +69,6 @@ pub async fn start(
 
     let listener = TcpListener::bind(config.listen).await?;
     let http_addr = listener.local_addr()?;
-    // Streamed tokens are small writes: without TCP_NODELAY, Nagle's algorithm holds
-    // them back waiting for ACKs and the first chunk arrives tens of ms late.
-    let listener = listener.tap_io(|tcp| {
-        let _ = tcp.set_nodelay(true);
-    });
 
     let (kv_sink, kv_events_endpoint) = match &config.kv_events_endpoint {
         Some(endpoint) => {
@@ -101,11 +100,8 @@ pub async fn start(
         created: http::unix_now(),
     });
     let app = http::router(state);
-    let serve = tokio::spawn(async move {
-        axum::serve(listener, app)
-            .with_graceful_shutdown(shutdown)
-            .await
-    });
+    let server = Server::new(&config.server);
+    let serve = tokio::spawn(async move { server.serve_http(listener, app, shutdown).await });
     Ok(RunningServer {
         http_addr,
         kv_events_endpoint,

@@ -21,6 +21,7 @@ pub async fn serve(engine: EngineConfig) -> RunningServer {
         listen: "127.0.0.1:0".parse().unwrap(),
         kv_events_endpoint: Some("tcp://127.0.0.1:0".into()),
         engine,
+        server: Default::default(),
     };
     start(config, std::future::pending())
         .await

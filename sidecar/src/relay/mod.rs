@@ -2,10 +2,12 @@
 //! turns them into our events (our block hashes, tiers) and publishes them into the
 //! pod's [`KvEventHub`], which numbers them and serves them to the endpoint pickers.
 //!
-//! Nothing the engine sends can stop the relay: a message that does not decode is
-//! counted and skipped, and lost messages are fetched again from the engine's replay
-//! socket when it has one, or else the pod's view is reset (subscribers see `Cleared`)
-//! so it under-reports rather than claims blocks that may be gone.
+//! Nothing the engine sends can stop the relay: a peer that breaks ZMTP or the size
+//! limits is cut off before it can make the sidecar hold more than the limits allow
+//! (`dynamo_zmtp`), a message that does not decode is counted and skipped, and lost
+//! messages are fetched again from the engine's replay socket when it has one, or else
+//! the pod's view is reset (subscribers see `Cleared`) so it under-reports rather than
+//! claims blocks that may be gone.
 
 mod sequence;
 mod sockets;
@@ -19,46 +21,48 @@ use bytes::Bytes;
 use dynamo_kvcache::KvEvent;
 use dynamo_kvcache::vllm_events::{KvEvent as EngineEvent, decode_batch};
 use dynamo_kvstream::KvEventHub;
-use zeromq::SocketRecv;
+use dynamo_zmtp::{Endpoint, Limits};
 
+use crate::Config;
 use crate::metrics::Metrics;
 use sequence::{Continuity, SequenceTracker};
-use sockets::{Replayer, sequence};
+use sockets::sequence;
+pub use sockets::{ReplayError, Replayer};
 pub use translate::{Skip, Translator};
 
 /// How long the engine gets to answer a replay request before the view is reset instead.
 const REPLAY_TIMEOUT: Duration = Duration::from_secs(2);
 
-/// Follows the engine at `endpoint` forever: waits for it to bind, then relays every
-/// message. `connected` tells readiness whether the subscription is live.
+/// What the engine's sockets may send (`--kv-events-max-message-bytes` and `-frames`).
+/// A frame may be as large as a whole message: vLLM sends its batch as one frame.
+pub fn limits(config: &Config) -> Limits {
+    let bytes = usize::try_from(config.kv_events_max_message_bytes).unwrap_or(usize::MAX);
+    Limits {
+        max_frame_bytes: bytes,
+        max_message_frames: usize::try_from(config.kv_events_max_message_frames)
+            .unwrap_or(usize::MAX),
+        max_message_bytes: bytes,
+    }
+}
+
+/// Follows the engine at `endpoint` forever, relaying every message; the subscription
+/// reconnects by itself. `connected` tells readiness whether it is live.
 pub async fn run(
-    endpoint: String,
-    replay: Option<String>,
+    endpoint: Endpoint,
+    replay: Option<Endpoint>,
+    limits: Limits,
     model: String,
     hub: KvEventHub,
     metrics: Arc<Metrics>,
     connected: Arc<AtomicBool>,
 ) {
-    let mut socket = loop {
-        match sockets::subscribe(&endpoint, connected.clone(), metrics.clone()).await {
-            Ok(socket) => break socket,
-            Err(e) => {
-                tracing::warn!(%endpoint, error = %e, "cannot subscribe to the engine's KV events");
-                tokio::time::sleep(Duration::from_secs(1)).await;
-            }
-        }
-    };
     tracing::info!(%endpoint, %model, "relaying the engine's KV events");
-    let mut relay = Relay::new(model, replay, hub, metrics);
+    let mut socket = sockets::subscribe(endpoint, limits, connected, metrics.clone());
+    let replayer = replay.map(|endpoint| Replayer::new(endpoint, limits, REPLAY_TIMEOUT));
+    let mut relay = Relay::new(model, replayer, hub, metrics);
     loop {
-        match socket.recv().await {
-            Ok(message) => relay.handle(&message.into_vec()).await,
-            // The peer went away; the socket reconnects by itself.
-            Err(e) => {
-                tracing::debug!(error = %e, "KV event subscription interrupted");
-                tokio::time::sleep(Duration::from_millis(100)).await;
-            }
-        }
+        let message = socket.recv().await;
+        relay.handle(&message).await;
     }
 }
 
@@ -72,10 +76,11 @@ pub struct Relay {
 }
 
 impl Relay {
-    /// `model` salts our block hashes; `replay` is the engine's replay endpoint, if any.
+    /// `model` salts our block hashes; `replayer` reaches the engine's replay socket, if
+    /// it has one.
     pub fn new(
         model: String,
-        replay: Option<String>,
+        replayer: Option<Replayer>,
         hub: KvEventHub,
         metrics: Arc<Metrics>,
     ) -> Self {
@@ -84,7 +89,7 @@ impl Relay {
             metrics,
             translator: Translator::new(model),
             tracker: SequenceTracker::default(),
-            replayer: replay.map(|endpoint| Replayer::new(endpoint, REPLAY_TIMEOUT)),
+            replayer,
         }
     }
 
@@ -113,37 +118,33 @@ impl Relay {
         self.apply(seq, &frames[2], true);
     }
 
-    /// Replays messages `from..until`, or resets the view when they cannot all be had.
+    /// Replays messages `from..until`, or resets the view when they cannot all be had
+    /// (subscribers may then see some replayed events just before `Cleared`).
     async fn recover(&mut self, from: u64, until: u64) {
-        let replayed = match &mut self.replayer {
-            Some(replayer) => match replayer.fetch(from).await {
-                // Later messages come through the subscription as usual.
-                Ok(mut messages) => {
-                    messages.retain(|(seq, _)| *seq < until);
-                    messages
-                        .iter()
-                        .map(|(seq, _)| *seq)
-                        .eq(from..until)
-                        .then_some(messages)
-                }
-                Err(e) => {
+        let replayed = match self.replayer.clone() {
+            // Later messages come through the subscription as usual.
+            Some(replayer) => replayer
+                .replay(from, until, |seq, payload| self.apply(seq, payload, false))
+                .await
+                .inspect_err(|e| {
                     tracing::warn!(error = %e, "KV event replay failed");
-                    None
-                }
-            },
-            None => None,
+                    if let ReplayError::Zmtp(e) = e
+                        && let Some(reason) = e.violation()
+                    {
+                        self.metrics
+                            .zmq_violations
+                            .get_or_create(&[("reason", reason)])
+                            .inc();
+                    }
+                })
+                .is_ok(),
+            None => false,
         };
-        let outcome = match replayed {
-            Some(messages) => {
-                for (seq, payload) in messages {
-                    self.apply(seq, &payload, false);
-                }
-                "replayed"
-            }
-            None => {
-                self.reset();
-                "reset"
-            }
+        let outcome = if replayed {
+            "replayed"
+        } else {
+            self.reset();
+            "reset"
         };
         tracing::info!(from, until, outcome, "KV event messages were lost");
         self.metrics

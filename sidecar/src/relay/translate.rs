@@ -62,10 +62,10 @@ struct Known {
 }
 
 /// One engine's translation state: the engine hash -> our hash map of the blocks it
-/// holds, and a hasher per (block size, LoRA) seen.
+/// holds. Hashers are made per event (a hash of the model and LoRA names), so any
+/// number of adapters costs nothing to keep.
 pub struct Translator {
     model: String,
-    hashers: Vec<(u32, Option<String>, BlockHasher)>,
     blocks: HashMap<u64, Known>,
 }
 
@@ -74,7 +74,6 @@ impl Translator {
     pub fn new(model: impl Into<String>) -> Self {
         Self {
             model: model.into(),
-            hashers: Vec::new(),
             blocks: HashMap::new(),
         }
     }
@@ -162,8 +161,7 @@ impl Translator {
             None => None,
             Some(h) => Some(self.blocks.get(&h).ok_or(Skip::UnknownParent)?.seq),
         };
-        let seqs = self
-            .hasher(block_size, lora_name)
+        let seqs = BlockHasher::new(block_size as usize, &self.model, lora_name.as_deref())
             .seq_hashes_from(parent, tokens);
         let blocks = engine_hashes
             .iter()
@@ -212,22 +210,6 @@ impl Translator {
             }
         }
         (!blocks.is_empty()).then_some(KvEvent::Removed { blocks, tier })
-    }
-
-    fn hasher(&mut self, block_size: u32, lora: Option<String>) -> &BlockHasher {
-        let i = match self
-            .hashers
-            .iter()
-            .position(|(size, l, _)| *size == block_size && *l == lora)
-        {
-            Some(i) => i,
-            None => {
-                let hasher = BlockHasher::new(block_size as usize, &self.model, lora.as_deref());
-                self.hashers.push((block_size, lora, hasher));
-                self.hashers.len() - 1
-            }
-        };
-        &self.hashers[i].2
     }
 }
 

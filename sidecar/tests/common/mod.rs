@@ -78,7 +78,12 @@ pub async fn eventually<F: Future<Output = bool>>(what: &str, mut check: impl Fn
 /// The sum of the samples of `name` (with any labels matching `labels`) on the sidecar's
 /// metrics port.
 pub async fn metric(sidecar: &Sidecar, name: &str, labels: &str) -> f64 {
-    let text = reqwest::get(format!("http://{}/metrics", sidecar.metrics_addr))
+    metric_at(sidecar.metrics_addr, name, labels).await
+}
+
+/// [`metric`] of the sidecar whose metrics port is `addr`.
+pub async fn metric_at(addr: std::net::SocketAddr, name: &str, labels: &str) -> f64 {
+    let text = reqwest::get(format!("http://{addr}/metrics"))
         .await
         .unwrap()
         .text()
@@ -97,6 +102,8 @@ type Sent = Arc<Mutex<Vec<(u64, Vec<u8>)>>>;
 
 /// An engine's KV event publisher: vLLM's PUB wire format on an XPUB socket (identical on
 /// the wire, and it tells us when the sidecar has subscribed), plus vLLM's replay ROUTER.
+/// Both are the `zeromq` crate's: a ZMTP implementation independent of the sidecar's
+/// `dynamo_zmtp`, so these tests do not check our codec only against itself.
 pub struct EnginePublisher {
     socket: XPubSocket,
     pub endpoint: String,

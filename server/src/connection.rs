@@ -1,0 +1,303 @@
+//! What one HTTP connection is doing, for its header and idle deadlines.
+//!
+//! hyper's own HTTP/1 header timer starts as soon as a connection waits for a request
+//! head, so it cannot tell a slow head from an idle keep-alive connection, and HTTP/2
+//! has no such timer at all. So the connection's bytes ([`Tracked`]) and requests
+//! ([`Track`]) are watched here, and the connection's task asks [`Activity::deadline`]
+//! when to close it:
+//! - requests in flight: no deadline (the body timeout and the handlers take over);
+//! - none, and an HTTP/1 head has begun to arrive: `header_timeout` after its first byte;
+//! - none otherwise: `idle_timeout` after the last request ended (or the connection opened).
+
+use std::pin::Pin;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::task::{Context, Poll};
+
+use axum::body::Body;
+use http_body::{Body as HttpBody, Frame, SizeHint};
+use hyper::{Request, Response};
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::sync::Notify;
+use tokio::time::Instant;
+
+use crate::ServerLimits;
+
+/// The client preface every HTTP/2 connection opens with (RFC 9113 section 3.4).
+const HTTP2_PREFACE_START: &[u8] = b"PRI * HTTP/2.0";
+
+#[derive(Debug)]
+pub struct Activity {
+    state: Mutex<State>,
+    /// Woken when the deadline may have moved.
+    pub changed: Notify,
+}
+
+#[derive(Debug)]
+struct State {
+    in_flight: usize,
+    idle_since: Instant,
+    head_started: Option<Instant>,
+    protocol: Protocol,
+}
+
+/// Told apart by the first bytes of the connection.
+#[derive(Debug, PartialEq)]
+enum Protocol {
+    /// The bytes so far, all a prefix of the HTTP/2 preface.
+    Unknown(Vec<u8>),
+    Http1,
+    Http2,
+}
+
+impl Activity {
+    pub fn new() -> Arc<Self> {
+        Arc::new(Self {
+            state: Mutex::new(State {
+                in_flight: 0,
+                idle_since: Instant::now(),
+                head_started: None,
+                protocol: Protocol::Unknown(Vec::new()),
+            }),
+            changed: Notify::new(),
+        })
+    }
+
+    fn state(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// When the connection should be closed, if nothing changes before then.
+    pub fn deadline(&self, limits: &ServerLimits) -> Option<Instant> {
+        let state = self.state();
+        if state.in_flight > 0 {
+            return None;
+        }
+        Some(match state.head_started {
+            Some(start) => start + limits.header_timeout,
+            None => state.idle_since + limits.idle_timeout,
+        })
+    }
+
+    fn on_read(&self, bytes: &[u8]) {
+        let mut state = self.state();
+        if let Protocol::Unknown(seen) = &mut state.protocol {
+            let wanted = HTTP2_PREFACE_START.len() - seen.len();
+            seen.extend_from_slice(&bytes[..bytes.len().min(wanted)]);
+            if !HTTP2_PREFACE_START.starts_with(seen) {
+                state.protocol = Protocol::Http1;
+            } else if seen.len() == HTTP2_PREFACE_START.len() {
+                state.protocol = Protocol::Http2;
+            }
+        }
+        // HTTP/2 sends frames (pings, window updates) between requests: only HTTP/1
+        // bytes outside a request are the start of a head.
+        let head_starts = state.in_flight == 0 && state.protocol != Protocol::Http2;
+        let before = state.head_started;
+        state.head_started = match state.head_started {
+            _ if !head_starts => None,
+            Some(start) => Some(start),
+            None => Some(Instant::now()),
+        };
+        if before != state.head_started {
+            drop(state);
+            self.changed.notify_one();
+        }
+    }
+
+    fn request_started(self: &Arc<Self>) -> RequestGuard {
+        let mut state = self.state();
+        state.in_flight += 1;
+        state.head_started = None;
+        RequestGuard(self.clone())
+    }
+}
+
+/// A request in flight, until its response body is sent or dropped.
+struct RequestGuard(Arc<Activity>);
+
+impl Drop for RequestGuard {
+    fn drop(&mut self) {
+        let mut state = self.0.state();
+        state.in_flight -= 1;
+        if state.in_flight == 0 {
+            state.idle_since = Instant::now();
+        }
+        drop(state);
+        self.0.changed.notify_one();
+    }
+}
+
+/// The connection's IO, reporting what it reads to its [`Activity`].
+pub struct Tracked<T> {
+    pub io: T,
+    pub activity: Arc<Activity>,
+}
+
+impl<T: AsyncRead + Unpin> AsyncRead for Tracked<T> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        let before = buf.filled().len();
+        let polled = Pin::new(&mut self.io).poll_read(cx, buf);
+        if matches!(polled, Poll::Ready(Ok(()))) && buf.filled().len() > before {
+            self.activity.on_read(&buf.filled()[before..]);
+        }
+        polled
+    }
+}
+
+impl<T: AsyncWrite + Unpin> AsyncWrite for Tracked<T> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.io).poll_write(cx, buf)
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.io).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.io).poll_shutdown(cx)
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.io).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.io.is_write_vectored()
+    }
+}
+
+/// The app, counting each request in flight until its response body is done.
+#[derive(Clone)]
+pub struct Track<S> {
+    pub inner: S,
+    pub activity: Arc<Activity>,
+}
+
+impl<S, B> tower::Service<Request<B>> for Track<S>
+where
+    S: tower::Service<Request<B>, Response = Response<Body>>,
+    S::Future: Send + 'static,
+{
+    type Response = Response<Body>;
+    type Error = S::Error;
+    type Future = futures::future::BoxFuture<'static, Result<Response<Body>, S::Error>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: Request<B>) -> Self::Future {
+        let guard = self.activity.request_started();
+        let response = self.inner.call(request);
+        Box::pin(async move {
+            let response = response.await?;
+            Ok(response.map(|body| {
+                Body::new(Guarded {
+                    body,
+                    _guard: guard,
+                })
+            }))
+        })
+    }
+}
+
+/// A response body that holds its request's [`RequestGuard`].
+struct Guarded {
+    body: Body,
+    _guard: RequestGuard,
+}
+
+impl HttpBody for Guarded {
+    type Data = <Body as HttpBody>::Data;
+    type Error = <Body as HttpBody>::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Self::Data>, Self::Error>>> {
+        Pin::new(&mut self.body).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.body.size_hint()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    fn limits() -> ServerLimits {
+        ServerLimits {
+            header_timeout: Duration::from_secs(1),
+            idle_timeout: Duration::from_secs(10),
+            ..ServerLimits::default()
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn deadlines_follow_requests_and_heads() {
+        let activity = Activity::new();
+        let opened = Instant::now();
+        assert_eq!(
+            activity.deadline(&limits()),
+            Some(opened + limits().idle_timeout)
+        );
+
+        tokio::time::advance(Duration::from_secs(3)).await;
+        activity.on_read(b"GET / HT");
+        let head = Instant::now();
+        assert_eq!(
+            activity.deadline(&limits()),
+            Some(head + limits().header_timeout)
+        );
+        activity.on_read(b"TP/1.1\r\n");
+        assert_eq!(
+            activity.deadline(&limits()),
+            Some(head + limits().header_timeout)
+        );
+
+        let guard = activity.request_started();
+        assert_eq!(activity.deadline(&limits()), None);
+        tokio::time::advance(Duration::from_secs(60)).await;
+        // Bytes read during a request (its body) start no head.
+        activity.on_read(b"body");
+        drop(guard);
+        let ended = Instant::now();
+        assert_eq!(
+            activity.deadline(&limits()),
+            Some(ended + limits().idle_timeout)
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn http2_frames_between_requests_are_not_a_head() {
+        let activity = Activity::new();
+        let opened = Instant::now();
+        activity.on_read(b"PRI * HTTP/");
+        activity.on_read(b"2.0\r\n\r\nSM\r\n\r\n");
+        tokio::time::advance(Duration::from_secs(1)).await;
+        activity.on_read(b"\x00\x00\x08\x06\x00ping");
+        assert_eq!(
+            activity.deadline(&limits()),
+            Some(opened + limits().idle_timeout)
+        );
+    }
+}

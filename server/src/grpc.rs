@@ -1,0 +1,108 @@
+//! Connections for tonic servers: tonic serves HTTP/2 on whatever stream of connections
+//! it is given, so this is where the connection budget and the first-bytes deadline
+//! apply. HTTP/2 keepalive (set on each tonic server) finds peers that vanish later.
+
+use std::io;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use futures::Stream;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{OwnedSemaphorePermit, mpsc};
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::transport::server::{Connected, TcpConnectInfo};
+
+use crate::Server;
+
+/// An accepted connection holding its share of the connection budget.
+pub struct GrpcConnection {
+    tcp: TcpStream,
+    _permit: OwnedSemaphorePermit,
+}
+
+impl Server {
+    /// The connections of `listener` for `Server::serve_with_incoming*`: each holds one
+    /// unit of the process's connection budget while open, and one whose client sends
+    /// nothing within the header timeout is dropped before tonic sees it. Accepting
+    /// stops when tonic drops the stream.
+    pub fn grpc_incoming(
+        &self,
+        listener: TcpListener,
+    ) -> impl Stream<Item = io::Result<GrpcConnection>> + Send + 'static {
+        let (ready, incoming) = mpsc::channel(16);
+        let server = self.clone();
+        tokio::spawn(async move {
+            loop {
+                let (tcp, permit) = tokio::select! {
+                    () = ready.closed() => return,
+                    accepted = server.accept(&listener) => accepted,
+                };
+                let (ready, wait) = (ready.clone(), server.limits.header_timeout);
+                tokio::spawn(async move {
+                    let mut first = [0u8; 1];
+                    match tokio::time::timeout(wait, tcp.peek(&mut first)).await {
+                        Ok(Ok(n)) if n > 0 => {
+                            let _ = ready
+                                .send(Ok(GrpcConnection {
+                                    tcp,
+                                    _permit: permit,
+                                }))
+                                .await;
+                        }
+                        _ => tracing::debug!("dropping a gRPC connection that sent nothing"),
+                    }
+                });
+            }
+        });
+        ReceiverStream::new(incoming)
+    }
+}
+
+impl Connected for GrpcConnection {
+    type ConnectInfo = TcpConnectInfo;
+
+    fn connect_info(&self) -> TcpConnectInfo {
+        self.tcp.connect_info()
+    }
+}
+
+impl AsyncRead for GrpcConnection {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.tcp).poll_read(cx, buf)
+    }
+}
+
+impl AsyncWrite for GrpcConnection {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.tcp).poll_write(cx, buf)
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.tcp).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.tcp).poll_shutdown(cx)
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.tcp).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.tcp.is_write_vectored()
+    }
+}

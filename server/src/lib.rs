@@ -1,0 +1,73 @@
+//! What every server process of ours (picker, sidecar, mock engine, local runner, operator)
+//! shares, so each one is hardened the same way:
+//!
+//! - [`ServerLimits`]: the flags (header, idle and body timeouts, concurrent connections);
+//! - [`Server`]: the accept loops that apply them, for axum apps ([`Server::serve_http`])
+//!   and, with the `grpc` feature, tonic servers ([`Server::grpc_incoming`]);
+//! - [`shutdown_signal`] and [`init_logging`]: what every binary's `main` does.
+
+mod connection;
+#[cfg(feature = "grpc")]
+mod grpc;
+mod http;
+mod limits;
+mod process;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+
+#[cfg(feature = "grpc")]
+pub use grpc::GrpcConnection;
+pub use limits::{ServerLimits, parse_duration};
+pub use process::{init_logging, shutdown_signal};
+
+/// One process's serving policy: its [`ServerLimits`] and the connection budget every
+/// listener of the process draws from. Clones share the budget.
+#[derive(Clone, Debug)]
+pub struct Server {
+    limits: Arc<ServerLimits>,
+    connections: Arc<Semaphore>,
+}
+
+impl Server {
+    pub fn new(limits: &ServerLimits) -> Self {
+        Self {
+            limits: Arc::new(limits.clone()),
+            connections: Arc::new(Semaphore::new(limits.max_connections)),
+        }
+    }
+
+    pub fn limits(&self) -> &ServerLimits {
+        &self.limits
+    }
+
+    /// The next connection of `listener` with its share of the connection budget. It
+    /// accepts first and then waits for budget, so a listener holds at most one
+    /// connection beyond the budget and an idle listener none of it. A failed accept (out
+    /// of file descriptors, a connection reset before it was accepted) is logged and
+    /// tried again a moment later rather than in a spin.
+    async fn accept(&self, listener: &TcpListener) -> (TcpStream, OwnedSemaphorePermit) {
+        let tcp = loop {
+            match listener.accept().await {
+                Ok((tcp, _)) => break tcp,
+                Err(e) => {
+                    tracing::warn!(error = %e, "accepting a connection failed");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+            }
+        };
+        let permit = self
+            .connections
+            .clone()
+            .acquire_owned()
+            .await
+            .expect("the connection budget is never closed");
+        // Streamed tokens are small writes: without TCP_NODELAY, Nagle's algorithm holds
+        // them back waiting for ACKs.
+        let _ = tcp.set_nodelay(true);
+        (tcp, permit)
+    }
+}

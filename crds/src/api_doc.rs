@@ -3,10 +3,12 @@
 
 use std::fmt::Write;
 
-use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::{
+    CustomResourceDefinition, CustomResourceDefinitionVersion,
+};
 use serde_json::Value;
 
-use crate::manifests::crds;
+use crate::manifests::{crds, schema_of};
 
 /// Fields whose type is a Kubernetes API type: documented by name, not field by field
 /// (their own reference is `kubectl explain` / the Kubernetes API docs).
@@ -15,6 +17,8 @@ const KUBERNETES_TYPES: &[(&str, &str)] = &[
     ("livenessProbe", "core/v1 Probe"),
     ("readinessProbe", "core/v1 Probe"),
     ("envs", "[]core/v1 EnvVar"),
+    ("env", "[]core/v1 EnvVar"),
+    ("configMapRef", "core/v1 ConfigMapKeySelector"),
     ("affinity", "core/v1 Affinity"),
     ("tolerations", "[]core/v1 Toleration"),
     (
@@ -44,37 +48,56 @@ pub fn api_reference_markdown() -> String {
     );
     let crds = crds();
     for crd in &crds {
-        let _ = writeln!(
-            out,
-            "- [{}](#{})",
-            crd.spec.names.kind,
-            crd.spec.names.kind.to_lowercase()
-        );
+        for version in &crd.spec.versions {
+            let title = title(crd, version);
+            let _ = writeln!(out, "- [{title}](#{})", anchor(&title));
+        }
     }
     for crd in &crds {
-        render_crd(&mut out, crd);
+        for version in &crd.spec.versions {
+            render_version(&mut out, crd, version);
+        }
     }
     out
 }
 
-fn render_crd(out: &mut String, crd: &CustomResourceDefinition) {
-    let version = &crd.spec.versions[0];
-    let schema = serde_json::to_value(
-        version
-            .schema
-            .as_ref()
-            .and_then(|s| s.open_api_v3_schema.as_ref())
-            .expect("schema"),
-    )
-    .expect("schema serializes");
+/// `Kind`, or `Kind vN` for each version of a CRD that serves several.
+fn title(crd: &CustomResourceDefinition, version: &CustomResourceDefinitionVersion) -> String {
+    if crd.spec.versions.len() > 1 {
+        format!("{} {}", crd.spec.names.kind, version.name)
+    } else {
+        crd.spec.names.kind.clone()
+    }
+}
+
+/// The anchor GitHub gives a heading.
+fn anchor(title: &str) -> String {
+    title.to_lowercase().replace(' ', "-")
+}
+
+fn render_version(
+    out: &mut String,
+    crd: &CustomResourceDefinition,
+    version: &CustomResourceDefinitionVersion,
+) {
+    let schema = schema_of(version);
     let names = &crd.spec.names;
-    let _ = writeln!(out, "\n## {}\n", names.kind);
+    let _ = writeln!(out, "\n## {}\n", title(crd, version));
     let _ = writeln!(
         out,
         "{}\n",
         one_line(schema["description"].as_str().unwrap_or_default())
     );
-    let _ = writeln!(out, "- API version: `{}/{}`", crd.spec.group, version.name);
+    let stored = if crd.spec.versions.len() > 1 && version.storage {
+        " (the storage version)"
+    } else {
+        ""
+    };
+    let _ = writeln!(
+        out,
+        "- API version: `{}/{}`{stored}",
+        crd.spec.group, version.name
+    );
     let _ = writeln!(
         out,
         "- Plural: `{}`; short names: {}",

@@ -21,6 +21,10 @@ use crate::common::{
 /// Most services one graph may have (Dynamo's `MaxProperties=25`).
 pub const MAX_SERVICES: usize = 25;
 
+/// Extended resource name of a service's GPUs when `resources.*.gpuType` is unset (the
+/// NVIDIA device plugin's).
+pub const DEFAULT_GPU_RESOURCE: &str = "nvidia.com/gpu";
+
 /// Desired state of a DynamoGraphDeployment.
 // Each printcolumn(...) repeats `type_ = ...`, which clippy mistakes for a duplicate attribute.
 #[allow(clippy::duplicated_attributes)]

@@ -2,7 +2,8 @@
 //! subresource of one service of a graph. The planner, HPA and KEDA scale through it; only
 //! its controller writes the graph's `replicas`.
 //!
-//! Field names follow Dynamo's `dynamographdeploymentscalingadapter_types.go`.
+//! Field names follow Dynamo's v1alpha1 `dynamographdeploymentscalingadapter_types.go`
+//! (ai-dynamo/dynamo `deploy/operator/api/v1alpha1`): `spec.dgdRef{name, serviceName}`.
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::CustomResource;
@@ -37,7 +38,7 @@ use serde::{Deserialize, Serialize};
     printcolumn(
         name = "Service",
         type_ = "string",
-        json_path = ".spec.dgdRef.service",
+        json_path = ".spec.dgdRef.serviceName",
         description = "Service name"
     ),
     printcolumn(
@@ -64,19 +65,48 @@ pub struct DynamoGraphDeploymentScalingAdapterSpec {
     #[schemars(range(min = 0))]
     pub replicas: i32,
     /// The graph and service this adapter scales.
+    #[schemars(schema_with = "dgd_ref_schema")]
     pub dgd_ref: DgdServiceRef,
 }
 
-/// A service inside a DynamoGraphDeployment.
-#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
-#[serde(rename_all = "camelCase")]
+/// A service inside a DynamoGraphDeployment. Written as Dynamo's `serviceName`; `service`,
+/// the name this operator used before, is still read (adapters it created carry it).
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
 pub struct DgdServiceRef {
     /// Name of the DynamoGraphDeployment, in the adapter's namespace.
-    #[schemars(length(min = 1))]
     pub name: String,
-    /// Key of the service in the graph's `spec.services`.
-    #[schemars(length(min = 1))]
+    /// Key of the service in the graph's `spec.services` (the component's `name` in v1beta1).
+    #[serde(rename = "serviceName", alias = "service")]
     pub service: String,
+}
+
+/// The schema of [`DgdServiceRef`]: both spellings of the service, exactly one of them set
+/// (serde refuses an object with both as a duplicate field).
+fn dgd_ref_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    let service =
+        "Key of the service in the graph's `spec.services` (the component's `name` in v1beta1).";
+    schemars::json_schema!({
+        "description": "The graph and service this adapter scales.",
+        "type": "object",
+        "required": ["name"],
+        "properties": {
+            "name": {
+                "description": "Name of the DynamoGraphDeployment, in the adapter's namespace.",
+                "type": "string",
+                "minLength": 1
+            },
+            "serviceName": {"description": service, "type": "string", "minLength": 1},
+            "service": {
+                "description": "Older spelling of `serviceName`, still read.",
+                "type": "string",
+                "minLength": 1
+            }
+        },
+        "x-kubernetes-validations": [{
+            "rule": "has(self.serviceName) != has(self.service)",
+            "message": "dgdRef needs serviceName (or its older spelling service), not both"
+        }]
+    })
 }
 
 /// Observed state of a scaling adapter.

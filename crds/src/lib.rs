@@ -1,17 +1,22 @@
 //! Rust types of Dynamo's custom resources (group `nvidia.com`), their CRD manifests, the
 //! API reference, and a validator that checks a manifest the way the API server would.
 //!
-//! - [`DynamoGraphDeployment`] (`dgd`, v1alpha1): a graph of services.
+//! - [`DynamoGraphDeployment`] (`dgd`, v1alpha1, stored) and
+//!   [`dgd_v1beta1::DynamoGraphDeployment`] (v1beta1): a graph of services (components),
+//!   served in both versions from one CRD; [`conversion`] converts between them.
 //! - [`DynamoGraphDeploymentScalingAdapter`] (`dgdsa`, v1alpha1): scale subresource of one service.
 //! - [`DynamoGraphDeploymentRequest`] (`dgdr`, v1beta1): SLA-driven request that yields a graph.
 
 pub mod api_doc;
 pub mod common;
+pub mod conversion;
 pub mod dgd;
+pub mod dgd_v1beta1;
 pub mod dgdr;
 pub mod dgdsa;
 pub mod inference_pool;
 pub mod manifests;
+pub mod role;
 pub mod validate;
 
 pub use api_doc::api_reference_markdown;
@@ -28,4 +33,5 @@ pub use dgdsa::{
     DynamoGraphDeploymentScalingAdapterStatus,
 };
 pub use manifests::{GENERATED_CRD_DIRS, crd_manifests, crds, generated_files};
+pub use role::{EngineRole, ServiceRole};
 pub use validate::{DynamoObject, Problem, Validated, ValidationError, validate_manifest};

@@ -2,12 +2,18 @@
 
 use std::path::{Path, PathBuf};
 
-use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use k8s_openapi::ByteString;
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::{
+    CustomResourceConversion, CustomResourceDefinition, CustomResourceDefinitionVersion,
+    ServiceReference, WebhookClientConfig, WebhookConversion,
+};
 use kube::CustomResourceExt;
+use kube::core::crd::merge_crds;
 
+use crate::conversion::{WEBHOOK_NAMESPACE, WEBHOOK_PATH, WEBHOOK_SERVICE, WEBHOOK_SERVICE_PORT};
 use crate::{
     DynamoGraphDeployment, DynamoGraphDeploymentRequest, DynamoGraphDeploymentScalingAdapter,
-    api_reference_markdown,
+    api_reference_markdown, dgd_v1beta1,
 };
 
 /// First line of every generated file, so nobody edits one by hand.
@@ -17,10 +23,65 @@ pub const GENERATED_HEADER: &str =
 /// The three CRDs, in a fixed order: DGD, DGDSA, DGDR.
 pub fn crds() -> Vec<CustomResourceDefinition> {
     vec![
-        DynamoGraphDeployment::crd(),
+        graph_crd(),
         DynamoGraphDeploymentScalingAdapter::crd(),
         DynamoGraphDeploymentRequest::crd(),
     ]
+}
+
+/// The DynamoGraphDeployment CRD: v1alpha1 (the storage version, as in Dynamo, so objects
+/// written before v1beta1 existed stay readable without conversion and the controller's
+/// own reads never wait on the webhook) and v1beta1, converted by the operator's webhook
+/// at the default install's Service (the operator repoints it at start-up).
+pub fn graph_crd() -> CustomResourceDefinition {
+    let mut crd = merge_crds(
+        vec![
+            DynamoGraphDeployment::crd(),
+            dgd_v1beta1::DynamoGraphDeployment::crd(),
+        ],
+        "v1alpha1",
+    )
+    .expect("both versions share group, kind and scope");
+    crd.spec.conversion = Some(webhook_conversion(WEBHOOK_NAMESPACE, WEBHOOK_SERVICE, None));
+    crd
+}
+
+/// `spec.conversion` of the DynamoGraphDeployment CRD: the webhook at
+/// `https://{service}.{namespace}.svc:443/convert`, trusted through `ca_bundle` (PEM), with
+/// `apiextensions.k8s.io/v1` ConversionReviews.
+pub fn webhook_conversion(
+    namespace: &str,
+    service: &str,
+    ca_bundle: Option<&[u8]>,
+) -> CustomResourceConversion {
+    CustomResourceConversion {
+        strategy: "Webhook".into(),
+        webhook: Some(WebhookConversion {
+            client_config: Some(WebhookClientConfig {
+                ca_bundle: ca_bundle.map(|pem| ByteString(pem.to_vec())),
+                service: Some(ServiceReference {
+                    name: service.into(),
+                    namespace: namespace.into(),
+                    path: Some(WEBHOOK_PATH.into()),
+                    port: Some(WEBHOOK_SERVICE_PORT),
+                }),
+                url: None,
+            }),
+            conversion_review_versions: vec!["v1".into()],
+        }),
+    }
+}
+
+/// The openAPIV3 schema of one version of a generated CRD, as JSON.
+pub fn schema_of(version: &CustomResourceDefinitionVersion) -> serde_json::Value {
+    serde_json::to_value(
+        version
+            .schema
+            .as_ref()
+            .and_then(|s| s.open_api_v3_schema.as_ref())
+            .expect("every generated CRD version has a schema"),
+    )
+    .expect("a schema serializes")
 }
 
 /// `(file name, YAML)` for each CRD, e.g. `("nvidia.com_dynamographdeployments.yaml", ...)`

@@ -14,8 +14,10 @@ use std::sync::OnceLock;
 
 use jsonschema::JsonType;
 use jsonschema::error::{TypeKind, ValidationErrorKind};
-use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-use kube::{CustomResourceExt, Resource, ResourceExt};
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::{
+    CustomResourceDefinition, CustomResourceDefinitionVersion,
+};
+use kube::{Resource, ResourceExt};
 use serde::de::DeserializeOwned;
 use serde_json::{Map, Value, json};
 
@@ -184,7 +186,7 @@ pub fn validate_manifest_with(
     Ok(Validated { objects })
 }
 
-/// The kinds we know, with what it takes to check them.
+/// The kinds we know.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Kind {
     GraphDeployment,
@@ -192,21 +194,24 @@ enum Kind {
     Request,
 }
 
-const KINDS: [Kind; 3] = [Kind::GraphDeployment, Kind::ScalingAdapter, Kind::Request];
-
 impl Kind {
-    fn crd(self) -> CustomResourceDefinition {
-        match self {
-            Kind::GraphDeployment => DynamoGraphDeployment::crd(),
-            Kind::ScalingAdapter => DynamoGraphDeploymentScalingAdapter::crd(),
-            Kind::Request => DynamoGraphDeploymentRequest::crd(),
-        }
+    fn of(kind: &str) -> Option<Self> {
+        [Kind::GraphDeployment, Kind::ScalingAdapter, Kind::Request]
+            .into_iter()
+            .find(|k| k.typed_api_version().1 == kind)
     }
 
-    fn checks(self) -> &'static KindChecks {
-        static CHECKS: [OnceLock<KindChecks>; 3] =
-            [OnceLock::new(), OnceLock::new(), OnceLock::new()];
-        CHECKS[self as usize].get_or_init(|| KindChecks::new(self.crd()))
+    /// The `(apiVersion, kind)` of our Rust type of this kind: objects of the CRD's other
+    /// versions are converted to it (as the API server would) once they pass their checks.
+    fn typed_api_version(self) -> (String, String) {
+        fn of<K: Resource<DynamicType = ()>>() -> (String, String) {
+            (K::api_version(&()).into_owned(), K::kind(&()).into_owned())
+        }
+        match self {
+            Kind::GraphDeployment => of::<DynamoGraphDeployment>(),
+            Kind::ScalingAdapter => of::<DynamoGraphDeploymentScalingAdapter>(),
+            Kind::Request => of::<DynamoGraphDeploymentRequest>(),
+        }
     }
 
     fn to_object(self, value: Value) -> Result<DynamoObject, serde_json::Error> {
@@ -221,10 +226,27 @@ impl Kind {
     }
 }
 
+/// Every served version of every CRD, prepared for the checkers.
+fn all_checks() -> &'static [VersionChecks] {
+    static CHECKS: OnceLock<Vec<VersionChecks>> = OnceLock::new();
+    CHECKS.get_or_init(|| {
+        crate::manifests::crds()
+            .iter()
+            .flat_map(|crd| {
+                crd.spec
+                    .versions
+                    .iter()
+                    .map(|version| VersionChecks::new(crd, version))
+            })
+            .collect()
+    })
+}
+
 /// The schema of one CRD version, prepared for both checkers.
-struct KindChecks {
+struct VersionChecks {
+    kind: Kind,
     api_version: String,
-    kind: String,
+    kind_name: String,
     /// The openAPIV3 schema exactly as in the CRD (defaults, CEL rules).
     openapi: Value,
     /// The same schema as JSON Schema, for the structural check.
@@ -232,26 +254,20 @@ struct KindChecks {
     cel: kube_cel::CompiledSchema,
 }
 
-impl KindChecks {
-    fn new(crd: CustomResourceDefinition) -> Self {
-        let version = &crd.spec.versions[0];
-        let openapi = serde_json::to_value(
-            version
-                .schema
-                .as_ref()
-                .and_then(|s| s.open_api_v3_schema.as_ref())
-                .expect("every generated CRD version has a schema"),
-        )
-        .expect("a schema serializes to JSON");
+impl VersionChecks {
+    fn new(crd: &CustomResourceDefinition, version: &CustomResourceDefinitionVersion) -> Self {
+        let openapi = crate::manifests::schema_of(version);
         let structural = jsonschema::options()
             .with_draft(jsonschema::Draft::Draft4)
             .should_validate_formats(false)
             .build(&with_object_envelope(openapi_to_json_schema(&openapi)))
             .expect("the generated schema is valid JSON Schema");
         let cel = kube_cel::compile_schema(&openapi);
+        let kind_name = crd.spec.names.kind.clone();
         Self {
+            kind: Kind::of(&kind_name).expect("every generated CRD is a kind we know"),
             api_version: format!("{}/{}", crd.spec.group, version.name),
-            kind: crd.spec.names.kind.clone(),
+            kind_name,
             openapi,
             structural,
             cel,
@@ -295,13 +311,13 @@ fn validate_object(document: usize, object: Value) -> Result<DynamoObject, Vec<P
             "must be a YAML mapping (an object)".into(),
         )]);
     }
-    let Some(kind) = KINDS.into_iter().find(|k| {
-        let checks = k.checks();
-        checks.kind == kind_name && checks.api_version == api_version
-    }) else {
-        let known: Vec<String> = KINDS
+    let Some(checks) = all_checks()
+        .iter()
+        .find(|c| c.kind_name == kind_name && c.api_version == api_version)
+    else {
+        let known: Vec<String> = all_checks()
             .iter()
-            .map(|k| format!("{}/{}", k.checks().api_version, k.checks().kind))
+            .map(|c| format!("{}/{}", c.api_version, c.kind_name))
             .collect();
         return Err(vec![problem(
             "kind".into(),
@@ -311,8 +327,6 @@ fn validate_object(document: usize, object: Value) -> Result<DynamoObject, Vec<P
             ),
         )]);
     };
-    let checks = kind.checks();
-
     // The API server defaults before it validates; so do we.
     let object = kube_cel::apply_defaults(&checks.openapi, &object);
     let mut problems = Vec::new();
@@ -333,10 +347,17 @@ fn validate_object(document: usize, object: Value) -> Result<DynamoObject, Vec<P
     if !problems.is_empty() {
         return Err(problems);
     }
-    kind.to_object(object).map_err(|e| {
+    let (typed_version, _) = checks.kind.typed_api_version();
+    let object = if checks.api_version == typed_version {
+        object
+    } else {
+        crate::conversion::convert(&object, &typed_version)
+            .map_err(|e| vec![problem(String::new(), format!("cannot be converted: {e}"))])?
+    };
+    checks.kind.to_object(object).map_err(|e| {
         vec![problem(
             String::new(),
-            format!("does not fit the {} type: {e}", checks.kind),
+            format!("does not fit the {} type: {e}", checks.kind_name),
         )]
     })
 }

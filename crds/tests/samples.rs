@@ -3,12 +3,17 @@
 
 use std::path::{Path, PathBuf};
 
+/// The YAML files under `dir`, its subdirectories included (`v1beta1/`, `dynamo/`).
 fn yaml_files(dir: &Path) -> Vec<PathBuf> {
-    let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
-        .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
-        .map(|entry| entry.unwrap().path())
-        .filter(|path| path.extension().is_some_and(|ext| ext == "yaml"))
-        .collect();
+    let mut files = Vec::new();
+    for entry in std::fs::read_dir(dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display())) {
+        let path = entry.unwrap().path();
+        if path.is_dir() {
+            files.extend(yaml_files(&path));
+        } else if path.extension().is_some_and(|ext| ext == "yaml") {
+            files.push(path);
+        }
+    }
     files.sort();
     files
 }
@@ -18,8 +23,8 @@ fn every_sample_validates() {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../config/samples");
     let files = yaml_files(&dir);
     assert!(
-        files.len() >= 6,
-        "expected the six samples, found {files:?}"
+        files.len() >= 10,
+        "expected the six samples, two v1beta1 ones and Dynamo's two, found {files:?}"
     );
     for path in files {
         let yaml = std::fs::read_to_string(&path).unwrap();

@@ -4,14 +4,10 @@
 pub mod controller;
 pub mod local;
 pub mod reconcile;
+pub mod wiring;
 
 /// Returns on Ctrl-C or SIGTERM (what Kubernetes sends).
 pub(crate) async fn shutdown_signal() {
-    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-        .expect("installing the SIGTERM handler");
-    tokio::select! {
-        _ = tokio::signal::ctrl_c() => {}
-        _ = term.recv() => {}
-    }
+    dynamo_server::shutdown_signal().await;
     tracing::info!("shutting down");
 }

@@ -28,6 +28,11 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- end -}}
 {{- end -}}
 
+{{/* The dynamo image: the operator's own, and what it passes as --image. */}}
+{{- define "dynamo-platform.image" -}}
+{{ .Values.image.repository }}:{{ .Values.image.tag | default .Chart.AppVersion }}
+{{- end -}}
+
 {{/* Leader election is on exactly when more than one replica runs. */}}
 {{- define "dynamo-platform.leaderElect" -}}
 {{- if gt (int .Values.replicaCount) 1 }}true{{ end -}}

@@ -10,7 +10,7 @@ use dynamo_crds::inference_pool::InferencePool;
 use gateway_api::apis::standard::httproutes::HttpRoute;
 use k8s_openapi::NamespaceResourceScope;
 use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::core::v1::{Pod, Service, ServiceAccount};
+use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod, Service, ServiceAccount};
 use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams, Preconditions};
 use kube::{Client, Resource};
@@ -54,7 +54,12 @@ pub async fn children(client: &Client, namespace: &str, desired: &Desired) -> Re
         writes.apply(ObjectKind::RoleBinding, o).await;
     }
     for o in &desired.scaling_adapters {
-        writes.create(o).await;
+        writes
+            .create(ObjectKind::DynamoGraphDeploymentScalingAdapter, o)
+            .await;
+    }
+    for o in &desired.persistent_volume_claims {
+        writes.create(ObjectKind::PersistentVolumeClaim, o).await;
     }
     for key in &desired.deletions {
         writes.delete(key).await;
@@ -114,23 +119,27 @@ impl Writes<'_> {
         self.record(Verb::Apply, kind, &name, result);
     }
 
-    async fn create(&mut self, adapter: &DynamoGraphDeploymentScalingAdapter) {
-        let name = adapter.metadata.name.clone().unwrap_or_default();
+    /// Creates `object` unless it exists: for objects whose spec, once made, belongs to
+    /// someone else (an adapter's replicas) or cannot change (a claim).
+    async fn create<K>(&mut self, kind: ObjectKind, object: &K)
+    where
+        K: Resource<Scope = NamespaceResourceScope, DynamicType = ()>
+            + Serialize
+            + DeserializeOwned
+            + Clone
+            + Debug,
+    {
+        let name = object.meta().name.clone().unwrap_or_default();
         let params = PostParams {
             field_manager: Some(FIELD_MANAGER.into()),
             ..PostParams::default()
         };
-        let result = match self.api().create(&params, adapter).await {
+        let result = match self.api::<K>().create(&params, object).await {
             // Made by an earlier pass the cache has not seen yet.
             Err(e) if status_code(&e) == Some(409) => Ok(()),
             other => other.map(drop),
         };
-        self.record(
-            Verb::Create,
-            ObjectKind::DynamoGraphDeploymentScalingAdapter,
-            &name,
-            result,
-        );
+        self.record(Verb::Create, kind, &name, result);
     }
 
     async fn delete(&mut self, key: &ObjectKey) {
@@ -173,6 +182,11 @@ impl Writes<'_> {
             ObjectKind::Role => self.api::<Role>().delete(name, &params).await.map(drop),
             ObjectKind::RoleBinding => self
                 .api::<RoleBinding>()
+                .delete(name, &params)
+                .await
+                .map(drop),
+            ObjectKind::PersistentVolumeClaim => self
+                .api::<PersistentVolumeClaim>()
                 .delete(name, &params)
                 .await
                 .map(drop),

@@ -3,7 +3,12 @@
 //! Two controllers on kube-runtime's [`applier`]: DynamoGraphDeployments ([`dgd`]) and
 //! their scaling adapters ([`dgdsa`]), fed by one watch per kind ([`watches`]). With
 //! `--leader-elect` only the replica holding the Lease ([`leader`]) reconciles. `/metrics`
-//! and `/healthz` are served on `--port` ([`metrics`]).
+//! and `/healthz` are served on `--port` ([`metrics`]); every replica serves the CRD's
+//! conversion webhook ([`webhook`]).
+//!
+//! The graph controller watches `nvidia.com/v1alpha1`, the stored version: its reads need
+//! no conversion (they work while the webhook is down), and v1beta1 objects reach it
+//! converted by the API server, so both versions reconcile alike.
 
 mod apply;
 mod context;
@@ -15,6 +20,7 @@ pub mod metrics;
 mod observe;
 pub mod rbac;
 pub mod watches;
+pub mod webhook;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -60,6 +66,10 @@ pub struct OperatorArgs {
     /// Triggers of one object within this window collapse into one reconcile.
     #[arg(long, env = "DYNAMO_OPERATOR_DEBOUNCE_MS", default_value_t = 500)]
     pub debounce_ms: u64,
+    /// The dynamo image (every binary of ours): the sidecar's, the endpoint picker's and the
+    /// mocker's unless their own flags name another. The chart passes the operator's own image.
+    #[arg(long, env = "DYNAMO_IMAGE")]
+    pub image: Option<String>,
     /// Image of the injected sidecar container.
     #[arg(long, env = "DYNAMO_SIDECAR_IMAGE")]
     pub sidecar_image: Option<String>,
@@ -87,6 +97,8 @@ pub struct OperatorArgs {
     /// Node label of a gang's domain when a graph sets no packDomain.
     #[arg(long, env = "DYNAMO_GANG_DOMAIN_LABEL")]
     pub gang_domain_label: Option<String>,
+    #[command(flatten)]
+    pub webhook: webhook::WebhookArgs,
 }
 
 impl OperatorArgs {
@@ -98,6 +110,9 @@ impl OperatorArgs {
                 field.clone_from(v);
             }
         };
+        for field in [&mut c.sidecar_image, &mut c.epp_image, &mut c.mocker_image] {
+            set(field, &self.image);
+        }
         set(&mut c.sidecar_image, &self.sidecar_image);
         set(&mut c.epp_image, &self.epp_image);
         set(&mut c.default_engine_image, &self.engine_image);
@@ -135,21 +150,33 @@ async fn serve(args: OperatorArgs) -> anyhow::Result<()> {
     let client = Client::try_default()
         .await
         .context("connecting to the API server")?;
+    // The operator's own namespace: the Lease's, the webhook Service's and Secret's.
     let lease_namespace = args
         .lease_namespace
         .clone()
         .unwrap_or_else(|| client.default_namespace().to_string());
     let missing = rbac::missing_access(
         client.clone(),
-        args.leader_elect.then_some(lease_namespace.as_str()),
+        &lease_namespace,
+        args.leader_elect,
+        args.webhook.webhook_port != 0,
     )
     .await
     .context("checking the operator's RBAC")?;
     anyhow::ensure!(
         missing.is_empty(),
-        "the operator's service account may not: {}; install the chart's ClusterRole and Role",
+        "the operator's service account may not: {}; install the chart's ClusterRole and Roles",
         missing.join(", ")
     );
+    let installer = webhook::install::Installer {
+        client: client.clone(),
+        namespace: lease_namespace.clone(),
+        service: args.webhook.webhook_service.clone(),
+        secret: args.webhook.webhook_secret.clone(),
+        cert_manager: args.webhook.webhook_cert_manager,
+        cluster_domain: args.operator_config().cluster_domain,
+    };
+    webhook::start(installer, args.webhook.webhook_port).await?;
     let apis = OptionalApis {
         inference_pool: served(&client, "inference.networking.k8s.io/v1", "inferencepools").await,
         http_route: served(&client, "gateway.networking.k8s.io/v1", "httproutes").await,
@@ -270,4 +297,33 @@ fn hostname() -> String {
         .map(|h| h.trim().to_string())
         .filter(|h| !h.is_empty())
         .unwrap_or_else(|| format!("dynamo-operator-{}", std::process::id()))
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::*;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        args: OperatorArgs,
+    }
+
+    fn config(flags: &[&str]) -> OperatorConfig {
+        let argv = std::iter::once("operator").chain(flags.iter().copied());
+        Cli::try_parse_from(argv).unwrap().args.operator_config()
+    }
+
+    #[test]
+    fn the_image_flag_names_every_image_of_ours_and_each_part_may_differ() {
+        let defaults = config(&[]);
+        assert_eq!(defaults, OperatorConfig::default());
+        let c = config(&["--image=r/dynamo:1", "--epp-image=r/epp:2"]);
+        assert_eq!(c.sidecar_image, "r/dynamo:1");
+        assert_eq!(c.mocker_image, "r/dynamo:1");
+        assert_eq!(c.epp_image, "r/epp:2");
+        assert_eq!(c.default_engine_image, defaults.default_engine_image);
+    }
 }

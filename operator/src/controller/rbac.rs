@@ -19,6 +19,8 @@ pub struct Rule {
     /// Plural resource name, with `/subresource` where it applies to one.
     pub resource: &'static str,
     pub verbs: &'static [&'static str],
+    /// The objects it is limited to (`resourceNames`); empty: all of them.
+    pub names: &'static [&'static str],
 }
 
 // Server-side apply needs `patch`, and `create` as well when the apply creates the object
@@ -33,53 +35,70 @@ pub const CLUSTER_RULES: &[Rule] = &[
         group: "nvidia.com",
         resource: "dynamographdeployments",
         verbs: &["list", "patch", "watch"],
+        names: &[],
     },
     Rule {
         group: "nvidia.com",
         resource: "dynamographdeployments/status",
         verbs: &["patch"],
+        names: &[],
     },
     // Created once per scalable service, then only their status is written.
     Rule {
         group: "nvidia.com",
         resource: "dynamographdeploymentscalingadapters",
         verbs: &["create", "delete", "list", "watch"],
+        names: &[],
     },
     Rule {
         group: "nvidia.com",
         resource: "dynamographdeploymentscalingadapters/status",
         verbs: &["patch"],
+        names: &[],
     },
     Rule {
         group: "",
         resource: "pods",
         verbs: APPLIED,
+        names: &[],
     },
     Rule {
         group: "",
         resource: "services",
         verbs: APPLIED,
+        names: &[],
+    },
+    // `spec.pvcs` with `create: true`: created once, then left to the garbage collector.
+    Rule {
+        group: "",
+        resource: "persistentvolumeclaims",
+        verbs: &["create"],
+        names: &[],
     },
     // Free GPUs per topology domain, for gang placement.
     Rule {
         group: "",
         resource: "nodes",
         verbs: &["list", "watch"],
+        names: &[],
     },
     Rule {
         group: "apps",
         resource: "deployments",
         verbs: APPLIED,
+        names: &[],
     },
     Rule {
         group: "inference.networking.k8s.io",
         resource: "inferencepools",
         verbs: APPLIED,
+        names: &[],
     },
     Rule {
         group: "gateway.networking.k8s.io",
         resource: "httproutes",
         verbs: APPLIED,
+        names: &[],
     },
     // Each graph's EPP gets its own account and Role (reconcile/epp_access.rs). The API
     // server lets the operator grant only verbs it holds itself (RBAC escalation
@@ -88,22 +107,34 @@ pub const CLUSTER_RULES: &[Rule] = &[
         group: "",
         resource: "serviceaccounts",
         verbs: APPLIED,
+        names: &[],
     },
     Rule {
         group: "rbac.authorization.k8s.io",
         resource: "roles",
         verbs: APPLIED,
+        names: &[],
     },
     Rule {
         group: "rbac.authorization.k8s.io",
         resource: "rolebindings",
         verbs: APPLIED,
+        names: &[],
+    },
+    // The conversion webhook points the graph CRD's `spec.conversion` at itself (and at
+    // its CA); only that CRD.
+    Rule {
+        group: "apiextensions.k8s.io",
+        resource: "customresourcedefinitions",
+        verbs: &["get", "patch"],
+        names: &["dynamographdeployments.nvidia.com"],
     },
     // kube's event Recorder creates an Event and patches it when it repeats.
     Rule {
         group: "events.k8s.io",
         resource: "events",
         verbs: &["create", "patch"],
+        names: &[],
     },
 ];
 
@@ -112,13 +143,41 @@ pub const LEASE_RULES: &[Rule] = &[Rule {
     group: "coordination.k8s.io",
     resource: "leases",
     verbs: &["create", "get", "update"],
+    names: &[],
 }];
 
-/// Whether `rules` allow `verb` on `resource` (with its `/subresource`, if any) of `group`.
+/// Access in the operator's own namespace (the webhook Role): the Secret with the
+/// conversion webhook's certificate, read by every replica and created by the first.
+/// (`create` cannot be limited to a name: the name is in the request body.)
+pub const WEBHOOK_RULES: &[Rule] = &[Rule {
+    group: "",
+    resource: "secrets",
+    verbs: &["create", "get"],
+    names: &[],
+}];
+
+/// Whether `rules` allow `verb` on `resource` (with its `/subresource`, if any) of `group`,
+/// on some object.
 pub fn allows(rules: &[Rule], group: &str, resource: &str, verb: &str) -> bool {
     rules
         .iter()
         .any(|r| r.group == group && r.resource == resource && r.verbs.contains(&verb))
+}
+
+/// [`allows`] on the object `name` (`None`: a collection, or a create).
+pub fn allows_on(
+    rules: &[Rule],
+    group: &str,
+    resource: &str,
+    name: Option<&str>,
+    verb: &str,
+) -> bool {
+    rules.iter().any(|r| {
+        r.group == group
+            && r.resource == resource
+            && r.verbs.contains(&verb)
+            && (r.names.is_empty() || name.is_some_and(|n| r.names.contains(&n)))
+    })
 }
 
 /// `rules:` entries of a ClusterRole or Role, as YAML.
@@ -133,8 +192,13 @@ pub fn rules_yaml(rules: &[Rule]) -> String {
     rules
         .iter()
         .map(|r| {
+            let names = if r.names.is_empty() {
+                String::new()
+            } else {
+                format!("  resourceNames: [{}]\n", list(r.names))
+            };
             format!(
-                "- apiGroups: [{}]\n  resources: [{}]\n  verbs: [{}]\n",
+                "- apiGroups: [{}]\n  resources: [{}]\n{names}  verbs: [{}]\n",
                 list(&[r.group]),
                 list(&[r.resource]),
                 list(r.verbs)
@@ -155,28 +219,49 @@ pub fn generated_files() -> Vec<(PathBuf, String)> {
             PathBuf::from("charts/dynamo-platform/files/role-rules.yaml"),
             format!("{header}{}", rules_yaml(LEASE_RULES)),
         ),
+        (
+            PathBuf::from("charts/dynamo-platform/files/webhook-role-rules.yaml"),
+            format!("{header}{}", rules_yaml(WEBHOOK_RULES)),
+        ),
     ]
 }
 
-/// Asks the API server whether this process may do everything in the tables (cluster
-/// rules anywhere, lease rules in `lease_namespace`); returns what it may not do.
+/// Asks the API server whether this process may do everything in the tables it needs:
+/// the cluster rules anywhere, and in `namespace` (its own) the lease rules with
+/// `leader_elect` and the webhook rules with `webhook`. Returns what it may not do.
 pub async fn missing_access(
     client: Client,
-    lease_namespace: Option<&str>,
+    namespace: &str,
+    leader_elect: bool,
+    webhook: bool,
 ) -> Result<Vec<String>, kube::Error> {
     let reviews: Api<SelfSubjectAccessReview> = Api::all(client);
-    let scoped = CLUSTER_RULES.iter().map(|r| (r, None)).chain(
-        lease_namespace
-            .into_iter()
-            .flat_map(|ns| LEASE_RULES.iter().map(move |r| (r, Some(ns.to_string())))),
-    );
+    let namespaced = |rules: &'static [Rule], wanted: bool| {
+        rules
+            .iter()
+            .filter(move |_| wanted)
+            .map(|r| (r, Some(namespace.to_string())))
+    };
+    let scoped = CLUSTER_RULES
+        .iter()
+        .map(|r| (r, None))
+        .chain(namespaced(LEASE_RULES, leader_elect))
+        .chain(namespaced(WEBHOOK_RULES, webhook));
     let mut missing = Vec::new();
     for (rule, namespace) in scoped {
         let (resource, subresource) = match rule.resource.split_once('/') {
             Some((r, s)) => (r, Some(s.to_string())),
             None => (rule.resource, None),
         };
-        for verb in rule.verbs {
+        let names: Vec<Option<&str>> = match rule.names {
+            [] => vec![None],
+            names => names.iter().copied().map(Some).collect(),
+        };
+        for (verb, name) in rule
+            .verbs
+            .iter()
+            .flat_map(|v| names.iter().map(move |n| (v, n)))
+        {
             let review = SelfSubjectAccessReview {
                 spec: SelfSubjectAccessReviewSpec {
                     resource_attributes: Some(ResourceAttributes {
@@ -185,6 +270,7 @@ pub async fn missing_access(
                         subresource: subresource.clone(),
                         verb: Some((*verb).into()),
                         namespace: namespace.clone(),
+                        name: name.map(str::to_string),
                         ..ResourceAttributes::default()
                     }),
                     ..SelfSubjectAccessReviewSpec::default()
@@ -198,7 +284,8 @@ pub async fn missing_access(
                 } else {
                     rule.group.to_string()
                 };
-                missing.push(format!("{verb} {} ({group})", rule.resource));
+                let on = name.map_or(String::new(), |n| format!(" {n}"));
+                missing.push(format!("{verb} {}{on} ({group})", rule.resource));
             }
         }
     }
@@ -238,6 +325,39 @@ mod tests {
                 );
             }
         }
+    }
+
+    #[test]
+    fn the_crd_rule_covers_the_graph_crd_only() {
+        use kube::CustomResourceExt;
+        let crd = dynamo_crds::DynamoGraphDeployment::crd_name();
+        let group = "apiextensions.k8s.io";
+        let resource = "customresourcedefinitions";
+        assert!(allows_on(
+            CLUSTER_RULES,
+            group,
+            resource,
+            Some(crd),
+            "patch"
+        ));
+        assert!(!allows_on(
+            CLUSTER_RULES,
+            group,
+            resource,
+            Some("pods.example.com"),
+            "patch"
+        ));
+        assert!(!allows_on(CLUSTER_RULES, group, resource, None, "list"));
+        assert!(allows_on(WEBHOOK_RULES, "", "secrets", None, "create"));
+        let rule = CLUSTER_RULES
+            .iter()
+            .find(|r| r.resource == resource)
+            .unwrap();
+        let yaml = rules_yaml(std::slice::from_ref(rule));
+        assert_eq!(
+            yaml,
+            "- apiGroups: [\"apiextensions.k8s.io\"]\n  resources: [\"customresourcedefinitions\"]\n  resourceNames: [\"dynamographdeployments.nvidia.com\"]\n  verbs: [\"get\", \"patch\"]\n"
+        );
     }
 
     #[test]

@@ -15,6 +15,7 @@ use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
+use dynamo_server::{Server, ServerLimits};
 use serde::Deserialize;
 use tokio::net::TcpListener;
 use tokio::sync::Mutex;
@@ -71,7 +72,11 @@ impl Admin {
         if let Some(token) = self.token {
             app = app.layer(middleware::from_fn_with_state(token, require_token));
         }
-        if let Err(err) = axum::serve(self.listener, app).await {
+        let server = Server::new(&ServerLimits::default());
+        if let Err(err) = server
+            .serve_http(self.listener, app, std::future::pending())
+            .await
+        {
             eprintln!("admin API stopped: {err}");
         }
     }

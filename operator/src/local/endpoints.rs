@@ -1,6 +1,7 @@
 //! The endpoint picker's endpoints file: the runner's replicas, rewritten whenever they
 //! change (the picker re-reads it). Format: `{"endpoints": [{"address": "ip:port",
-//! "kv_events": "http://ip:port", "role": "worker|prefill|decode"}]}` (docs/epp.md).
+//! "kv_events": "http://ip:port", "role": "aggregated|prefill|decode",
+//! "sidecar_metrics": "http://ip:port"}]}` (docs/epp.md).
 
 use std::io;
 use std::path::Path;
@@ -14,6 +15,8 @@ pub struct Endpoint {
     /// The sidecar's KV event stream.
     pub kv_events: String,
     pub role: &'static str,
+    /// The sidecar's metrics port, where the picker reads the replica's model card.
+    pub sidecar_metrics: String,
 }
 
 #[derive(Serialize)]
@@ -36,13 +39,13 @@ mod tests {
 
     #[test]
     fn the_file_lists_every_endpoint_and_leaves_no_partial_file() {
-        let dir = std::env::temp_dir().join(format!("dynamo-endpoints-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let path = dir.join("endpoints.json");
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("endpoints.json");
         let endpoints = [Endpoint {
             address: "127.0.0.1:4000".into(),
             kv_events: "http://127.0.0.1:4001".into(),
             role: "decode",
+            sidecar_metrics: "http://127.0.0.1:4002".into(),
         }];
         write(&path, &endpoints).unwrap();
         write(&path, &endpoints).unwrap();
@@ -51,14 +54,14 @@ mod tests {
         assert_eq!(
             read,
             serde_json::json!({"endpoints": [
-                {"address": "127.0.0.1:4000", "kv_events": "http://127.0.0.1:4001", "role": "decode"}
+                {"address": "127.0.0.1:4000", "kv_events": "http://127.0.0.1:4001", "role": "decode",
+                 "sidecar_metrics": "http://127.0.0.1:4002"}
             ]})
         );
-        let names: Vec<_> = std::fs::read_dir(&dir)
+        let names: Vec<_> = std::fs::read_dir(dir.path())
             .unwrap()
             .map(|e| e.unwrap().file_name())
             .collect();
         assert_eq!(names, ["endpoints.json"]);
-        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

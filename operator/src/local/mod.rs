@@ -16,6 +16,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context, bail};
+use dynamo_crds::BackendFramework;
+use dynamo_server::parse_duration;
 use serde::Serialize;
 use tokio::sync::Mutex;
 
@@ -50,9 +52,14 @@ pub struct RunArgs {
     /// Most processes of the whole run: an engine and a sidecar per replica, and the picker.
     #[arg(long, default_value_t = 128, env = "DYNAMO_MAX_PROCESSES")]
     pub max_processes: u32,
-    /// Router mode of the endpoint picker: kv, approx, round-robin or random.
-    #[arg(long, default_value = "kv", env = "DYNAMO_ROUTER_MODE")]
-    pub router_mode: String,
+    /// Router mode of the endpoint picker: kv, approx, round-robin or random [default:
+    /// the graph's `DYN_ROUTER_MODE` or its Dynamo frontend's `--router-mode`, else kv].
+    #[arg(long, env = "DYNAMO_ROUTER_MODE")]
+    pub router_mode: Option<String>,
+    /// Run the workers on this engine instead of the file's (`mocker` runs any graph,
+    /// Dynamo's published ones included, on this machine's CPU).
+    #[arg(long, value_parser = parse_backend)]
+    pub backend_framework: Option<BackendFramework>,
     /// Model directory (tokenizer.json, chat template) for the picker and the mocker.
     #[arg(long, env = "DYNAMO_MODEL_PATH")]
     pub model_path: Option<PathBuf>,
@@ -67,7 +74,7 @@ pub struct RunArgs {
     #[arg(long, env = "DYNAMO_BIN_DIR")]
     pub bin_dir: Option<PathBuf>,
     /// How long a child may take to exit after SIGTERM before it is killed.
-    #[arg(long, default_value = "10", value_parser = parse_seconds)]
+    #[arg(long, default_value = "10", value_parser = parse_duration)]
     pub grace: Duration,
 }
 
@@ -99,12 +106,9 @@ impl RunArgs {
     }
 }
 
-fn parse_seconds(s: &str) -> Result<Duration, String> {
-    s.parse::<f64>()
-        .ok()
-        .filter(|v| v.is_finite() && *v >= 0.0)
-        .map(Duration::from_secs_f64)
-        .ok_or_else(|| format!("expected seconds, got {s:?}"))
+fn parse_backend(s: &str) -> Result<BackendFramework, String> {
+    serde_json::from_value(serde_json::Value::String(s.to_owned()))
+        .map_err(|_| format!("unknown engine {s:?}: vllm, sglang, trtllm or mocker"))
 }
 
 /// Runs the graph until Ctrl-C or SIGTERM.
@@ -129,6 +133,8 @@ async fn run_async(args: RunArgs) -> anyhow::Result<()> {
     };
     let options = RunOptions {
         model_path: args.model_path.clone(),
+        backend: args.backend_framework,
+        router_mode: args.router_mode.clone(),
         replicas: args.replicas.iter().cloned().collect(),
         caps: Caps {
             replicas_per_service: args.max_replicas,
@@ -178,12 +184,9 @@ async fn serve(runner: &Arc<Mutex<Runner>>, args: &RunArgs, admin: Admin) -> any
         }
         r.write_endpoints()?;
         let ext_proc_port = r.free_port()?;
-        let epp = r.graph.epp_command(
-            (&args.host, args.port),
-            ext_proc_port,
-            &args.router_mode,
-            &r.endpoints_file,
-        );
+        let epp = r
+            .graph
+            .epp_command((&args.host, args.port), ext_proc_port, &r.endpoints_file);
         let epp = r.bins.program(epp)?;
         r.epp = Some(Supervised::start("epp".into(), epp, r.grace));
         print_table(&r, args, &admin)?;
@@ -272,6 +275,7 @@ impl Runner {
         let ports = ReplicaPorts {
             engine: self.free_port()?,
             engine_kv_events: self.free_port()?,
+            engine_kv_replay: self.free_port()?,
             sidecar: self.free_port()?,
             sidecar_grpc: self.free_port()?,
             sidecar_metrics: self.free_port()?,
@@ -284,7 +288,9 @@ impl Runner {
         let engine = self
             .bins
             .program(self.graph.engine_command(service, ports))?;
-        let sidecar = self.bins.program(self.graph.sidecar_command(ports))?;
+        let sidecar = self
+            .bins
+            .program(self.graph.sidecar_command(service, ports))?;
         let replica = Replica {
             index,
             ports,
@@ -310,6 +316,7 @@ impl Runner {
                         address: format!("127.0.0.1:{}", r.ports.sidecar),
                         kv_events: format!("http://127.0.0.1:{}", r.ports.sidecar_grpc),
                         role,
+                        sidecar_metrics: format!("http://127.0.0.1:{}", r.ports.sidecar_metrics),
                     })
             })
             .collect()
@@ -515,7 +522,7 @@ fn print_table(runner: &Runner, args: &RunArgs, admin: &Admin) -> anyhow::Result
         g.name,
         g.workers.values().map(|w| w.replicas).sum::<u32>(),
         g.model_name,
-        args.router_mode
+        g.router_mode
     );
     println!(
         "  {:<14} {:<8} {:<16} {:<16} {:<16}",

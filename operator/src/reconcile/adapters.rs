@@ -13,7 +13,9 @@ use dynamo_crds::{
     DynamoGraphDeploymentScalingAdapterSpec,
 };
 
-use super::graph::{Graph, ServiceKind, service_kind};
+use dynamo_crds::ServiceRole;
+
+use super::graph::Graph;
 use super::{Desired, ObjectKind, Observed, labels, names};
 
 /// Names of the adapters the graph wants; the missing ones go to `desired.scaling_adapters`.
@@ -60,11 +62,11 @@ pub fn adapter_enabled(spec: &ComponentSpec) -> bool {
 /// pods by their component label; a frontend or epp service by the endpoint picker's pods.
 pub fn pod_selector(dgd: &str, service: &str, spec: &ComponentSpec) -> BTreeMap<String, String> {
     let mut selector = BTreeMap::from([(labels::GRAPH.to_string(), dgd.to_string())]);
-    match service_kind(spec) {
-        ServiceKind::Epp | ServiceKind::Frontend => {
+    match spec.role() {
+        ServiceRole::Epp | ServiceRole::Frontend => {
             selector.insert(labels::COMPONENT_TYPE.into(), "epp".into());
         }
-        ServiceKind::Engine(_) | ServiceKind::Planner => {
+        ServiceRole::Engine(_) | ServiceRole::Planner => {
             selector.insert(labels::COMPONENT.into(), service.to_string());
         }
     }

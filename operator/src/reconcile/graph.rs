@@ -3,16 +3,17 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use dynamo_crds::{
-    BackendFramework, ComponentSpec, ComponentType, DynamoGraphDeployment,
-    DynamoGraphDeploymentSpec,
+    ComponentSpec, DynamoGraphDeployment, DynamoGraphDeploymentSpec, EngineRole, ServiceRole,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 use kube::Resource;
 
+use crate::wiring::{Defaults, EngineService, GraphWiring};
+
 use super::batch_scheduler::BatchScheduler;
 use super::{
     Desired, ObjectKey, ObjectKind, Observed, OperatorConfig, ReconcileError, adapters, labels,
-    names, replicas, services, serving, status,
+    names, replicas, services, serving, status, volumes,
 };
 
 /// The graph and its settings, shared by every builder.
@@ -26,56 +27,8 @@ pub(crate) struct Graph<'a> {
     pub annotations: BTreeMap<String, String>,
     /// Where engine pods are scheduled, when not by the default scheduler.
     pub batch_scheduler: Option<BatchScheduler>,
-}
-
-/// Role of an engine service, as the endpoint picker routes by it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Role {
-    Aggregated,
-    Prefill,
-    Decode,
-}
-
-impl Role {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Role::Aggregated => "aggregated",
-            Role::Prefill => "prefill",
-            Role::Decode => "decode",
-        }
-    }
-}
-
-/// How the operator realizes a service.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum ServiceKind {
-    /// Engine pods (with the sidecar), created directly.
-    Engine(Role),
-    /// The endpoint picker Deployment.
-    Epp,
-    /// Served by the endpoint picker's own HTTP frontend (no separate pods).
-    Frontend,
-    /// A plain Deployment running the service's main container.
-    Planner,
-}
-
-pub(crate) fn service_kind(spec: &ComponentSpec) -> ServiceKind {
-    let sub = spec
-        .sub_component_type
-        .as_deref()
-        .map(str::to_ascii_lowercase);
-    match spec.component_type {
-        Some(ComponentType::Frontend) => ServiceKind::Frontend,
-        Some(ComponentType::Epp) => ServiceKind::Epp,
-        Some(ComponentType::Planner) => ServiceKind::Planner,
-        Some(ComponentType::Prefill) => ServiceKind::Engine(Role::Prefill),
-        Some(ComponentType::Decode) => ServiceKind::Engine(Role::Decode),
-        _ => match sub.as_deref() {
-            Some("prefill") => ServiceKind::Engine(Role::Prefill),
-            Some("decode") => ServiceKind::Engine(Role::Decode),
-            _ => ServiceKind::Engine(Role::Aggregated),
-        },
-    }
+    /// The engines' commands and the picker's settings; `None` without engine services.
+    pub wiring: Option<GraphWiring>,
 }
 
 impl<'a> Graph<'a> {
@@ -103,11 +56,27 @@ impl<'a> Graph<'a> {
             config,
             batch_scheduler: BatchScheduler::from_annotations(&annotations)?,
             annotations,
+            wiring: None,
         })
     }
 
-    pub fn is_mocker(&self) -> bool {
-        self.spec.backend_framework == Some(BackendFramework::Mocker)
+    /// Wires the engine services (after the names are known good, so a bad name is
+    /// reported before what it would have run).
+    fn wire(&mut self) -> Result<(), ReconcileError> {
+        let defaults = Defaults {
+            mocker_model_path: Some(self.config.mocker_model_path.clone()),
+        };
+        self.wiring = GraphWiring::new(self.spec, &defaults)?;
+        Ok(())
+    }
+
+    /// The wiring of an engine service.
+    pub fn engine(&self, service: &str) -> &EngineService {
+        &self
+            .wiring
+            .as_ref()
+            .expect("engine services are wired")
+            .engines[service]
     }
 
     /// Controller owner reference: garbage collection removes everything with the graph.
@@ -146,13 +115,20 @@ impl<'a> Graph<'a> {
         labels.insert(labels::COMPONENT.into(), service.into());
         let component_type = spec
             .component_type
-            .map(|t| {
+            .and_then(|t| {
                 serde_json::to_value(t)
                     .ok()
                     .and_then(|v| v.as_str().map(String::from))
-                    .unwrap_or_default()
             })
-            .unwrap_or_else(|| "worker".into());
+            .unwrap_or_else(|| {
+                match spec.role() {
+                    ServiceRole::Frontend => "frontend",
+                    ServiceRole::Epp => "epp",
+                    ServiceRole::Planner => "planner",
+                    ServiceRole::Engine(_) => "worker",
+                }
+                .into()
+            });
         labels.insert(labels::COMPONENT_TYPE.into(), component_type);
         if let Some(sub) = &spec.sub_component_type {
             labels.insert(labels::SUB_COMPONENT_TYPE.into(), sub.clone());
@@ -179,14 +155,13 @@ impl<'a> Graph<'a> {
         }
     }
 
-    pub fn engine_services(&self) -> impl Iterator<Item = (&'a String, &'a ComponentSpec, Role)> {
-        self.spec
-            .services
-            .iter()
-            .filter_map(|(name, spec)| match service_kind(spec) {
-                ServiceKind::Engine(role) => Some((name, spec, role)),
-                _ => None,
-            })
+    pub fn engine_services(
+        &self,
+    ) -> impl Iterator<Item = (&'a String, &'a ComponentSpec, EngineRole)> + '_ {
+        self.spec.services.iter().filter_map(|(name, spec)| {
+            let engine = self.wiring.as_ref()?.engines.get(name)?;
+            Some((name, spec, engine.role))
+        })
     }
 
     /// Node label of the domain a service's gangs are packed into.
@@ -237,14 +212,16 @@ pub fn reconcile(
     observed: &Observed,
     config: &OperatorConfig,
 ) -> Result<Desired, ReconcileError> {
-    let g = Graph::new(dgd, config)?;
+    let mut g = Graph::new(dgd, config)?;
     check_names(&g)?;
+    g.wire()?;
     let mut desired = Desired::default();
 
     let engines = replicas::reconcile_engines(&g, observed, &mut desired)?;
     services::build(&g, &mut desired);
     let serving = serving::build(&g, observed, &mut desired);
     let adapters = adapters::build(&g, observed, &mut desired);
+    volumes::build(&g, observed, &mut desired);
 
     // Objects of ours that nothing above wants any more (a removed service, a graph that
     // lost its workers or its gateway annotation, a service no longer scaled by an adapter).
@@ -280,7 +257,9 @@ pub fn reconcile(
         .iter()
         .cloned()
         .chain(observed_deployments)
-        .filter(|k| k.kind != ObjectKind::Pod && !wanted.contains(&(k.kind, k.name.as_str())))
+        // Pods are rolled above; claims stay until the graph goes (see `volumes`).
+        .filter(|k| !matches!(k.kind, ObjectKind::Pod | ObjectKind::PersistentVolumeClaim))
+        .filter(|k| !wanted.contains(&(k.kind, k.name.as_str())))
         .collect();
     stale.sort();
     stale.dedup();

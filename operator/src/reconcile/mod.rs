@@ -19,6 +19,7 @@ mod replicas;
 mod services;
 mod serving;
 mod status;
+mod volumes;
 
 pub mod gang;
 pub mod labels;
@@ -30,7 +31,7 @@ use dynamo_crds::inference_pool::InferencePool;
 use dynamo_crds::{DynamoGraphDeploymentScalingAdapter, DynamoGraphDeploymentStatus};
 use gateway_api::apis::standard::httproutes::HttpRoute;
 use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::core::v1::{Node, Pod, Service, ServiceAccount};
+use k8s_openapi::api::core::v1::{Node, PersistentVolumeClaim, Pod, Service, ServiceAccount};
 use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use serde::Serialize;
@@ -45,16 +46,23 @@ pub use status::{GANG_SCHEDULED, READY};
 /// Field manager of every server-side apply the operator makes.
 pub const FIELD_MANAGER: &str = "dynamo-operator";
 
+/// The image `make image` builds from the `Dockerfile`: every binary of ours (`dynamo`,
+/// `dynamo-sidecar`, `dynamo-epp`, `dynamo-mocker`), tagged with the workspace version. The
+/// chart's `image.repository` and the Makefile's `IMAGE_REGISTRY` name the same repository
+/// (`tests/chart.rs` checks they agree); the chart passes its own image as `--image`.
+pub const DEFAULT_IMAGE: &str = concat!("ghcr.io/dynamo-rs/dynamo:", env!("CARGO_PKG_VERSION"));
+
 /// Operator-wide settings the reconciler needs (images, defaults, topology labels).
 #[derive(Clone, Debug, PartialEq)]
 pub struct OperatorConfig {
-    /// Image of the injected `sidecar` container.
+    /// Image of the injected `sidecar` container (default: [`DEFAULT_IMAGE`]).
     pub sidecar_image: String,
-    /// Image of the endpoint picker (with its OpenAI HTTP frontend).
+    /// Image of the endpoint picker with its OpenAI HTTP frontend (default: [`DEFAULT_IMAGE`]).
     pub epp_image: String,
     /// Engine image for services that name none (vllm, sglang, trtllm).
     pub default_engine_image: String,
-    /// Engine image for `backendFramework: mocker` services that name none.
+    /// Engine image for `backendFramework: mocker` services that name none (default:
+    /// [`DEFAULT_IMAGE`]).
     pub mocker_image: String,
     /// Model directory of the mocker (`DYNAMO_MODEL_PATH`) unless the graph sets its own.
     pub mocker_model_path: String,
@@ -83,10 +91,10 @@ impl Default for OperatorConfig {
         .map(|(k, v)| (k.to_string(), v.to_string()))
         .collect();
         Self {
-            sidecar_image: "ghcr.io/example/dynamo-sidecar:0.1.0".into(),
-            epp_image: "ghcr.io/example/dynamo-epp:0.1.0".into(),
+            sidecar_image: DEFAULT_IMAGE.into(),
+            epp_image: DEFAULT_IMAGE.into(),
             default_engine_image: "vllm/vllm-openai:v0.11.0".into(),
-            mocker_image: "ghcr.io/example/dynamo-mocker:0.1.0".into(),
+            mocker_image: DEFAULT_IMAGE.into(),
             mocker_model_path: "/models/model".into(),
             default_shared_memory: "8Gi".into(),
             default_router_mode: "kv".into(),
@@ -127,6 +135,7 @@ pub enum ObjectKind {
     ServiceAccount,
     Role,
     RoleBinding,
+    PersistentVolumeClaim,
 }
 
 /// One object, by kind and name (in the graph's namespace).
@@ -171,6 +180,8 @@ pub struct Desired {
     /// Scaling adapters to create: only missing ones, as an existing adapter's replicas
     /// belong to whoever scales it.
     pub scaling_adapters: Vec<DynamoGraphDeploymentScalingAdapter>,
+    /// Claims of `spec.pvcs` to create (only missing ones; see `volumes`).
+    pub persistent_volume_claims: Vec<PersistentVolumeClaim>,
     /// Objects to delete (pods being replaced or rolled, objects no longer wanted).
     pub deletions: Vec<ObjectKey>,
     /// Status to write to the graph's status subresource.
@@ -197,6 +208,9 @@ impl Desired {
         self.roles.iter().for_each(|o| doc(&mut out, o));
         self.role_bindings.iter().for_each(|o| doc(&mut out, o));
         self.scaling_adapters.iter().for_each(|o| doc(&mut out, o));
+        self.persistent_volume_claims
+            .iter()
+            .for_each(|o| doc(&mut out, o));
         #[derive(Serialize)]
         struct Outcome<'a> {
             deletions: &'a [ObjectKey],
@@ -223,6 +237,9 @@ pub enum ReconcileError {
     /// A generated name the API server would refuse (see [`names::problems`]).
     #[error(transparent)]
     InvalidName(#[from] names::NameProblem),
+    /// Engines whose commands the wiring plan cannot write (see [`crate::wiring`]).
+    #[error(transparent)]
+    Wiring(#[from] crate::wiring::WiringError),
     #[error(
         "service {service:?}: unknown topologyConstraint.packDomain {domain:?}; known: {known}"
     )]

@@ -11,7 +11,8 @@ use dynamo_crds::common::NameRule;
 use dynamo_crds::validate::validate_manifest_with;
 use dynamo_crds::{DynamoGraphDeploymentSpec, DynamoObject, Validated, ValidationError};
 
-use super::graph::{ServiceKind, service_kind};
+use dynamo_crds::ServiceRole;
+
 use super::labels;
 
 /// Service names are compared case-insensitively (Dynamo uses `VllmDecodeWorker`); object
@@ -97,11 +98,11 @@ pub fn problems(dgd: &str, spec: &DynamoGraphDeploymentSpec) -> Vec<NameProblem>
     let engines = spec
         .services
         .values()
-        .any(|s| matches!(service_kind(s), ServiceKind::Engine(_)));
+        .any(|s| matches!(s.role(), ServiceRole::Engine(_)));
     let front = spec
         .services
         .values()
-        .any(|s| matches!(service_kind(s), ServiceKind::Epp | ServiceKind::Frontend));
+        .any(|s| matches!(s.role(), ServiceRole::Epp | ServiceRole::Frontend));
     found.check(
         "metadata.name",
         &format!(
@@ -148,9 +149,9 @@ pub fn problems(dgd: &str, spec: &DynamoGraphDeploymentSpec) -> Vec<NameProblem>
                 meta.annotations.as_ref(),
             );
         }
-        let kind = service_kind(component);
+        let kind = component.role();
         let before = found.0.len();
-        if matches!(kind, ServiceKind::Engine(_) | ServiceKind::Frontend) {
+        if matches!(kind, ServiceRole::Engine(_) | ServiceRole::Frontend) {
             found.check(
                 &path,
                 "the Service name",
@@ -159,7 +160,7 @@ pub fn problems(dgd: &str, spec: &DynamoGraphDeploymentSpec) -> Vec<NameProblem>
             );
         }
         // Gang names extend the Service's, and would only repeat its problem.
-        if !matches!(kind, ServiceKind::Engine(_)) || found.0.len() > before {
+        if !matches!(kind, ServiceRole::Engine(_)) || found.0.len() > before {
             continue;
         }
         if let Some(sub) = &component.sub_component_type {

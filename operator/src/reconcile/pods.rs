@@ -1,15 +1,17 @@
 //! Engine pods: the `main` container with the service's defaults merged in, the injected
-//! `sidecar`, shared memory, volumes, and the per-replica and per-rank parts of a gang.
+//! `sidecar`, shared memory, volumes, security contexts, and the per-replica and per-rank
+//! parts of a gang.
 
 use std::collections::BTreeMap;
 
-use dynamo_crds::ComponentSpec;
 use dynamo_crds::common::{ExtraPodSpec, ResourceItem};
+use dynamo_crds::{BackendFramework, ComponentSpec};
 use k8s_openapi::api::core::v1::{
-    Affinity, Container, ContainerPort, EmptyDirVolumeSource, EnvFromSource, EnvVar, EnvVarSource,
-    HTTPGetAction, NodeAffinity, NodeSelector, NodeSelectorRequirement, NodeSelectorTerm,
-    ObjectFieldSelector, PersistentVolumeClaimVolumeSource, Pod, PodAffinityTerm, PodAntiAffinity,
-    PodSchedulingGate, PodSpec, Probe, ResourceRequirements, SecretEnvSource, Volume, VolumeMount,
+    Affinity, Capabilities, Container, ContainerPort, EmptyDirVolumeSource, EnvFromSource, EnvVar,
+    EnvVarSource, HTTPGetAction, NodeAffinity, NodeSelector, NodeSelectorRequirement,
+    NodeSelectorTerm, ObjectFieldSelector, PersistentVolumeClaimVolumeSource, Pod, PodAffinityTerm,
+    PodAntiAffinity, PodSchedulingGate, PodSecurityContext, PodSpec, Probe, ResourceRequirements,
+    SeccompProfile, SecretEnvSource, SecurityContext, Volume, VolumeMount,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
@@ -18,29 +20,52 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 
 use super::gang::DEFAULT_GPU_RESOURCE;
-use super::graph::{Graph, Role};
-use super::{labels, names};
+use dynamo_crds::EngineRole;
 
-/// Engine port inside the pod (the sidecar proxies 8000 to it).
-pub const ENGINE_PORT: i32 = 8001;
+use super::graph::Graph;
+use super::{labels, names};
+use crate::wiring::{Addresses, EngineService, HF_HOME, SIDECAR_BINARY};
+
 /// Sidecar inference port; Services and the InferencePool target it.
-pub const HTTP_PORT: i32 = 8000;
+pub const HTTP_PORT: i32 = Addresses::POD.sidecar_http as i32;
 /// Sidecar gRPC port (KV events, KV blocks, transfers).
-pub const SIDECAR_GRPC_PORT: i32 = 9100;
+pub const SIDECAR_GRPC_PORT: i32 = Addresses::POD.sidecar_grpc as i32;
 /// Sidecar metrics and health port.
-pub const METRICS_PORT: i32 = 9090;
+pub const METRICS_PORT: i32 = Addresses::POD.sidecar_metrics as i32;
 
 const MAIN: &str = "main";
 const SIDECAR: &str = "sidecar";
 const SHM_VOLUME: &str = "shm";
+/// Where an engine downloads its model unless the graph sets `HF_HOME`: a volume its
+/// sidecar mounts too, to serve the model card from the same files.
+const HF_HOME_VOLUME: &str = "dynamo-hf-home";
+const DEFAULT_HF_HOME: &str = "/dynamo/hf-home";
 
 /// The pod every replica of an engine service starts from: everything but the name and
 /// the replica/rank parts. Its hash is the service's spec hash.
-pub(crate) fn engine_template(g: &Graph, service: &str, spec: &ComponentSpec, role: Role) -> Pod {
+pub(crate) fn engine_template(
+    g: &Graph,
+    service: &str,
+    spec: &ComponentSpec,
+    role: EngineRole,
+) -> Pod {
     let extra = spec.extra_pod_spec.clone().unwrap_or_default();
     let mut pod_spec = base_pod_spec(&extra);
 
-    let mut containers = vec![main_container(g, spec, true)];
+    let engine = g.engine(service);
+    let main = main_container(g, spec, Some(engine));
+    let sidecar = sidecar_container(g, service, engine, &main);
+    let mut volumes = pod_spec.volumes.take().unwrap_or_default();
+    volumes.extend(service_volumes(g, spec));
+    if has_hf_home_volume(&main) {
+        volumes.push(Volume {
+            name: HF_HOME_VOLUME.into(),
+            empty_dir: Some(EmptyDirVolumeSource::default()),
+            ..Volume::default()
+        });
+    }
+    pod_spec.volumes = (!volumes.is_empty()).then_some(volumes);
+    let mut containers = vec![main];
     containers.extend(
         extra
             .containers
@@ -49,12 +74,8 @@ pub(crate) fn engine_template(g: &Graph, service: &str, spec: &ComponentSpec, ro
             .filter(|c| c.name != MAIN && c.name != SIDECAR)
             .cloned(),
     );
-    containers.push(sidecar_container(g, service, role));
+    containers.push(sidecar);
     pod_spec.containers = containers;
-
-    let mut volumes = pod_spec.volumes.take().unwrap_or_default();
-    volumes.extend(service_volumes(g, spec));
-    pod_spec.volumes = (!volumes.is_empty()).then_some(volumes);
 
     let mut labels = g.service_labels(service, spec);
     if let Some(meta) = &spec.extra_pod_metadata {
@@ -253,8 +274,13 @@ pub fn is_gated(pod: &Pod) -> bool {
 }
 
 /// The container named `main`: the user's `mainContainer` (and any container they named
-/// `main`) with the service's image, command, env, resources, mounts and probes merged in.
-pub(crate) fn main_container(g: &Graph, spec: &ComponentSpec, engine: bool) -> Container {
+/// `main`) with the service's image, env, resources, mounts and probes merged in; for an
+/// engine, the wiring plan's command (the user's, translated and completed).
+pub(crate) fn main_container(
+    g: &Graph,
+    spec: &ComponentSpec,
+    engine: Option<&EngineService>,
+) -> Container {
     let extra = spec.extra_pod_spec.clone().unwrap_or_default();
     let listed = extra
         .containers
@@ -269,7 +295,7 @@ pub(crate) fn main_container(g: &Graph, spec: &ComponentSpec, engine: bool) -> C
     };
     main.name = MAIN.into();
 
-    let mocker = engine && g.is_mocker();
+    let mocker = engine.is_some_and(|e| e.backend == BackendFramework::Mocker);
     if main.image.as_deref().is_none_or(str::is_empty) {
         main.image = Some(if mocker {
             g.config.mocker_image.clone()
@@ -277,26 +303,12 @@ pub(crate) fn main_container(g: &Graph, spec: &ComponentSpec, engine: bool) -> C
             g.config.default_engine_image.clone()
         });
     }
-    if mocker {
-        if main.command.as_ref().is_none_or(Vec::is_empty) {
-            main.command = Some(vec!["dynamo-mocker".into()]);
-        }
-        let args = main.args.get_or_insert_with(Vec::new);
-        // The sidecar expects the engine on loopback port 8001 (mocker default: 8000).
-        if !args
-            .iter()
-            .any(|a| a == "--port" || a.starts_with("--port="))
-        {
-            args.extend(["--port".into(), ENGINE_PORT.to_string()]);
-        }
+    if let Some(engine) = engine {
+        main.command = Some(engine.engine_argv(&Addresses::POD));
+        main.args = None;
     }
 
     let mut env = Vec::new();
-    if mocker {
-        // The mocker reads its model directory from here unless `--model-path` is given;
-        // the graph's or service's envs override it.
-        env.push(plain_env("DYNAMO_MODEL_PATH", &g.config.mocker_model_path));
-    }
     for var in g
         .spec
         .envs
@@ -308,6 +320,9 @@ pub(crate) fn main_container(g: &Graph, spec: &ComponentSpec, engine: bool) -> C
     }
     for var in main.env.take().unwrap_or_default() {
         upsert_env(&mut env, var);
+    }
+    if engine.is_some() && !env.iter().any(|e| e.name == HF_HOME) {
+        env.push(plain_env(HF_HOME, DEFAULT_HF_HOME));
     }
     main.env = (!env.is_empty()).then_some(env);
 
@@ -324,17 +339,6 @@ pub(crate) fn main_container(g: &Graph, spec: &ComponentSpec, engine: bool) -> C
     }
 
     main.resources = merge_resources(main.resources.take(), spec);
-
-    if engine {
-        let ports = main.ports.get_or_insert_with(Vec::new);
-        if !ports.iter().any(|p| p.container_port == ENGINE_PORT) {
-            ports.push(ContainerPort {
-                name: Some("engine".into()),
-                container_port: ENGINE_PORT,
-                ..ContainerPort::default()
-            });
-        }
-    }
 
     let mut mounts = main.volume_mounts.take().unwrap_or_default();
     if shared_memory_size(g, spec).is_some() {
@@ -354,22 +358,66 @@ pub(crate) fn main_container(g: &Graph, spec: &ComponentSpec, engine: bool) -> C
             ..VolumeMount::default()
         });
     }
+    if engine.is_some()
+        && let Some(home) = uncovered_hf_home(main.env.as_deref().unwrap_or_default(), &mounts)
+    {
+        mounts.push(VolumeMount {
+            name: HF_HOME_VOLUME.into(),
+            mount_path: home,
+            ..VolumeMount::default()
+        });
+    }
     main.volume_mounts = (!mounts.is_empty()).then_some(mounts);
 
     if let Some(probe) = &spec.liveness_probe {
         main.liveness_probe = Some(probe.clone());
     }
+    // No default probes on an engine: it listens on loopback only, where the kubelet's
+    // probes do not reach; the sidecar's `/ready` asks the engine's `/health` instead.
+    // And a large model can take many minutes to load: no liveness probe may kill it.
     if let Some(probe) = &spec.readiness_probe {
         main.readiness_probe = Some(probe.clone());
-    } else if engine && main.readiness_probe.is_none() {
-        // vLLM's and the mocker's /health. No default liveness probe: a large model can
-        // take many minutes to load and must not be killed for it.
-        main.readiness_probe = Some(http_probe("/health", ENGINE_PORT));
     }
+
+    // The mocker is our own process in our image: the full restricted set. Anything else
+    // (vLLM, SGLang, TensorRT-LLM, a planner) runs someone else's image that may run as
+    // root and write caches (~/.cache, /tmp, torch.compile's cache), so only what cannot
+    // break it.
+    let ours = if mocker {
+        restricted_container()
+    } else {
+        no_privilege_escalation()
+    };
+    main.security_context = Some(merge_security_context(ours, main.security_context.as_ref()));
     main
 }
 
-fn sidecar_container(g: &Graph, service: &str, role: Role) -> Container {
+/// The engine's `HF_HOME` when no volume of `mounts` holds it: it then gets a volume of its
+/// own, so that the sidecar, which mounts what the engine mounts, sees the downloads.
+fn uncovered_hf_home(env: &[EnvVar], mounts: &[VolumeMount]) -> Option<String> {
+    let home = env.iter().find(|e| e.name == HF_HOME)?.value.clone()?;
+    let covered = mounts
+        .iter()
+        .any(|m| std::path::Path::new(&home).starts_with(&m.mount_path));
+    (!covered).then_some(home)
+}
+
+/// Whether `main` has the `HF_HOME` volume of [`uncovered_hf_home`].
+fn has_hf_home_volume(main: &Container) -> bool {
+    main.volume_mounts
+        .iter()
+        .flatten()
+        .any(|m| m.name == HF_HOME_VOLUME)
+}
+
+/// The injected sidecar, beside `main`: it reads the engine's model files (for the model
+/// card) from every volume `main` mounts, read-only, at the same paths.
+fn sidecar_container(
+    g: &Graph,
+    service: &str,
+    engine: &EngineService,
+    main: &Container,
+) -> Container {
     let port = |name: &str, number: i32| ContainerPort {
         name: Some(name.into()),
         container_port: number,
@@ -387,26 +435,41 @@ fn sidecar_container(g: &Graph, service: &str, role: Role) -> Container {
         value: None,
         value_from: Some(field(path)),
     };
+    let hf_home = main
+        .env
+        .iter()
+        .flatten()
+        .find(|e| e.name == HF_HOME)
+        .and_then(|e| e.value.as_deref());
+    let mut command = vec![SIDECAR_BINARY.to_string()];
+    command.extend(engine.sidecar_args(&Addresses::POD, hf_home));
+    let mounts: Vec<VolumeMount> = main
+        .volume_mounts
+        .iter()
+        .flatten()
+        .filter(|m| m.name != SHM_VOLUME)
+        .map(|m| VolumeMount {
+            read_only: Some(true),
+            ..m.clone()
+        })
+        .collect();
     Container {
         name: SIDECAR.into(),
         image: Some(g.config.sidecar_image.clone()),
+        command: Some(command),
         ports: Some(vec![
             port("http", HTTP_PORT),
             port("grpc", SIDECAR_GRPC_PORT),
             port("metrics", METRICS_PORT),
         ]),
         env: Some(vec![
-            plain_env(
-                "DYNAMO_SIDECAR_ENGINE_URL",
-                &format!("http://127.0.0.1:{ENGINE_PORT}"),
-            ),
-            plain_env("DYNAMO_SIDECAR_ENGINE_KV_EVENTS", "tcp://127.0.0.1:5557"),
             plain_env("DYNAMO_GRAPH", g.name),
             plain_env("DYNAMO_COMPONENT", service),
-            plain_env("DYNAMO_ROLE", role.as_str()),
+            plain_env("DYNAMO_ROLE", engine.role.as_str()),
             from_field("POD_NAME", "metadata.name"),
             from_field("POD_IP", "status.podIP"),
         ]),
+        volume_mounts: (!mounts.is_empty()).then_some(mounts),
         readiness_probe: Some(http_probe("/ready", METRICS_PORT)),
         liveness_probe: Some(Probe {
             failure_threshold: Some(6),
@@ -419,7 +482,80 @@ fn sidecar_container(g: &Graph, service: &str, role: Role) -> Container {
             ])),
             ..ResourceRequirements::default()
         }),
+        security_context: Some(restricted_container()),
         ..Container::default()
+    }
+}
+
+/// Container fields of the Pod Security Standards "restricted" profile
+/// (kubernetes.io/docs/concepts/security/pod-security-standards): no privilege escalation,
+/// every capability dropped, a non-root user (the image's numeric `USER`, which the kubelet
+/// verifies; no `runAsUser`, so OpenShift's restricted SCC may assign one), and a read-only
+/// root filesystem: the sidecar, the EPP and the mocker write no file (their only inputs
+/// are flags, the model directory and sockets), so they need no writable /tmp either.
+pub(crate) fn restricted_container() -> SecurityContext {
+    SecurityContext {
+        run_as_non_root: Some(true),
+        read_only_root_filesystem: Some(true),
+        capabilities: Some(Capabilities {
+            add: None,
+            drop: Some(vec!["ALL".into()]),
+        }),
+        ..no_privilege_escalation()
+    }
+}
+
+/// What any engine tolerates: no setuid gains (`no_new_privs`). Capabilities the engine
+/// asks for (IPC_LOCK for RDMA) and its user, writable paths and /dev/shm stay as the
+/// image and the user set them.
+fn no_privilege_escalation() -> SecurityContext {
+    SecurityContext {
+        allow_privilege_escalation: Some(false),
+        ..SecurityContext::default()
+    }
+}
+
+/// `ours` with every field the user set replacing ours (whole fields: a user's
+/// `capabilities` replaces ours entirely). A privileged container or one adding
+/// SYS_ADMIN escalates by definition, and the API server refuses it together with
+/// `allowPrivilegeEscalation: false` (apimachinery `ValidateSecurityContext`), so ours is
+/// dropped there.
+pub(crate) fn merge_security_context(
+    ours: SecurityContext,
+    user: Option<&SecurityContext>,
+) -> SecurityContext {
+    let Some(user) = user else {
+        return ours;
+    };
+    let mut merged = overlay(&ours, user);
+    let adds_sys_admin = user
+        .capabilities
+        .as_ref()
+        .and_then(|c| c.add.as_ref())
+        .is_some_and(|add| add.iter().any(|c| c == "SYS_ADMIN" || c == "CAP_SYS_ADMIN"));
+    if (user.privileged == Some(true) || adds_sys_admin)
+        && user.allow_privilege_escalation.is_none()
+    {
+        merged.allow_privilege_escalation = None;
+    }
+    merged
+}
+
+/// Pod level, every generated pod: the container runtime's default seccomp profile, which
+/// the "restricted" profile requires and Kubernetes does not apply by itself (pods run
+/// `Unconfined` unless the kubelet's `--seccomp-default` is on). The graph's own
+/// `extraPodSpec.securityContext` fields win.
+fn pod_security_context(user: Option<&PodSecurityContext>) -> PodSecurityContext {
+    let ours = PodSecurityContext {
+        seccomp_profile: Some(SeccompProfile {
+            type_: "RuntimeDefault".into(),
+            localhost_profile: None,
+        }),
+        ..PodSecurityContext::default()
+    };
+    match user {
+        Some(user) => overlay(&ours, user),
+        None => ours,
     }
 }
 
@@ -435,7 +571,7 @@ pub(crate) fn base_pod_spec(extra: &ExtraPodSpec) -> PodSpec {
         topology_spread_constraints: extra.topology_spread_constraints.clone(),
         service_account_name: extra.service_account_name.clone(),
         image_pull_secrets: extra.image_pull_secrets.clone(),
-        security_context: extra.security_context.clone(),
+        security_context: Some(pod_security_context(extra.security_context.as_ref())),
         termination_grace_period_seconds: extra.termination_grace_period_seconds,
         priority_class_name: extra.priority_class_name.clone(),
         scheduler_name: extra.scheduler_name.clone(),
@@ -560,4 +696,167 @@ fn overlay<T: Serialize + DeserializeOwned + Clone>(base: &T, top: &T) -> T {
         }
     }
     serde_json::from_value(merged).unwrap_or_else(|_| top.clone())
+}
+
+#[cfg(test)]
+mod tests {
+    use dynamo_crds::DynamoGraphDeployment;
+    use k8s_openapi::api::apps::v1::Deployment;
+    use serde_json::{Value, json};
+
+    use super::super::{Desired, Observed, OperatorConfig, reconcile};
+    use super::*;
+
+    fn desired(backend: &str, services: Value) -> Desired {
+        let dgd: DynamoGraphDeployment = serde_json::from_value(json!({
+            "apiVersion": "nvidia.com/v1alpha1",
+            "kind": "DynamoGraphDeployment",
+            "metadata": {"name": "g", "namespace": "ns", "uid": "u"},
+            "spec": {"backendFramework": backend, "services": services},
+        }))
+        .unwrap();
+        reconcile(&dgd, &Observed::default(), &OperatorConfig::default()).unwrap()
+    }
+
+    fn container<'a>(spec: &'a PodSpec, name: &str) -> &'a Container {
+        spec.containers
+            .iter()
+            .find(|c| c.name == name)
+            .unwrap_or_else(|| panic!("no container {name}"))
+    }
+
+    fn context(c: &Container) -> Value {
+        serde_json::to_value(&c.security_context).unwrap()
+    }
+
+    fn pod_context(spec: &PodSpec) -> Value {
+        serde_json::to_value(&spec.security_context).unwrap()
+    }
+
+    fn deployment<'a>(d: &'a Desired, name: &str) -> &'a PodSpec {
+        d.deployments
+            .iter()
+            .find(|d| d.metadata.name.as_deref() == Some(name))
+            .and_then(|d: &Deployment| d.spec.as_ref()?.template.spec.as_ref())
+            .unwrap_or_else(|| panic!("no deployment {name}"))
+    }
+
+    fn restricted() -> Value {
+        json!({
+            "allowPrivilegeEscalation": false,
+            "capabilities": {"drop": ["ALL"]},
+            "readOnlyRootFilesystem": true,
+            "runAsNonRoot": true,
+        })
+    }
+
+    fn runtime_default() -> Value {
+        json!({"seccompProfile": {"type": "RuntimeDefault"}})
+    }
+
+    #[test]
+    fn our_own_containers_get_the_restricted_profile_and_name_their_binary() {
+        let d = desired(
+            "mocker",
+            json!({
+                "epp": {"componentType": "epp"},
+                "worker": {"componentType": "worker", "replicas": 1},
+            }),
+        );
+        let pod = d.pods[0].spec.as_ref().unwrap();
+        assert_eq!(pod_context(pod), runtime_default());
+        for (name, binary) in [("main", "dynamo-mocker"), ("sidecar", "dynamo-sidecar")] {
+            let c = container(pod, name);
+            assert_eq!(context(c), restricted(), "{name}");
+            assert_eq!(c.command.as_ref().unwrap()[0], binary);
+            assert_eq!(c.image.as_deref(), Some(super::super::DEFAULT_IMAGE));
+        }
+        let epp = deployment(&d, "g-epp");
+        assert_eq!(pod_context(epp), runtime_default());
+        assert_eq!(context(container(epp, "epp")), restricted());
+        assert_eq!(
+            container(epp, "epp").command.as_deref(),
+            Some(&["dynamo-epp".to_string()][..])
+        );
+    }
+
+    #[test]
+    fn a_real_engine_keeps_its_user_caches_and_capabilities() {
+        let d = desired(
+            "vllm",
+            json!({
+                "worker": {"componentType": "worker", "replicas": 1, "extraPodSpec": {
+                    "mainContainer": {"command": ["vllm", "serve", "Qwen/Qwen3-0.6B"]}}},
+                "planner": {"componentType": "planner",
+                    "extraPodSpec": {"mainContainer": {"image": "planner:1"}}},
+            }),
+        );
+        let pod = d.pods[0].spec.as_ref().unwrap();
+        assert_eq!(pod_context(pod), runtime_default());
+        // Only no_new_privs: vLLM's image runs as root and writes ~/.cache and /tmp.
+        let engine = json!({"allowPrivilegeEscalation": false});
+        assert_eq!(context(container(pod, "main")), engine);
+        assert_eq!(context(container(pod, "sidecar")), restricted());
+        let planner = deployment(&d, "g-planner");
+        assert_eq!(pod_context(planner), runtime_default());
+        assert_eq!(context(container(planner, "main")), engine);
+    }
+
+    #[test]
+    fn the_users_own_security_contexts_win_field_by_field() {
+        let d = desired(
+            "mocker",
+            json!({
+                "epp": {"componentType": "epp", "extraPodSpec": {
+                    "mainContainer": {"securityContext": {"readOnlyRootFilesystem": false}}}},
+                "worker": {"componentType": "worker", "replicas": 1, "extraPodSpec": {
+                    "securityContext": {"seccompProfile": {"type": "Unconfined"}, "fsGroup": 1000},
+                    "mainContainer": {"securityContext": {
+                        "runAsNonRoot": false, "runAsUser": 0,
+                        "capabilities": {"add": ["IPC_LOCK"]}}}}},
+            }),
+        );
+        let pod = d.pods[0].spec.as_ref().unwrap();
+        assert_eq!(
+            pod_context(pod),
+            json!({"fsGroup": 1000, "seccompProfile": {"type": "Unconfined"}})
+        );
+        assert_eq!(
+            context(container(pod, "main")),
+            json!({
+                "allowPrivilegeEscalation": false,
+                "capabilities": {"add": ["IPC_LOCK"]},
+                "readOnlyRootFilesystem": true,
+                "runAsNonRoot": false,
+                "runAsUser": 0,
+            })
+        );
+        // The injected sidecar is ours alone.
+        assert_eq!(context(container(pod, "sidecar")), restricted());
+        let mut epp = restricted();
+        epp["readOnlyRootFilesystem"] = json!(false);
+        assert_eq!(context(container(deployment(&d, "g-epp"), "epp")), epp);
+    }
+
+    #[test]
+    fn a_privileged_container_is_not_told_not_to_escalate() {
+        let user = |value: Value| serde_json::from_value::<SecurityContext>(value).unwrap();
+        // The API server refuses allowPrivilegeEscalation: false beside either of these.
+        for escalates in [
+            json!({"privileged": true}),
+            json!({"capabilities": {"add": ["CAP_SYS_ADMIN"]}}),
+            json!({"capabilities": {"add": ["SYS_ADMIN"]}}),
+        ] {
+            let merged = merge_security_context(no_privilege_escalation(), Some(&user(escalates)));
+            assert_eq!(merged.allow_privilege_escalation, None, "{merged:?}");
+        }
+        // Unless the user says so themselves.
+        let explicit = user(json!({"privileged": true, "allowPrivilegeEscalation": true}));
+        let merged = merge_security_context(restricted_container(), Some(&explicit));
+        assert_eq!(merged.allow_privilege_escalation, Some(true));
+        // Other capabilities keep it.
+        let lock = user(json!({"capabilities": {"add": ["IPC_LOCK"]}}));
+        let merged = merge_security_context(no_privilege_escalation(), Some(&lock));
+        assert_eq!(merged.allow_privilege_escalation, Some(false));
+    }
 }

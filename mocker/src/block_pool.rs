@@ -12,12 +12,18 @@
 //! One deliberate difference: vLLM lets two blocks carry the same hash when two
 //! sequences compute the same block at once; here the second copy stays unregistered,
 //! so each hash is stored (and reported) once.
+//!
+//! With an [`OffloadMode`] set, the pool also lists the blocks to hand to the sidecar's
+//! tiers (`take_offloads`): those it evicts, or every block as it is registered. A block
+//! is listed at most once per stay in the pool, and never when it came from the sidecar.
 
 use std::collections::HashMap;
 
 use dynamo_kvcache::SeqHash;
 use dynamo_kvcache::vllm_events::{KvEvent, MEDIUM_GPU};
 use thiserror::Error;
+
+use crate::kv_blocks::OffloadMode;
 
 pub type BlockId = u32;
 
@@ -27,9 +33,20 @@ const NIL: u32 = u32::MAX;
 struct Block {
     ref_count: u32,
     hash: Option<SeqHash>,
+    /// The hash of the block before it in its chain, kept for offloading.
+    parent: Option<SeqHash>,
+    /// The sidecar holds (or was handed) this block already.
+    offloaded: bool,
     prev: u32,
     next: u32,
     in_free_queue: bool,
+}
+
+/// A registered block to copy into the sidecar's tiers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct OffloadBlock {
+    pub hash: SeqHash,
+    pub parent: Option<SeqHash>,
 }
 
 #[derive(Debug, Error, PartialEq, Eq)]
@@ -49,6 +66,8 @@ pub struct BlockPool {
     num_free: usize,
     events: Vec<KvEvent>,
     emit_events: bool,
+    offload: Option<OffloadMode>,
+    offloads: Vec<OffloadBlock>,
 }
 
 impl BlockPool {
@@ -58,6 +77,8 @@ impl BlockPool {
             .map(|i| Block {
                 ref_count: 0,
                 hash: None,
+                parent: None,
+                offloaded: false,
                 prev: if i == 0 { NIL } else { i - 1 },
                 next: if i + 1 == num_blocks as u32 {
                     NIL
@@ -76,7 +97,14 @@ impl BlockPool {
             num_free: num_blocks,
             events: Vec::new(),
             emit_events: true,
+            offload: None,
+            offloads: Vec::new(),
         }
+    }
+
+    /// Which blocks to list for the sidecar; `None` (the default) lists none.
+    pub fn set_offload(&mut self, mode: Option<OffloadMode>) {
+        self.offload = mode;
     }
 
     /// Stops recording events (for replays that do not read them).
@@ -109,6 +137,10 @@ impl BlockPool {
 
     pub fn ref_count(&self, id: BlockId) -> u32 {
         self.blocks[id as usize].ref_count
+    }
+
+    pub fn is_cached(&self, hash: &SeqHash) -> bool {
+        self.cached.contains_key(hash)
     }
 
     /// Number of leading `hashes` that are cached; does not touch anything.
@@ -158,6 +190,12 @@ impl BlockPool {
             if let Some(h) = b.hash.take() {
                 self.cached.remove(&h);
                 evicted.push(h.0);
+                if self.offload == Some(OffloadMode::Evicted) && !b.offloaded {
+                    self.offloads.push(OffloadBlock {
+                        hash: h,
+                        parent: b.parent,
+                    });
+                }
             }
             out.push(id);
         }
@@ -180,14 +218,48 @@ impl BlockPool {
         parent: Option<SeqHash>,
         tokens: &[u32],
     ) {
+        self.register(ids, hashes, parent, tokens, false);
+    }
+
+    /// As [`Self::commit_full`], for blocks whose KV was onboarded from the sidecar:
+    /// they are cached like computed ones but never offloaded back.
+    pub fn commit_onboarded(
+        &mut self,
+        ids: &[BlockId],
+        hashes: &[SeqHash],
+        parent: Option<SeqHash>,
+        tokens: &[u32],
+    ) {
+        self.register(ids, hashes, parent, tokens, true);
+    }
+
+    fn register(
+        &mut self,
+        ids: &[BlockId],
+        hashes: &[SeqHash],
+        parent: Option<SeqHash>,
+        tokens: &[u32],
+        from_sidecar: bool,
+    ) {
         debug_assert_eq!(ids.len(), hashes.len());
         debug_assert_eq!(tokens.len(), ids.len() * self.block_size);
+        let write_through = self.offload == Some(OffloadMode::All) && !from_sidecar;
         let mut run_start: Option<usize> = None;
         for i in 0..ids.len() {
             let (id, h) = (ids[i], hashes[i]);
             let newly = self.blocks[id as usize].hash.is_none() && !self.cached.contains_key(&h);
             if newly {
-                self.blocks[id as usize].hash = Some(h);
+                let block_parent = if i == 0 { parent } else { Some(hashes[i - 1]) };
+                let b = &mut self.blocks[id as usize];
+                b.hash = Some(h);
+                b.parent = block_parent;
+                b.offloaded = from_sidecar || write_through;
+                if write_through {
+                    self.offloads.push(OffloadBlock {
+                        hash: h,
+                        parent: block_parent,
+                    });
+                }
                 self.cached.insert(h, id);
                 run_start.get_or_insert(i);
             } else if let Some(s) = run_start.take() {
@@ -258,6 +330,11 @@ impl BlockPool {
     /// Events since the last call, in order.
     pub fn take_events(&mut self) -> Vec<KvEvent> {
         std::mem::take(&mut self.events)
+    }
+
+    /// Blocks to offload listed since the last call, in order.
+    pub fn take_offloads(&mut self) -> Vec<OffloadBlock> {
+        std::mem::take(&mut self.offloads)
     }
 
     fn unlink(&mut self, id: BlockId) {

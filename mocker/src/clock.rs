@@ -66,6 +66,11 @@ impl RealClock {
     pub fn deadline(&self, t_ms: f64) -> Instant {
         self.origin + Duration::from_secs_f64(t_ms.max(0.0) / 1000.0)
     }
+
+    /// Milliseconds from the origin to `at` (0 for an earlier instant).
+    pub fn ms_at(&self, at: Instant) -> f64 {
+        at.saturating_duration_since(self.origin).as_secs_f64() * 1000.0
+    }
 }
 
 impl Clock for RealClock {
@@ -121,5 +126,6 @@ mod tests {
             c.deadline(1500.0) - c.deadline(500.0),
             Duration::from_secs(1)
         );
+        assert_eq!(c.ms_at(c.deadline(1500.0)), 1500.0);
     }
 }

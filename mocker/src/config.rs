@@ -4,6 +4,7 @@
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
+use crate::kv_blocks::KvBlocksConfig;
 use crate::timing::TimingModel;
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -28,6 +29,10 @@ pub struct EngineConfig {
     /// `None` uses the unsalted hasher.
     pub model_name: Option<String>,
     pub timing: TimingModel,
+    /// Offload to and onboard from a sidecar's KV block API; `None` keeps every block on
+    /// the GPU. The core lists the blocks to offload ([`crate::StepOutcome::offload`]);
+    /// the server does the I/O.
+    pub kv_blocks: Option<KvBlocksConfig>,
 }
 
 impl Default for EngineConfig {
@@ -43,6 +48,7 @@ impl Default for EngineConfig {
             enable_prefix_caching: true,
             model_name: None,
             timing: TimingModel::Polynomial,
+            kv_blocks: None,
         }
     }
 }
@@ -51,6 +57,8 @@ impl Default for EngineConfig {
 pub enum ConfigError {
     #[error("{0} must be positive")]
     NotPositive(&'static str),
+    #[error("the KV block API needs prefix caching: blocks are named by their prefix")]
+    KvBlocksWithoutPrefixCaching,
 }
 
 impl EngineConfig {
@@ -66,8 +74,16 @@ impl EngineConfig {
             ),
             (self.vocab_size > 0, "vocab_size"),
         ];
-        match checks.iter().find(|(ok, _)| !ok) {
-            Some((_, name)) => Err(ConfigError::NotPositive(name)),
+        if let Some((_, name)) = checks.iter().find(|(ok, _)| !ok) {
+            return Err(ConfigError::NotPositive(name));
+        }
+        match &self.kv_blocks {
+            Some(_) if !self.enable_prefix_caching => {
+                Err(ConfigError::KvBlocksWithoutPrefixCaching)
+            }
+            Some(kv) => kv
+                .invalid_field()
+                .map_or(Ok(()), |name| Err(ConfigError::NotPositive(name))),
             None => Ok(()),
         }
     }

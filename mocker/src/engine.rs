@@ -5,10 +5,12 @@
 //! its uncached prompt (the first token is sampled by the prefill step itself, as in
 //! vLLM), and each later token arrives one decode step after the previous one.
 
+use std::ops::Range;
+
 use dynamo_kvcache::vllm_events::KvEvent;
 use dynamo_kvcache::{BlockHasher, SeqHash};
 
-use crate::block_pool::BlockPool;
+use crate::block_pool::{BlockPool, OffloadBlock};
 use crate::clock::{Clock, SimClock};
 use crate::config::{ConfigError, EngineConfig};
 use crate::scheduler::{
@@ -30,6 +32,8 @@ pub struct StepOutcome {
     pub preempted: Vec<RequestId>,
     /// Engine-side KV events, in order, for the ZMQ publisher.
     pub kv_events: Vec<KvEvent>,
+    /// Blocks to hand to the sidecar (with `kv_blocks` configured), in order.
+    pub offload: Vec<OffloadBlock>,
 }
 
 impl StepOutcome {
@@ -80,7 +84,8 @@ impl<C: Clock> Engine<C> {
             Some(model) => BlockHasher::new(config.block_size, model, None),
             None => BlockHasher::unsalted(config.block_size),
         };
-        let pool = BlockPool::new(config.num_gpu_blocks, config.block_size);
+        let mut pool = BlockPool::new(config.num_gpu_blocks, config.block_size);
+        pool.set_offload(config.kv_blocks.as_ref().map(|kv| kv.offload));
         let limits = Limits {
             max_num_seqs: config.max_num_seqs,
             max_num_batched_tokens: config.max_num_batched_tokens,
@@ -130,6 +135,18 @@ impl<C: Clock> Engine<C> {
         self.scheduler.add(req, arrival_ms)
     }
 
+    /// Queues a request that arrived at `arrival_ms` and whose full prompt blocks at
+    /// positions `onboarded` were loaded from the sidecar: they count as cached where
+    /// they continue the GPU's cached prefix when it is first admitted.
+    pub fn submit_onboarded(
+        &mut self,
+        req: Request,
+        arrival_ms: f64,
+        onboarded: Range<usize>,
+    ) -> Result<(), Rejected> {
+        self.scheduler.add_onboarded(req, arrival_ms, onboarded)
+    }
+
     /// Cancels a request (client gone); frees its blocks at once.
     pub fn abort(&mut self, id: RequestId) -> Option<FinishedRequest> {
         let now = self.clock.now_ms();
@@ -172,7 +189,9 @@ impl<C: Clock> Engine<C> {
             .step_ms(batch.work, self.config.speedup_ratio);
         let end = started_ms + duration_ms;
         let tokens = self.scheduler.complete(&batch, end);
-        kv_events.extend(self.scheduler.pool_mut().take_events());
+        let pool = self.scheduler.pool_mut();
+        kv_events.extend(pool.take_events());
+        let offload = pool.take_offloads();
         self.clock.advance_to(end);
         self.steps += 1;
         StepOutcome {
@@ -183,6 +202,7 @@ impl<C: Clock> Engine<C> {
             finished: tokens.finished,
             preempted: batch.preempted,
             kv_events,
+            offload,
         }
     }
 

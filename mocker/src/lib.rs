@@ -8,16 +8,18 @@ pub mod block_pool;
 pub mod clock;
 pub mod config;
 pub mod engine;
+pub mod kv_blocks;
 pub mod replay;
 pub mod scheduler;
 pub mod server;
 pub mod timing;
 pub mod tokens;
 
-pub use block_pool::{BlockId, BlockPool, OutOfBlocks};
+pub use block_pool::{BlockId, BlockPool, OffloadBlock, OutOfBlocks};
 pub use clock::{Clock, RealClock, SimClock};
 pub use config::{ConfigError, EngineConfig};
 pub use engine::{Engine, EngineMetrics, StepOutcome};
+pub use kv_blocks::{KvBlocksConfig, KvGeometry, OffloadMode};
 pub use scheduler::{
     FinishReason, FinishedRequest, Rejected, Request, RequestId, SchedulerCounters, TokenOutput,
 };

@@ -246,8 +246,10 @@ impl fmt::Display for ReplayReport {
     }
 }
 
+/// The figures of a replay, collected step by step (also by replays that step the
+/// engines themselves, as `dynamo-e2e`'s conversations do).
 #[derive(Default)]
-struct Collector {
+pub struct Collector {
     ttft: Vec<f64>,
     itl: Vec<f64>,
     e2e: Vec<f64>,
@@ -257,7 +259,7 @@ struct Collector {
 }
 
 impl Collector {
-    fn take(&mut self, o: &StepOutcome) {
+    pub fn take(&mut self, o: &StepOutcome) {
         for t in &o.outputs {
             self.output_tokens += 1;
             self.ttft.extend(t.ttft_ms);
@@ -268,6 +270,52 @@ impl Collector {
             .extend(o.finished.iter().map(|f| f.finished_ms - f.arrival_ms));
         if !o.outputs.is_empty() {
             self.last_ms = self.last_ms.max(o.ended_ms());
+        }
+    }
+
+    /// The report of a replay of `requests` (`rejected` of them refused) over
+    /// `engines`, whose first request arrived at `first_ms`.
+    pub fn report(
+        mut self,
+        engines: &[Engine],
+        requests: usize,
+        rejected: usize,
+        first_ms: f64,
+    ) -> ReplayReport {
+        let (mut queries, mut hits, mut preemptions, mut steps) = (0u64, 0u64, 0u64, 0u64);
+        for e in engines {
+            let m = e.metrics();
+            queries += m.counters.prefix_cache_queries;
+            hits += m.counters.prefix_cache_hits;
+            preemptions += m.counters.num_preemptions;
+            steps += m.steps;
+        }
+        let sim_duration_ms = (self.last_ms - first_ms).max(0.0);
+        let per_s = |x: f64| {
+            if sim_duration_ms > 0.0 {
+                x * 1000.0 / sim_duration_ms
+            } else {
+                0.0
+            }
+        };
+        ReplayReport {
+            requests,
+            rejected,
+            completed: self.completed,
+            output_tokens: self.output_tokens,
+            sim_duration_ms,
+            ttft_ms: Percentiles::of(&mut self.ttft),
+            itl_ms: Percentiles::of(&mut self.itl),
+            e2e_ms: Percentiles::of(&mut self.e2e),
+            requests_per_s: per_s(self.completed as f64),
+            output_tokens_per_s: per_s(self.output_tokens as f64),
+            prefix_cache_hit_rate: if queries > 0 {
+                hits as f64 / queries as f64
+            } else {
+                0.0
+            },
+            preemptions,
+            steps,
         }
     }
 }
@@ -356,41 +404,7 @@ pub fn replay_requests(
         run_until(e, k, f64::INFINITY, router, &mut c);
     }
 
-    let (mut queries, mut hits, mut preemptions, mut steps) = (0u64, 0u64, 0u64, 0u64);
-    for e in &engines {
-        let m = e.metrics();
-        queries += m.counters.prefix_cache_queries;
-        hits += m.counters.prefix_cache_hits;
-        preemptions += m.counters.num_preemptions;
-        steps += m.steps;
-    }
-    let sim_duration_ms = (c.last_ms - first_ms.unwrap_or(0.0)).max(0.0);
-    let per_s = |x: f64| {
-        if sim_duration_ms > 0.0 {
-            x * 1000.0 / sim_duration_ms
-        } else {
-            0.0
-        }
-    };
-    Ok(ReplayReport {
-        requests: count,
-        rejected,
-        completed: c.completed,
-        output_tokens: c.output_tokens,
-        sim_duration_ms,
-        ttft_ms: Percentiles::of(&mut c.ttft),
-        itl_ms: Percentiles::of(&mut c.itl),
-        e2e_ms: Percentiles::of(&mut c.e2e),
-        requests_per_s: per_s(c.completed as f64),
-        output_tokens_per_s: per_s(c.output_tokens as f64),
-        prefix_cache_hit_rate: if queries > 0 {
-            hits as f64 / queries as f64
-        } else {
-            0.0
-        },
-        preemptions,
-        steps,
-    })
+    Ok(c.report(&engines, count, rejected, first_ms.unwrap_or(0.0)))
 }
 
 #[cfg(test)]

@@ -10,11 +10,14 @@
 //! 2. Then, only if nothing was preempted, waiting sequences in order while the budget,
 //!    `max_num_seqs` and the pool allow; each first looks up its prefix in the cache
 //!    (at most `len - 1` tokens, since the last one must be computed to sample from).
+//!    Blocks onboarded from the sidecar before submission extend that prefix on the
+//!    first admission: they get fresh blocks and are registered as if computed.
 //!
 //! After the step, computed full blocks are registered in the cache, and a sequence
 //! whose every known token is computed samples one new token.
 
 use std::collections::{HashMap, VecDeque};
+use std::ops::Range;
 
 use dynamo_kvcache::{BlockHasher, SeqHash};
 use thiserror::Error;
@@ -103,6 +106,8 @@ struct Sequence {
     num_computed: usize,
     /// Leading blocks registered in (or taken from) the prefix cache.
     num_committed: usize,
+    /// Positions of blocks whose KV was onboarded before the first admission.
+    onboarded: Range<usize>,
     arrival_ms: f64,
     first_token_ms: Option<f64>,
     last_token_ms: f64,
@@ -232,6 +237,18 @@ impl Scheduler {
 
     /// Queues a request, or refuses one that could never run.
     pub fn add(&mut self, req: Request, arrival_ms: f64) -> Result<(), Rejected> {
+        self.add_onboarded(req, arrival_ms, 0..0)
+    }
+
+    /// As [`Self::add`], for a request whose full prompt blocks at positions `onboarded`
+    /// have their KV loaded from outside the GPU pool: on first admission they count as
+    /// cached where they continue the cached prefix.
+    pub fn add_onboarded(
+        &mut self,
+        req: Request,
+        arrival_ms: f64,
+        onboarded: Range<usize>,
+    ) -> Result<(), Rejected> {
         if req.token_ids.is_empty() {
             return Err(Rejected::EmptyPrompt);
         }
@@ -260,6 +277,7 @@ impl Scheduler {
             blocks: Vec::new(),
             num_computed: 0,
             num_committed: 0,
+            onboarded,
             arrival_ms,
             first_token_ms: None,
             last_token_ms: arrival_ms,
@@ -350,32 +368,71 @@ impl Scheduler {
     fn admit(&mut self, id: RequestId, budget: usize) -> Option<Scheduled> {
         let bs = self.pool.block_size();
         let seq = &self.seqs[&id];
-        let hit = if self.limits.enable_prefix_caching {
+        // Leading blocks held on the GPU or onboarded; `on_gpu` of them are in the pool.
+        let (hit, on_gpu) = if self.limits.enable_prefix_caching {
             let max_blocks = (seq.tokens.len() - 1) / bs;
-            self.pool.cached_prefix_len(&seq.hashes[..max_blocks])
+            let mut on_gpu = 0;
+            let hit = seq.hashes[..max_blocks]
+                .iter()
+                .enumerate()
+                .take_while(|&(i, h)| {
+                    let cached = self.pool.is_cached(h);
+                    on_gpu += usize::from(cached);
+                    cached || seq.onboarded.contains(&i)
+                })
+                .count();
+            (hit, on_gpu)
         } else {
-            0
+            (0, 0)
         };
         let computed = hit * bs;
         let n = (seq.tokens.len() - computed).min(budget);
-        let need = self.blocks_for(computed + n) - hit;
+        let need = self.blocks_for(computed + n) - on_gpu;
         let hits_leaving_free = self.pool.free_among_cached(&seq.hashes[..hit]);
         if self.pool.num_free() - hits_leaving_free < need {
             return None;
         }
         let seq = self.seqs.get_mut(&id).expect("waiting sequence exists");
-        for &h in &seq.hashes[..hit] {
-            let block = self.pool.touch(h).expect("prefix block is cached");
-            seq.blocks.push(block);
+        // Touch the GPU hits before allocating, so allocation cannot evict them.
+        let touched: Vec<Option<BlockId>> = seq.hashes[..hit]
+            .iter()
+            .map(|&h| self.pool.touch(h))
+            .collect();
+        let mut fresh = self
+            .pool
+            .allocate(need)
+            .expect("checked free blocks")
+            .into_iter();
+        let mut run = None; // the start of a run of onboarded blocks
+        for (i, block) in touched.into_iter().enumerate() {
+            match block {
+                Some(block) => {
+                    if let Some(start) = run.take() {
+                        commit_onboarded(&mut self.pool, seq, start..i, bs);
+                    }
+                    seq.blocks.push(block);
+                }
+                None => {
+                    run.get_or_insert(i);
+                    seq.blocks
+                        .push(fresh.next().expect("a block per onboarded block"));
+                }
+            }
         }
-        seq.blocks
-            .extend(self.pool.allocate(need).expect("checked free blocks"));
+        if let Some(start) = run {
+            commit_onboarded(&mut self.pool, seq, start..hit, bs);
+        }
+        seq.blocks.extend(fresh);
         seq.num_computed = computed;
         seq.num_committed = hit;
+        // Onboarded KV is used once: after a preemption the blocks are cached or gone.
+        seq.onboarded = 0..0;
         if seq.num_preemptions == 0 {
-            // vLLM counts queries and hits in tokens, once per request.
+            // vLLM counts queries and hits in tokens, once per request; onboarded tokens
+            // are not prefix cache hits (vLLM counts them as the connector's), but they
+            // are cached tokens of the request.
             self.counters.prefix_cache_queries += seq.tokens.len() as u64;
-            self.counters.prefix_cache_hits += computed as u64;
+            self.counters.prefix_cache_hits += (on_gpu * bs) as u64;
             seq.cached_prompt_tokens = computed;
         }
         let is_prefill = !(n == 1 && seq.outputs() > 0);
@@ -454,6 +511,16 @@ impl Scheduler {
         }
         out
     }
+}
+
+/// Registers the onboarded blocks at positions `run` of `seq` (already in `seq.blocks`).
+fn commit_onboarded(pool: &mut BlockPool, seq: &Sequence, run: Range<usize>, bs: usize) {
+    pool.commit_onboarded(
+        &seq.blocks[run.clone()],
+        &seq.hashes[run.clone()],
+        run.start.checked_sub(1).map(|p| seq.hashes[p]),
+        &seq.tokens[run.start * bs..run.end * bs],
+    );
 }
 
 fn finished(id: RequestId, seq: &Sequence, reason: FinishReason, now_ms: f64) -> FinishedRequest {

@@ -2,7 +2,8 @@
 
 use dynamo_kvcache::vllm_events::{KvEvent, KvEventEncoder, MEDIUM_GPU, decode_message};
 use dynamo_mocker::{
-    Clock, Engine, EngineConfig, FinishReason, Rejected, Request, StepOutcome, TimingModel,
+    Clock, Engine, EngineConfig, FinishReason, KvBlocksConfig, OffloadBlock, OffloadMode, Rejected,
+    Request, StepOutcome, TimingModel,
 };
 
 fn config(blocks: usize, block_size: usize) -> EngineConfig {
@@ -343,4 +344,112 @@ fn engine_events_go_through_the_wire_format_and_reset_clears() {
         e.cached_prefix_blocks(&e.hasher().seq_hashes(&prompt(0, 10))),
         0
     );
+}
+
+fn offloading(blocks: usize, block_size: usize, mode: OffloadMode) -> EngineConfig {
+    EngineConfig {
+        kv_blocks: Some(KvBlocksConfig {
+            offload: mode,
+            ..KvBlocksConfig::default()
+        }),
+        ..config(blocks, block_size)
+    }
+}
+
+fn offloaded(steps: &[StepOutcome]) -> Vec<OffloadBlock> {
+    steps.iter().flat_map(|s| s.offload.clone()).collect()
+}
+
+#[test]
+fn evicted_blocks_are_listed_for_offload_with_their_parents() {
+    let mut e = Engine::simulated(offloading(8, 4, OffloadMode::Evicted)).unwrap();
+    let a = prompt(100, 16);
+    let ha = e.hasher().seq_hashes(&a);
+    e.submit(req(1, a, 1)).unwrap();
+    assert!(offloaded(&drain(&mut e)).is_empty(), "nothing evicted yet");
+    // Evicts A's last two blocks, tail first (as the BlockRemoved test above).
+    e.submit(req(2, prompt(500, 24), 1)).unwrap();
+    assert_eq!(
+        offloaded(&drain(&mut e)),
+        vec![
+            OffloadBlock {
+                hash: ha[3],
+                parent: Some(ha[2])
+            },
+            OffloadBlock {
+                hash: ha[2],
+                parent: Some(ha[1])
+            },
+        ]
+    );
+    let plain = Engine::simulated(config(8, 4)).unwrap();
+    assert!(plain.config().kv_blocks.is_none(), "off unless configured");
+}
+
+#[test]
+fn write_through_lists_each_block_once_as_it_is_registered() {
+    let mut e = Engine::simulated(offloading(8, 4, OffloadMode::All)).unwrap();
+    let a = prompt(100, 10); // 2 full blocks
+    let ha = e.hasher().seq_hashes(&a);
+    e.submit(req(1, a, 3)).unwrap();
+    let steps = drain(&mut e);
+    let listed = offloaded(&steps);
+    // The prompt's 2 blocks in the prefill step, then the decode-filled third.
+    assert_eq!(steps[0].offload.len(), 2);
+    assert_eq!(
+        listed[0],
+        OffloadBlock {
+            hash: ha[0],
+            parent: None
+        }
+    );
+    assert_eq!(listed[1].parent, Some(ha[0]));
+    assert_eq!(listed.len(), 3);
+    // Evicting them later lists nothing again.
+    e.submit(req(2, prompt(500, 30), 1)).unwrap();
+    assert!(
+        offloaded(&drain(&mut e))
+            .iter()
+            .all(|b| !ha.contains(&b.hash))
+    );
+}
+
+#[test]
+fn onboarded_blocks_extend_the_cached_prefix_on_first_admission() {
+    let cfg = offloading(64, 16, OffloadMode::Evicted);
+    let p = prompt(1, 100); // 6 full blocks + 4 tokens
+    let mut e = Engine::simulated(cfg.clone()).unwrap();
+    let hashes = e.hasher().seq_hashes(&p);
+    // Block 0 is on the GPU; blocks 1..4 were onboarded.
+    e.submit(req(1, p[..20].to_vec(), 1)).unwrap();
+    drain(&mut e);
+    e.submit_onboarded(req(2, p.clone(), 1), 0.0, 1..4).unwrap();
+    let steps = drain(&mut e);
+    assert_eq!(steps[0].work.prefill_tokens, 100 - 64);
+    let done = steps.iter().flat_map(|s| &s.finished).next().unwrap();
+    assert_eq!(done.cached_prompt_tokens, 64);
+    let m = e.metrics().counters;
+    assert_eq!(m.prefix_cache_hits, 16, "onboarded tokens are not GPU hits");
+    // Onboarded blocks are cached now, and stored as GPU blocks (one event per run).
+    assert_eq!(e.cached_prefix_blocks(&hashes), 6);
+    assert_eq!(
+        stored_hashes(&steps),
+        hashes[1..].iter().map(|h| h.0).collect::<Vec<_>>()
+    );
+
+    // A gap (block 0 neither cached nor onboarded) makes onboarded blocks useless.
+    let mut e = Engine::simulated(cfg.clone()).unwrap();
+    e.submit_onboarded(req(1, p.clone(), 1), 0.0, 1..6).unwrap();
+    assert_eq!(drain(&mut e)[0].work.prefill_tokens, 100);
+
+    // Onboarded blocks are never offloaded back when evicted; computed ones are.
+    let mut e = Engine::simulated(cfg).unwrap();
+    let q = prompt(5000, 17);
+    e.submit(req(1, q.clone(), 1)).unwrap();
+    drain(&mut e);
+    e.submit_onboarded(req(2, p.clone(), 1), 0.0, 0..6).unwrap();
+    assert_eq!(drain(&mut e)[0].work.prefill_tokens, 4);
+    e.submit(req(3, prompt(1000, 16 * 64 - 1), 1)).unwrap(); // takes the whole pool
+    let evicted: Vec<_> = offloaded(&drain(&mut e)).iter().map(|b| b.hash).collect();
+    assert_eq!(evicted, e.hasher().seq_hashes(&q));
 }

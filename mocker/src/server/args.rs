@@ -7,7 +7,11 @@ use clap::Parser;
 use dynamo_server::ServerLimits;
 
 use super::ServerConfig;
-use crate::{EngineConfig, TimingModel, TimingTable};
+use crate::kv_blocks::{
+    DEFAULT_DISK_BANDWIDTH_GBPS, DEFAULT_HOST_BANDWIDTH_GBPS, DEFAULT_OBJECT_BANDWIDTH_GBPS,
+    DEFAULT_TIMEOUT_MS,
+};
+use crate::{EngineConfig, KvBlocksConfig, OffloadMode, TimingModel, TimingTable};
 
 /// Flags follow vLLM's names where vLLM has the knob.
 #[derive(Parser, Debug)]
@@ -44,6 +48,29 @@ pub struct Args {
     pub seed: u64,
     #[arg(long)]
     pub no_enable_prefix_caching: bool,
+    /// The sidecar's KV block API (its gRPC address, e.g. http://127.0.0.1:9100): blocks
+    /// go to its tiers and new requests onboard from them. Unset: blocks stay on the GPU.
+    #[arg(long, env = "DYNAMO_MOCKER_KV_BLOCKS_URL")]
+    pub kv_blocks_url: Option<String>,
+    /// Which blocks go to the sidecar: those the GPU pool evicts, or all as they fill.
+    #[arg(long, value_enum, default_value_t = OffloadMode::Evicted)]
+    pub kv_offload: OffloadMode,
+    /// Payload bytes actually moved per block, as a fraction of the model's KV bytes
+    /// (from config.json; at least 1 byte). Modelled transfer times use the full size.
+    #[arg(long, default_value_t = 1.0)]
+    pub kv_bytes_scale: f64,
+    /// Onboarding bandwidth from the sidecar's host memory (G2), GB/s.
+    #[arg(long, default_value_t = DEFAULT_HOST_BANDWIDTH_GBPS)]
+    pub kv_host_bandwidth_gbps: f64,
+    /// Onboarding bandwidth from the sidecar's disk (G3), GB/s.
+    #[arg(long, default_value_t = DEFAULT_DISK_BANDWIDTH_GBPS)]
+    pub kv_disk_bandwidth_gbps: f64,
+    /// Onboarding bandwidth from the sidecar's object store (G4), GB/s.
+    #[arg(long, default_value_t = DEFAULT_OBJECT_BANDWIDTH_GBPS)]
+    pub kv_object_bandwidth_gbps: f64,
+    /// Limit of one lookup + onboard (and one offload call); past it the request recomputes.
+    #[arg(long, default_value_t = DEFAULT_TIMEOUT_MS)]
+    pub kv_blocks_timeout_ms: u64,
     #[command(flatten)]
     pub server: ServerLimits,
 }
@@ -77,9 +104,55 @@ impl Args {
                 seed: self.seed,
                 enable_prefix_caching: !self.no_enable_prefix_caching,
                 timing,
+                kv_blocks: self.kv_blocks_url.map(|url| KvBlocksConfig {
+                    url,
+                    offload: self.kv_offload,
+                    bytes_scale: self.kv_bytes_scale,
+                    host_bandwidth_gbps: self.kv_host_bandwidth_gbps,
+                    disk_bandwidth_gbps: self.kv_disk_bandwidth_gbps,
+                    object_bandwidth_gbps: self.kv_object_bandwidth_gbps,
+                    timeout_ms: self.kv_blocks_timeout_ms,
+                }),
                 ..EngineConfig::default()
             },
             server: self.server,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    async fn config(extra: &[&str]) -> ServerConfig {
+        let argv = ["dynamo-mocker", "--model-path", "/m"].iter().chain(extra);
+        Args::try_parse_from(argv)
+            .unwrap()
+            .into_config()
+            .await
+            .unwrap()
+    }
+
+    #[tokio::test]
+    async fn the_block_api_is_on_with_a_url_and_takes_its_defaults() {
+        assert_eq!(config(&[]).await.engine.kv_blocks, None);
+        let on = config(&[
+            "--kv-blocks-url",
+            "http://127.0.0.1:9100",
+            "--kv-offload",
+            "all",
+            "--kv-bytes-scale",
+            "0.01",
+        ])
+        .await;
+        assert_eq!(
+            on.engine.kv_blocks,
+            Some(KvBlocksConfig {
+                url: "http://127.0.0.1:9100".into(),
+                offload: OffloadMode::All,
+                bytes_scale: 0.01,
+                ..KvBlocksConfig::default()
+            })
+        );
     }
 }

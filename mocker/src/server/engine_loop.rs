@@ -1,17 +1,21 @@
 //! The engine on wall-clock time: one task owns the [`Engine`], admits requests between
 //! steps (as vLLM's engine core does), sleeps for each step's modelled duration, then
 //! hands out that step's tokens. A request whose receiver is gone (the client left) is
-//! aborted, which frees its KV blocks at once.
+//! aborted, which frees its KV blocks at once. With the KV block API on, a request first
+//! onboards what the sidecar holds of its prompt (in its own task), and the blocks the
+//! engine lists for offloading go to the offload queue after each step.
 
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use dynamo_kvcache::SeqHash;
 use dynamo_kvcache::vllm_events::KvEvent;
 use tokio::sync::{mpsc, oneshot};
 
+use super::kv_blocks::{KvBlocks, OffloadQueue, Onboarded};
 use super::metrics::EngineMetricsExporter;
-use crate::{Engine, FinishedRequest, RealClock, Rejected, Request, RequestId};
+use crate::{Clock, Engine, FinishedRequest, RealClock, Rejected, Request, RequestId};
 
 /// What a request's stream receives.
 #[derive(Debug)]
@@ -27,6 +31,11 @@ enum Command {
         request: Request,
         events: mpsc::UnboundedSender<GenEvent>,
         admitted: oneshot::Sender<Result<(), Rejected>>,
+        onboarded: Option<Onboarded>,
+    },
+    CachedPrefix {
+        hashes: Vec<SeqHash>,
+        blocks: oneshot::Sender<usize>,
     },
     ResetPrefixCache {
         done: oneshot::Sender<bool>,
@@ -47,6 +56,7 @@ pub enum SubmitError {
 pub struct EngineHandle {
     commands: mpsc::UnboundedSender<Command>,
     next_id: Arc<AtomicU64>,
+    kv_blocks: Option<Arc<KvBlocks>>,
 }
 
 impl EngineHandle {
@@ -58,6 +68,10 @@ impl EngineHandle {
         max_tokens: usize,
         seed: Option<u64>,
     ) -> Result<(RequestId, mpsc::UnboundedReceiver<GenEvent>), SubmitError> {
+        let onboarded = match &self.kv_blocks {
+            Some(kv) => Some(kv.onboard(self, &token_ids).await),
+            None => None,
+        };
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let (events, receiver) = mpsc::unbounded_channel();
         let (admitted, reply) = oneshot::channel();
@@ -72,10 +86,21 @@ impl EngineHandle {
                 request,
                 events,
                 admitted,
+                onboarded,
             })
             .map_err(|_| SubmitError::Stopped)?;
         reply.await.map_err(|_| SubmitError::Stopped)??;
         Ok((id, receiver))
+    }
+
+    /// Leading blocks of the chain `hashes` in the engine's prefix cache now; `None`
+    /// when the engine has stopped.
+    pub(super) async fn cached_prefix_blocks(&self, hashes: Vec<SeqHash>) -> Option<usize> {
+        let (blocks, reply) = oneshot::channel();
+        self.commands
+            .send(Command::CachedPrefix { hashes, blocks })
+            .ok()?;
+        reply.await.ok()
     }
 
     /// Drops every cached block that no request uses (vLLM's `/reset_prefix_cache`).
@@ -88,16 +113,20 @@ impl EngineHandle {
     }
 }
 
-/// Starts the engine task. KV events go to `kv_events` when set.
+/// Starts the engine task. KV events go to `kv_events` when set; with `kv_blocks`,
+/// requests onboard from the sidecar and evicted blocks are offloaded to it.
 pub fn spawn(
     engine: Engine<RealClock>,
     metrics: Arc<EngineMetricsExporter>,
     kv_events: Option<mpsc::UnboundedSender<Vec<KvEvent>>>,
+    kv_blocks: Option<Arc<KvBlocks>>,
 ) -> (EngineHandle, tokio::task::JoinHandle<()>) {
     let (commands, receiver) = mpsc::unbounded_channel();
+    let offload = kv_blocks.as_ref().map(KvBlocks::spawn_offloader);
     let handle = EngineHandle {
         commands,
         next_id: Arc::new(AtomicU64::new(1)),
+        kv_blocks,
     };
     let task = tokio::spawn(
         EngineLoop {
@@ -105,6 +134,7 @@ pub fn spawn(
             streams: HashMap::new(),
             metrics,
             kv_events,
+            offload,
         }
         .run(receiver),
     );
@@ -116,6 +146,7 @@ struct EngineLoop {
     streams: HashMap<RequestId, mpsc::UnboundedSender<GenEvent>>,
     metrics: Arc<EngineMetricsExporter>,
     kv_events: Option<mpsc::UnboundedSender<Vec<KvEvent>>>,
+    offload: Option<OffloadQueue>,
 }
 
 impl EngineLoop {
@@ -174,6 +205,9 @@ impl EngineLoop {
                 }
             }
             self.publish(outcome.kv_events);
+            if let (Some(queue), false) = (&self.offload, outcome.offload.is_empty()) {
+                queue.push(outcome.offload);
+            }
             self.metrics.update(&self.engine.metrics());
         }
     }
@@ -184,13 +218,25 @@ impl EngineLoop {
                 request,
                 events,
                 admitted,
+                onboarded,
             } => {
                 let id = request.id;
-                let result = self.engine.submit(request);
+                let result = match onboarded {
+                    // Its latencies count from its arrival, before the onboard.
+                    Some(Onboarded { arrived, blocks }) => {
+                        let clock = self.engine.clock();
+                        let arrival_ms = clock.ms_at(arrived).min(clock.now_ms());
+                        self.engine.submit_onboarded(request, arrival_ms, blocks)
+                    }
+                    None => self.engine.submit(request),
+                };
                 if result.is_ok() {
                     self.streams.insert(id, events);
                 }
                 let _ = admitted.send(result);
+            }
+            Command::CachedPrefix { hashes, blocks } => {
+                let _ = blocks.send(self.engine.cached_prefix_blocks(&hashes));
             }
             Command::ResetPrefixCache { done } => {
                 let _ = done.send(self.engine.reset_prefix_cache());

@@ -5,6 +5,8 @@
 //! (`vllm/v1/metrics/loggers.py`); prometheus-client appends `_total` to counters as
 //! Python's `prometheus_client` does, so `vllm:prefix_cache_queries` is exported as
 //! `vllm:prefix_cache_queries_total` by both.
+//!
+//! The KV block API's metrics have no vLLM counterpart; they are ours, `dynamo_mocker_*`.
 
 use std::sync::Mutex;
 use std::sync::atomic::AtomicU64;
@@ -15,6 +17,8 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
+
+use dynamo_kvcache::Tier;
 
 use crate::{EngineMetrics, FinishReason, FinishedRequest, SchedulerCounters};
 
@@ -34,6 +38,38 @@ const E2E_BUCKETS: [f64; 21] = [
 type Labels = Vec<(String, String)>;
 
 /// The engine's metrics registry, fed by the engine task.
+/// Counters of the KV block API; clones share them.
+#[derive(Clone, Default)]
+pub struct KvBlockMetrics {
+    pub offloaded: Counter,
+    pub offload_dropped: Family<Labels, Counter>,
+    pub onboarded: Family<Labels, Counter>,
+    pub onboarded_bytes: Counter,
+    pub corrupt: Counter,
+    pub missing: Counter,
+    pub fallbacks: Family<Labels, Counter>,
+}
+
+impl KvBlockMetrics {
+    pub fn offload_dropped(&self, reason: &'static str, blocks: u64) {
+        self.offload_dropped
+            .get_or_create(&vec![("reason".into(), reason.into())])
+            .inc_by(blocks);
+    }
+
+    pub fn onboarded(&self, tier: Tier) -> Counter {
+        self.onboarded
+            .get_or_create(&vec![("tier".into(), tier.as_str().into())])
+            .clone()
+    }
+
+    pub fn fallback(&self, reason: &'static str) {
+        self.fallbacks
+            .get_or_create(&vec![("reason".into(), reason.into())])
+            .inc();
+    }
+}
+
 pub struct EngineMetricsExporter {
     registry: Registry,
     running: Gauge,
@@ -197,6 +233,48 @@ impl EngineMetricsExporter {
         self.success
             .get_or_create(&vec![("finished_reason".into(), reason.into())])
             .inc();
+    }
+
+    /// Registers the KV block API's metrics (only engines that use it export them).
+    pub fn register_kv_blocks(&mut self) -> KvBlockMetrics {
+        let m = KvBlockMetrics::default();
+        let r = &mut self.registry;
+        r.register(
+            "dynamo_mocker_kv_offload_blocks",
+            "Blocks offloaded to the sidecar that it holds (stored or already held)",
+            m.offloaded.clone(),
+        );
+        r.register(
+            "dynamo_mocker_kv_offload_dropped_blocks",
+            "Blocks not offloaded: queue_full (the sidecar is behind), failed (error or timeout), refused (by the sidecar)",
+            m.offload_dropped.clone(),
+        );
+        r.register(
+            "dynamo_mocker_kv_onboard_blocks",
+            "Verified blocks onboarded from the sidecar, by tier",
+            m.onboarded.clone(),
+        );
+        r.register(
+            "dynamo_mocker_kv_onboard_bytes",
+            "Payload bytes of verified onboarded blocks",
+            m.onboarded_bytes.clone(),
+        );
+        r.register(
+            "dynamo_mocker_kv_onboard_corrupt_blocks",
+            "Onboarded blocks whose bytes are not the block's (never used; recomputed)",
+            m.corrupt.clone(),
+        );
+        r.register(
+            "dynamo_mocker_kv_onboard_missing_blocks",
+            "Blocks the lookup found that the onboard did not deliver (gone since, or failed their checksum)",
+            m.missing.clone(),
+        );
+        r.register(
+            "dynamo_mocker_kv_onboard_fallbacks",
+            "Requests that recomputed instead of asking the sidecar: error, timeout, backoff (after a failure)",
+            m.fallbacks.clone(),
+        );
+        m
     }
 
     /// The text exposition format.

@@ -4,20 +4,22 @@
 mod args;
 mod engine_loop;
 mod http;
+mod kv_blocks;
 mod kv_publisher;
 mod metrics;
 mod output_vocab;
 
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use anyhow::Context;
 use dynamo_llm::ModelDir;
 use dynamo_server::{Server, ServerLimits};
 use tokio::net::TcpListener;
 use tokio::sync::mpsc;
 
-use crate::{Engine, EngineConfig, RealClock};
+use crate::{Engine, EngineConfig, KvGeometry, RealClock};
 
 pub use args::Args;
 pub use engine_loop::{EngineHandle, GenEvent, SubmitError};
@@ -54,6 +56,11 @@ impl RunningServer {
     }
 }
 
+fn kv_geometry(config_json: &Path) -> anyhow::Result<KvGeometry> {
+    let config: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(config_json)?)?;
+    Ok(KvGeometry::from_config(&config)?)
+}
+
 /// Loads the model, binds the sockets and starts serving; returns once listening.
 pub async fn start(
     mut config: ServerConfig,
@@ -83,13 +90,29 @@ pub async fn start(
         None => (None, None),
     };
 
-    let metrics = Arc::new(metrics::EngineMetricsExporter::new(
+    let mut metrics = metrics::EngineMetricsExporter::new(
         &model.name,
         config.engine.block_size,
         config.engine.num_gpu_blocks,
-    ));
+    );
     let engine = Engine::new(config.engine.clone(), RealClock::default())?;
-    let (engine, _engine_task) = engine_loop::spawn(engine, metrics.clone(), kv_sink);
+    let kv_blocks = match &config.engine.kv_blocks {
+        Some(kv) => {
+            let path = model.path.join(dynamo_llm::model_dir::CONFIG_FILE);
+            let geometry = kv_geometry(&path)
+                .with_context(|| format!("the KV block size, from {}", path.display()))?;
+            Some(kv_blocks::KvBlocks::new(
+                kv.clone(),
+                &config.engine,
+                &geometry,
+                engine.hasher().clone(),
+                metrics.register_kv_blocks(),
+            )?)
+        }
+        None => None,
+    };
+    let metrics = Arc::new(metrics);
+    let (engine, _engine_task) = engine_loop::spawn(engine, metrics.clone(), kv_sink, kv_blocks);
 
     let model_name = model.name.clone();
     let state = Arc::new(http::AppState {

@@ -1,0 +1,170 @@
+//! The block API's client: what an engine (the mock engine, a future connector of a real
+//! one) uses to offload blocks to its sidecar and bring them back.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use dynamo_kvcache::{SeqHash, Tier};
+use futures::StreamExt;
+use tokio::sync::Mutex;
+use tonic::transport::{Channel, Endpoint};
+
+use crate::pb::kv_blocks_client::KvBlocksClient;
+use crate::pb::{self, LookupRequest, OffloadReply, OnboardRequest, OpenRegionRequest};
+use crate::region::Region;
+use crate::{Block, BlockError, HTTP2_WINDOW_BYTES, MAX_MESSAGE_BYTES, from_region, tier_of};
+
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    #[error("{0:?} is not a gRPC endpoint: {1}")]
+    Endpoint(String, tonic::transport::Error),
+    #[error("the sidecar's block API: {0}")]
+    Status(#[from] tonic::Status),
+    #[error(transparent)]
+    Block(#[from] BlockError),
+    #[error("the sidecar's shared region: {0}")]
+    Region(#[from] crate::region::RegionError),
+}
+
+/// A connection to one sidecar's block API. Cheap to clone: clones share the channel
+/// and the shared regions.
+#[derive(Clone, Debug)]
+pub struct BlockClient {
+    inner: KvBlocksClient<Channel>,
+    regions: Option<Arc<Regions>>,
+}
+
+/// One region per direction, each used by one call at a time; a call that finds its
+/// region busy carries its payloads inline.
+#[derive(Debug)]
+struct Regions {
+    offload: Mutex<(u64, Region)>,
+    onboard: Mutex<(u64, Region)>,
+}
+
+impl BlockClient {
+    /// A client of the sidecar at `url` (`http://127.0.0.1:9100`); it connects on first
+    /// use and reconnects as needed, so a sidecar that is not up yet is not an error here.
+    pub fn new(url: &str) -> Result<Self, ClientError> {
+        let channel = Endpoint::from_shared(url.to_owned())
+            .map_err(|e| ClientError::Endpoint(url.to_owned(), e))?
+            .tcp_nodelay(true)
+            .initial_stream_window_size(HTTP2_WINDOW_BYTES)
+            .initial_connection_window_size(HTTP2_WINDOW_BYTES)
+            .connect_lazy();
+        let inner = KvBlocksClient::new(channel)
+            .max_decoding_message_size(MAX_MESSAGE_BYTES)
+            .max_encoding_message_size(MAX_MESSAGE_BYTES);
+        Ok(Self {
+            inner,
+            regions: None,
+        })
+    }
+
+    /// Asks the sidecar for two shared memory regions of up to `bytes` each (one per
+    /// direction), so that payloads cross by memory copy: for an engine on the sidecar's
+    /// host. A sidecar that does not share memory leaves the client as it was (`false`).
+    pub async fn share_memory(&mut self, bytes: u64) -> Result<bool, ClientError> {
+        let mut open = async || -> Result<Option<(u64, Region)>, ClientError> {
+            match self.inner.open_region(OpenRegionRequest { bytes }).await {
+                Ok(reply) => {
+                    let reply = reply.into_inner();
+                    Ok(Some((
+                        reply.region_id,
+                        Region::open(Path::new(&reply.path))?,
+                    )))
+                }
+                Err(s) if s.code() == tonic::Code::Unimplemented => Ok(None),
+                Err(s) => Err(s.into()),
+            }
+        };
+        let (Some(offload), Some(onboard)) = (open().await?, open().await?) else {
+            return Ok(false);
+        };
+        self.regions = Some(Arc::new(Regions {
+            offload: Mutex::new(offload),
+            onboard: Mutex::new(onboard),
+        }));
+        Ok(true)
+    }
+
+    /// Hands `blocks` to the sidecar's tiers: payloads through the shared region where
+    /// they fit, inline otherwise.
+    pub async fn offload(&mut self, blocks: Vec<Block>) -> Result<OffloadReply, ClientError> {
+        let region = match &self.regions {
+            Some(r) => r.offload.try_lock().ok(),
+            None => None,
+        };
+        let Some(region) = region else {
+            let messages = futures::stream::iter(blocks).map(|b| pb::Block::from(&b));
+            return Ok(self.inner.offload(messages).await?.into_inner());
+        };
+        let (id, shared) = &*region;
+        let mut offset = 0;
+        let mut messages = Vec::with_capacity(blocks.len());
+        for block in &blocks {
+            let len = block.payload.len() as u64;
+            if offset + len <= shared.len() {
+                shared.write(offset, &block.payload)?;
+                let slice = pb::RegionSlice {
+                    region_id: *id,
+                    offset,
+                    len,
+                };
+                messages.push(pb::Block::in_region(block, slice));
+                offset += len;
+            } else {
+                messages.push(pb::Block::from(block));
+            }
+        }
+        // The sidecar has copied every payload out before it replies.
+        let reply = self.inner.offload(futures::stream::iter(messages)).await;
+        drop(region);
+        Ok(reply?.into_inner())
+    }
+
+    /// The longest prefix of the chain `hashes` the sidecar holds, with the tier of each.
+    pub async fn lookup(
+        &mut self,
+        hashes: &[SeqHash],
+    ) -> Result<Vec<(SeqHash, Tier)>, ClientError> {
+        let request = LookupRequest {
+            hashes: hashes.iter().map(|h| h.0).collect(),
+        };
+        let reply = self.inner.lookup(request).await?.into_inner();
+        Ok(reply
+            .held
+            .into_iter()
+            .filter_map(|h| Some((SeqHash(h.hash), tier_of(h.tier())?)))
+            .collect())
+    }
+
+    /// The blocks `hashes` names, in order, up to the first one the sidecar no longer
+    /// holds or that fails its checksum here: never a block that is not what its writer
+    /// wrote.
+    pub async fn onboard(&mut self, hashes: &[SeqHash]) -> Result<Vec<Block>, ClientError> {
+        let region = match &self.regions {
+            Some(r) => r.onboard.try_lock().ok(),
+            None => None,
+        };
+        let request = OnboardRequest {
+            hashes: hashes.iter().map(|h| h.0).collect(),
+            region_id: region.as_ref().map(|r| r.0),
+        };
+        let mut stream = self.inner.onboard(request).await?.into_inner();
+        let mut blocks = Vec::with_capacity(hashes.len());
+        while let Some(message) = stream.next().await {
+            let message = message?;
+            let block = match (&message.region, &region) {
+                (Some(_), Some(region)) => from_region(message, &region.1)?,
+                _ => Some(Block::try_from(message)?).filter(Block::verify),
+            };
+            let expected = hashes.get(blocks.len()).copied();
+            match block {
+                Some(block) if expected == Some(block.hash) => blocks.push(block),
+                _ => break,
+            }
+        }
+        Ok(blocks)
+    }
+}

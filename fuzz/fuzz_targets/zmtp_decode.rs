@@ -5,8 +5,9 @@
 //! frame headers declare.
 #![no_main]
 
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::sync::atomic::{AtomicUsize, Ordering};
+#[path = "counting_alloc.rs"]
+mod counting_alloc;
+
 
 use dynamo_zmtp::codec::{Decoder, Frame, Ready, SocketType, encode_ready, greeting};
 use dynamo_zmtp::{Limits, Violation};
@@ -22,33 +23,6 @@ const LIMITS: Limits = Limits {
 /// vectors holding them, a violation's text.
 const OVERHEAD: usize = 2048;
 
-/// Counts the bytes Rust code holds, and the most it held since [`reset_peak`].
-struct Counting;
-
-static LIVE: AtomicUsize = AtomicUsize::new(0);
-static PEAK: AtomicUsize = AtomicUsize::new(0);
-
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        let live = LIVE.fetch_add(layout.size(), Ordering::Relaxed) + layout.size();
-        PEAK.fetch_max(live, Ordering::Relaxed);
-        unsafe { System.alloc(layout) }
-    }
-
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        LIVE.fetch_sub(layout.size(), Ordering::Relaxed);
-        unsafe { System.dealloc(ptr, layout) }
-    }
-}
-
-#[global_allocator]
-static ALLOCATOR: Counting = Counting;
-
-fn reset_peak() -> usize {
-    let live = LIVE.load(Ordering::Relaxed);
-    PEAK.store(live, Ordering::Relaxed);
-    live
-}
 
 /// Every frame and the violation that ended the stream, if one did.
 fn decode(stream: &[u8], piece: usize) -> (Vec<Frame>, Option<Violation>) {
@@ -71,7 +45,7 @@ fn decode(stream: &[u8], piece: usize) -> (Vec<Frame>, Option<Violation>) {
 
 /// Decodes in pieces, dropping each frame at once, and checks what the decoder held.
 fn check_memory(stream: &[u8], piece: usize) {
-    let baseline = reset_peak();
+    let baseline = counting_alloc::reset_peak();
     let mut decoder = Decoder::new(LIMITS);
     let mut fed = 0;
     for mut input in stream.chunks(piece) {
@@ -87,7 +61,7 @@ fn check_memory(stream: &[u8], piece: usize) {
                 Ok(None) => break,
                 Err(_) => return,
             }
-            let held = PEAK.load(Ordering::Relaxed) - baseline;
+            let held = counting_alloc::peak() - baseline;
             // Bounded by the limits, and (bodies grow at most twofold at a time) by what
             // arrived: a header's claim alone reserves nothing.
             assert!(held <= LIMITS.max_message_bytes + OVERHEAD, "held {held}");

@@ -3,7 +3,7 @@
 //! gRPC on 9100, health and metrics on 9090.
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use clap::Parser;
@@ -97,7 +97,63 @@ pub struct Config {
     )]
     pub proxy_paths: Vec<String>,
     #[command(flatten)]
+    pub kv_tiers: KvTierFlags,
+    #[command(flatten)]
     pub server: ServerLimits,
+}
+
+/// The KV block store's tiers (`DESIGN.md`, "KV blocks in the sidecar"). Each is off
+/// unless sized; sizes are bytes, with an optional unit (`512MiB`, `4GiB`, `2GB`).
+#[derive(clap::Args, Clone, Debug)]
+pub struct KvTierFlags {
+    /// Host-memory tier (G2): the blocks the engine offloads land here first.
+    #[arg(long, env = "DYNAMO_SIDECAR_KV_HOST_BYTES", value_parser = dynamo_kvblocks::parse_bytes)]
+    pub kv_host_bytes: Option<u64>,
+    /// Directory of the local-disk tier (G3), one file per block; what a previous run
+    /// left there is served again.
+    #[arg(long, env = "DYNAMO_SIDECAR_KV_DISK_DIR", requires = "kv_disk_bytes")]
+    pub kv_disk_dir: Option<PathBuf>,
+    /// Capacity of the local-disk tier.
+    #[arg(long, env = "DYNAMO_SIDECAR_KV_DISK_BYTES", value_parser = dynamo_kvblocks::parse_bytes, requires = "kv_disk_dir")]
+    pub kv_disk_bytes: Option<u64>,
+    /// Uses (offloads and onboards) a block needs before it moves from host memory to
+    /// disk [default: 2, as Dynamo's KVBM, which offloads to disk only blocks seen
+    /// twice]; 1 lets every evicted block through.
+    #[arg(long, env = "DYNAMO_SIDECAR_KV_DISK_MIN_REUSE", default_value_t = 2,
+          value_parser = clap::value_parser!(u32).range(1..))]
+    pub kv_disk_min_reuse: u32,
+    /// Object-storage tier (G4): `s3://bucket` or `s3://bucket/prefix`. Credentials,
+    /// region and endpoint come from the usual AWS environment variables.
+    #[arg(
+        long,
+        env = "DYNAMO_SIDECAR_KV_OBJECT_URL",
+        requires = "kv_object_bytes"
+    )]
+    pub kv_object_url: Option<String>,
+    /// Bytes this sidecar may keep in the object store.
+    #[arg(long, env = "DYNAMO_SIDECAR_KV_OBJECT_BYTES", value_parser = dynamo_kvblocks::parse_bytes, requires = "kv_object_url")]
+    pub kv_object_bytes: Option<u64>,
+    /// Bytes of writes to disk, and to the object store, that may be in flight at once
+    /// (each tier); past it, evicted blocks are dropped instead of queued, so a slow tier
+    /// never holds more memory than this nor makes the engine wait.
+    #[arg(long, env = "DYNAMO_SIDECAR_KV_WRITE_BUFFER_BYTES", default_value = "256MiB", value_parser = dynamo_kvblocks::parse_bytes)]
+    pub kv_write_buffer_bytes: u64,
+    /// Where shared memory regions for an engine on this host are created (the block
+    /// API's `OpenRegion`; payloads then cross by memory copy); `none` keeps every
+    /// payload inline in the gRPC messages.
+    #[arg(long, env = "DYNAMO_SIDECAR_KV_REGION_DIR", default_value = "/dev/shm")]
+    pub kv_region_dir: String,
+    /// Uses a block needs before it moves down to the object store.
+    #[arg(long, env = "DYNAMO_SIDECAR_KV_OBJECT_MIN_REUSE", default_value_t = 2,
+          value_parser = clap::value_parser!(u32).range(1..))]
+    pub kv_object_min_reuse: u32,
+}
+
+impl KvTierFlags {
+    /// The `--kv-region-dir`, unless shared memory is off.
+    pub fn region_dir(&self) -> Option<&Path> {
+        endpoint_or_none(&self.kv_region_dir).map(Path::new)
+    }
 }
 
 /// The OpenAI inference and model routes, the engine's `/metrics` (the endpoint picker
@@ -169,6 +225,17 @@ mod tests {
         assert_eq!(c.grpc_addr().ip().to_string(), "127.0.0.1");
         assert_eq!(c.metrics_addr().ip().to_string(), "127.0.0.1");
         assert_eq!(c.shutdown_grace, Duration::from_millis(2500));
+    }
+
+    #[test]
+    fn tier_sizes_take_units_and_a_disk_tier_needs_both_flags() {
+        let c = Config::parse_from(["dynamo-sidecar", "--kv-host-bytes", "1GiB"]);
+        assert_eq!(c.kv_tiers.kv_host_bytes, Some(1 << 30));
+        assert_eq!(c.kv_tiers.kv_disk_min_reuse, 2);
+        let err = Config::try_parse_from(["dynamo-sidecar", "--kv-disk-dir", "/tmp/kv"])
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("--kv-disk-bytes"), "{err}");
     }
 
     #[test]

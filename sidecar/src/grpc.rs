@@ -1,9 +1,13 @@
-//! The sidecar's gRPC server (port 9100). It carries the KV event stream now; the KV
-//! block tiers and transfers are further services of this same server.
+//! The sidecar's gRPC server (port 9100): the KV event stream and, when tiers are
+//! configured, the KV block API.
 
 use std::pin::Pin;
 use std::time::Duration;
 
+use std::path::PathBuf;
+
+use crate::blocks::BlockStore;
+use crate::blocks::service::service;
 use dynamo_kvstream::KvEventHub;
 use dynamo_kvstream::pb::kv_event_stream_server::{KvEventStream, KvEventStreamServer};
 use dynamo_kvstream::pb::{EventMessage, SubscribeRequest};
@@ -19,6 +23,7 @@ use tonic::{Request, Response, Status};
 pub async fn serve(
     incoming: impl Stream<Item = std::io::Result<GrpcConnection>> + Send + 'static,
     hub: KvEventHub,
+    blocks: Option<(BlockStore, Option<PathBuf>)>,
     stop: CancellationToken,
 ) -> Result<(), tonic::transport::Error> {
     let subscriptions = Subscriptions {
@@ -28,7 +33,10 @@ pub async fn serve(
     Server::builder()
         .http2_keepalive_interval(Some(Duration::from_secs(10)))
         .http2_keepalive_timeout(Some(Duration::from_secs(20)))
+        .initial_stream_window_size(dynamo_kvblocks::HTTP2_WINDOW_BYTES)
+        .initial_connection_window_size(dynamo_kvblocks::HTTP2_WINDOW_BYTES)
         .add_service(KvEventStreamServer::new(subscriptions))
+        .add_optional_service(blocks.map(|(store, regions)| service(store, regions)))
         .serve_with_incoming_shutdown(incoming, stop.cancelled_owned())
         .await
 }

@@ -3,12 +3,15 @@
 //! - [`proxy`]: the inference proxy on 8000, streaming to and from the engine;
 //! - [`relay`]: the engine's ZMQ KV events, re-hashed and published into a
 //!   [`KvEventHub`] served by the gRPC server on 9100 ([`grpc`]);
+//! - [`blocks`]: the KV block tiers (host memory, disk, object storage) and their block
+//!   API, on the same gRPC server;
 //! - [`health`]: `/health`, `/ready` and `/metrics` on 9090 ([`metrics`]), and the
 //!   engine's [`model_card`];
 //! - [`engine`]: what the sidecar asks the engine itself.
 //!
 //! [`Sidecar::start`] runs all of it in-process, which is what the binary and the tests do.
 
+pub mod blocks;
 pub mod config;
 pub mod engine;
 pub mod grpc;
@@ -67,7 +70,9 @@ impl Sidecar {
         let hub = KvEventHub::new(HubConfig::default());
         let mut metrics = Metrics::new();
         metrics.watch_hub(hub.clone());
+        let block_metrics = Arc::new(blocks::metrics::BlockMetrics::register(&mut metrics));
         let metrics = Arc::new(metrics);
+        let store = blocks::open(&config.kv_tiers, hub.clone(), block_metrics)?;
         let client = proxy::engine_client().context("building the engine HTTP client")?;
 
         let proxy_listener = bind(config.listen, "--listen").await?;
@@ -107,20 +112,24 @@ impl Sidecar {
                 config.engine_url.clone(),
             );
             let (hub, metrics, flag) = (hub.clone(), metrics.clone(), connected.clone());
+            let store = store.clone();
             background.push(spawn(async move {
                 let model = match model {
                     Some(model) => model,
                     None => engine::served_model(&client, &engine).await,
                 };
-                relay::run(endpoint, replay, limits, model, hub, metrics, flag).await;
+                let relay = relay::Relay::new(model, None, hub, metrics.clone()).with_store(store);
+                relay::run(relay, endpoint, replay, limits, metrics, flag).await;
             }));
             connected
         });
 
+        let region_dir = config.kv_tiers.region_dir().map(ToOwned::to_owned);
+        let blocks = store.clone().map(|store| (store, region_dir));
         let (hub_for_grpc, stop_grpc) = (hub.clone(), CancellationToken::new());
         let (stop, incoming) = (stop_grpc.clone(), server.grpc_incoming(grpc_listener));
         background.push(spawn(async move {
-            if let Err(e) = grpc::serve(incoming, hub_for_grpc, stop).await {
+            if let Err(e) = grpc::serve(incoming, hub_for_grpc, blocks, stop).await {
                 tracing::error!(error = %e, "the gRPC server stopped");
             }
         }));

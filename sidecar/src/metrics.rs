@@ -18,6 +18,8 @@ pub type Label = [(&'static str, &'static str); 1];
 
 pub struct Metrics {
     registry: Registry,
+    /// Metrics named by another project's convention (Dynamo's `kvbm_*`).
+    unprefixed: Registry,
     /// Proxied requests by the status class answered (`2xx` ... `5xx`).
     pub requests: Family<Label, Counter>,
     pub in_flight: Gauge,
@@ -48,6 +50,7 @@ impl Metrics {
     pub fn new() -> Self {
         let mut m = Self {
             registry: Registry::with_prefix("dynamo_sidecar"),
+            unprefixed: Registry::default(),
             requests: Family::default(),
             in_flight: Gauge::default(),
             events_in: Family::default(),
@@ -132,10 +135,23 @@ impl Metrics {
             .register_collector(Box::new(HubCollector(hub)));
     }
 
+    /// Where metrics with their own prefix register (`dynamo_sidecar_` is added to
+    /// anything registered with [`Metrics::registry`]).
+    pub fn unprefixed(&mut self) -> &mut Registry {
+        &mut self.unprefixed
+    }
+
+    pub fn registry(&mut self) -> &mut Registry {
+        &mut self.registry
+    }
+
     /// The text exposition format.
     pub fn encode(&self) -> String {
+        use prometheus_client::encoding::text;
         let mut out = String::new();
-        prometheus_client::encoding::text::encode(&mut out, &self.registry)
+        text::encode_registry(&mut out, &self.registry)
+            .and_then(|()| text::encode_registry(&mut out, &self.unprefixed))
+            .and_then(|()| text::encode_eof(&mut out))
             .expect("writing to a String cannot fail");
         out
     }

@@ -16,6 +16,15 @@ use dynamo_mocker::server::{RunningServer, ServerConfig, start};
 use serde_json::json;
 
 async fn mocker() -> RunningServer {
+    mocker_with(EngineConfig {
+        block_size: 16,
+        speedup_ratio: 100.0,
+        ..EngineConfig::default()
+    })
+    .await
+}
+
+async fn mocker_with(engine: EngineConfig) -> RunningServer {
     let model_path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../.cache/models/qwen-mock");
     assert!(
         model_path.join("tokenizer.json").exists(),
@@ -26,11 +35,7 @@ async fn mocker() -> RunningServer {
         model_name: Some("qwen".into()),
         listen: "127.0.0.1:0".parse().unwrap(),
         kv_events_endpoint: Some("tcp://127.0.0.1:0".into()),
-        engine: EngineConfig {
-            block_size: 16,
-            speedup_ratio: 100.0,
-            ..EngineConfig::default()
-        },
+        engine,
         server: Default::default(),
     };
     start(config, std::future::pending()).await.unwrap()
@@ -169,4 +174,102 @@ async fn the_model_card_serves_the_engines_files_name_and_block_size() {
         .await
         .unwrap();
     assert_eq!(response.status(), 503);
+}
+
+/// The mocker offloads what it evicts from its small GPU pool into the sidecar's host
+/// tier and onboards it back when the prompt returns; the pod's event stream shows the
+/// blocks in host memory, so a picker credits them.
+#[tokio::test]
+async fn evicted_blocks_come_back_from_the_sidecars_host_tier() {
+    let grpc_port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let engine = mocker_with(EngineConfig {
+        block_size: 16,
+        num_gpu_blocks: 48,
+        speedup_ratio: 100.0,
+        kv_blocks: Some(dynamo_mocker::kv_blocks::KvBlocksConfig {
+            url: format!("http://127.0.0.1:{grpc_port}"),
+            bytes_scale: 0.001,
+            ..Default::default()
+        }),
+        ..EngineConfig::default()
+    })
+    .await;
+    let grpc_port = grpc_port.to_string();
+    let sidecar = sidecar_with(
+        &format!("http://{}", engine.http_addr),
+        engine.kv_events_endpoint.as_deref(),
+        None,
+        &[
+            "--model-name",
+            "qwen",
+            "--grpc-port",
+            &grpc_port,
+            "--kv-host-bytes",
+            "64MiB",
+        ],
+    )
+    .await;
+    let mut follower = Follower::start(sidecar.grpc_addr);
+    let mut view = View::new();
+    view.apply(&follower.next().await);
+
+    let client = reqwest::Client::new();
+    let complete = |words: String| {
+        let client = client.clone();
+        let url = format!("http://{}/v1/completions", sidecar.proxy_addr);
+        async move {
+            let body = json!({"model": "qwen", "prompt": words, "max_tokens": 1});
+            let reply: serde_json::Value = client
+                .post(url)
+                .json(&body)
+                .send()
+                .await
+                .unwrap()
+                .json()
+                .await
+                .unwrap();
+            assert!(reply["error"].is_null(), "{reply}");
+            reply["usage"].clone()
+        }
+    };
+    let prompt = |tag: &str| {
+        (0..100)
+            .map(|i| format!("{tag}{i}"))
+            .collect::<Vec<_>>()
+            .join(" ")
+    };
+    complete(prompt("a")).await;
+    // Two other prompts (about 22 blocks each) push the first one's out of the GPU pool.
+    complete(prompt("b")).await;
+    complete(prompt("c")).await;
+    eventually("the first prompt's blocks reach the host tier", || async {
+        metric(&sidecar, "kvbm_offload_blocks_d2h_total", "").await >= 8.0
+    })
+    .await;
+    let usage = complete(prompt("a")).await;
+    let cached = usage["prompt_tokens_details"]["cached_tokens"]
+        .as_u64()
+        .unwrap();
+    assert!(cached >= 8 * 16, "onboarded instead of recomputed: {usage}");
+    assert!(metric(&sidecar, "kvbm_onboard_blocks_h2d_total", "").await >= 8.0);
+
+    eventually("the picker sees blocks in host memory", || {
+        while let Some(update) = follower.try_next() {
+            view.apply(&update);
+        }
+        let in_host = view
+            .chains()
+            .iter()
+            .flat_map(|e| match e {
+                KvEvent::Stored { blocks, .. } => blocks.clone(),
+                _ => vec![],
+            })
+            .any(|b| b.tier == dynamo_kvcache::Tier::Host);
+        async move { in_host }
+    })
+    .await;
 }

@@ -8,9 +8,7 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::*;
@@ -243,80 +241,6 @@ async fn a_hostile_replay_socket_is_cut_off_and_the_view_reset() {
         follower.event().await,
         dynamo_kvcache::KvEvent::Stored { .. }
     ));
-}
-
-/// The `dynamo-sidecar` binary, killed when dropped.
-struct SidecarProcess {
-    child: Child,
-    proxy: SocketAddr,
-    metrics: SocketAddr,
-}
-
-impl SidecarProcess {
-    /// Starts it on free loopback ports, learning them from its "serving" log line.
-    fn start(args: &[&str]) -> Self {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_dynamo-sidecar"))
-            .args(["--listen", "127.0.0.1:0", "--host", "127.0.0.1"])
-            .args([
-                "--grpc-port",
-                "0",
-                "--metrics-port",
-                "0",
-                "--model-name",
-                MODEL,
-            ])
-            .args(args)
-            .env("RUST_LOG", "info")
-            .env("NO_COLOR", "1")
-            .stdout(Stdio::piped())
-            .spawn()
-            .expect("the sidecar binary starts");
-        let stdout = BufReader::new(child.stdout.take().unwrap());
-        let (tx, rx) = std::sync::mpsc::channel();
-        // Keeps reading, so the sidecar never blocks on a full pipe.
-        std::thread::spawn(move || {
-            for line in stdout.lines().map_while(Result::ok) {
-                if line.contains("dynamo-sidecar serving") {
-                    let _ = tx.send(line);
-                }
-            }
-        });
-        let line = rx.recv_timeout(WAIT).expect("the sidecar logs its ports");
-        let addr = |field: &str| -> SocketAddr {
-            let value = line.split(&format!("{field}=")).nth(1).expect(field);
-            let value: String = value
-                .chars()
-                .take_while(|c| c.is_ascii_digit() || *c == '.' || *c == ':')
-                .collect();
-            value
-                .parse()
-                .unwrap_or_else(|_| panic!("{field} in {line}"))
-        };
-        let (proxy, metrics) = (addr("proxy"), addr("metrics"));
-        Self {
-            child,
-            proxy,
-            metrics,
-        }
-    }
-
-    /// A line of `/proc/PID/status`, in bytes (the kernel reports kB).
-    fn status_bytes(&self, field: &str) -> u64 {
-        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id())).unwrap();
-        let line = status
-            .lines()
-            .find(|l| l.starts_with(field))
-            .unwrap_or_else(|| panic!("{field} in {status}"));
-        let kb: u64 = line.split_whitespace().nth(1).unwrap().parse().unwrap();
-        kb * 1024
-    }
-}
-
-impl Drop for SidecarProcess {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
 }
 
 #[tokio::test]

@@ -24,6 +24,7 @@ use dynamo_kvstream::KvEventHub;
 use dynamo_zmtp::{Endpoint, Limits};
 
 use crate::Config;
+use crate::blocks::BlockStore;
 use crate::metrics::Metrics;
 use sequence::{Continuity, SequenceTracker};
 use sockets::sequence;
@@ -45,21 +46,19 @@ pub fn limits(config: &Config) -> Limits {
     }
 }
 
-/// Follows the engine at `endpoint` forever, relaying every message; the subscription
-/// reconnects by itself. `connected` tells readiness whether it is live.
+/// Follows the engine at `endpoint` forever, relaying every message through `relay`;
+/// the subscription reconnects by itself. `connected` tells readiness whether it is live.
 pub async fn run(
+    mut relay: Relay,
     endpoint: Endpoint,
     replay: Option<Endpoint>,
     limits: Limits,
-    model: String,
-    hub: KvEventHub,
     metrics: Arc<Metrics>,
     connected: Arc<AtomicBool>,
 ) {
-    tracing::info!(%endpoint, %model, "relaying the engine's KV events");
-    let mut socket = sockets::subscribe(endpoint, limits, connected, metrics.clone());
-    let replayer = replay.map(|endpoint| Replayer::new(endpoint, limits, REPLAY_TIMEOUT));
-    let mut relay = Relay::new(model, replayer, hub, metrics);
+    tracing::info!(%endpoint, model = relay.translator.model(), "relaying the engine's KV events");
+    let mut socket = sockets::subscribe(endpoint, limits, connected, metrics);
+    relay.replayer = replay.map(|endpoint| Replayer::new(endpoint, limits, REPLAY_TIMEOUT));
     loop {
         let message = socket.recv().await;
         relay.handle(&message).await;
@@ -73,6 +72,9 @@ pub struct Relay {
     translator: Translator,
     tracker: SequenceTracker,
     replayer: Option<Replayer>,
+    /// The pod's block tiers, published again whenever the engine's events clear the
+    /// pod's view (a `Cleared` drops every tier, and the sidecar's outlive the engine).
+    store: Option<BlockStore>,
 }
 
 impl Relay {
@@ -90,7 +92,13 @@ impl Relay {
             translator: Translator::new(model),
             tracker: SequenceTracker::default(),
             replayer,
+            store: None,
         }
+    }
+
+    pub fn with_store(mut self, store: Option<BlockStore>) -> Self {
+        self.store = store;
+        self
     }
 
     /// Handles one ZMQ message, `[topic, seq, payload]`.
@@ -179,6 +187,9 @@ impl Relay {
             };
             if let Some(ours) = self.translator.translate(event, &mut skip) {
                 publish(&self.hub, metrics, &ours);
+                if ours == KvEvent::Cleared {
+                    self.republish_tiers();
+                }
             }
         }
         if live {
@@ -194,6 +205,13 @@ impl Relay {
         if !self.translator.is_empty() {
             self.translator.clear();
             publish(&self.hub, &self.metrics, &KvEvent::Cleared);
+            self.republish_tiers();
+        }
+    }
+
+    fn republish_tiers(&self) {
+        if let Some(store) = &self.store {
+            store.republish();
         }
     }
 }

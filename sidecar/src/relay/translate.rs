@@ -37,20 +37,34 @@ impl Skip {
     }
 }
 
-/// The tier of vLLM's `medium` field: absent or `GPU` (vLLM's `MEDIUM_GPU`) is the GPU
-/// cache, `CPU` the host tier of vLLM's CPU offloading, `DISK` local disk.
+/// The tier of an engine event's `medium` (pillars.md 3.3): absent or `GPU` is the
+/// GPU cache. vLLM sends `CPU` (its CPU offloading), `FS` and `OBJ` (its tiered
+/// secondary storage); SGLang `CPU_PINNED`, `DISK` and `EXTERNAL`; the other names are
+/// those Dynamo's router also accepts (`CPU_TIER1`/`CPU_TIER2` from an early SGLang).
 fn tier_of(medium: Option<&str>) -> Option<Tier> {
     let Some(medium) = medium else {
         return Some(Tier::Gpu);
     };
-    [
+    const MEDIUMS: [(&str, Tier); 14] = [
         ("GPU", Tier::Gpu),
+        ("DEVICE", Tier::Gpu),
         ("CPU", Tier::Host),
+        ("CPU_PINNED", Tier::Host),
+        ("CPU_TIER1", Tier::Host),
         ("DISK", Tier::Disk),
-    ]
-    .into_iter()
-    .find(|(name, _)| medium.eq_ignore_ascii_case(name))
-    .map(|(_, tier)| tier)
+        ("FS", Tier::Disk),
+        ("NVME", Tier::Disk),
+        ("CPU_TIER2", Tier::Disk),
+        ("OBJ", Tier::Object),
+        ("EXTERNAL", Tier::Object),
+        ("NETWORK", Tier::Object),
+        ("REMOTE", Tier::Object),
+        ("SHARED", Tier::Object),
+    ];
+    MEDIUMS
+        .into_iter()
+        .find(|(name, _)| medium.eq_ignore_ascii_case(name))
+        .map(|(_, tier)| tier)
 }
 
 /// What the pod holds under one engine hash.
@@ -70,6 +84,10 @@ pub struct Translator {
 }
 
 impl Translator {
+    pub fn model(&self) -> &str {
+        &self.model
+    }
+
     /// `model` salts every hash; it must be what the router hashes prompts with.
     pub fn new(model: impl Into<String>) -> Self {
         Self {
@@ -311,6 +329,21 @@ mod tests {
         // 0xF was never stored; 0xA left the GPU once already.
         assert_eq!(skips, vec![Skip::UnknownBlock, Skip::UnknownBlock]);
         assert!(t.is_empty());
+    }
+
+    #[test]
+    fn every_engines_medium_names_its_tier() {
+        for (medium, tier) in [
+            (None, Some(Tier::Gpu)),
+            (Some("cpu_pinned"), Some(Tier::Host)),
+            (Some("FS"), Some(Tier::Disk)),
+            (Some("DISK"), Some(Tier::Disk)),
+            (Some("OBJ"), Some(Tier::Object)),
+            (Some("EXTERNAL"), Some(Tier::Object)),
+            (Some("TAPE"), None),
+        ] {
+            assert_eq!(tier_of(medium), tier, "{medium:?}");
+        }
     }
 
     #[test]

@@ -4,6 +4,9 @@
 #![allow(dead_code)] // each test binary uses its own part of this
 
 use std::future::Future;
+use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
+use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -275,6 +278,11 @@ impl Follower {
             .expect("the follower runs")
     }
 
+    /// An update already received, if any.
+    pub fn try_next(&mut self) -> Option<PodUpdate> {
+        self.updates.try_recv().ok()
+    }
+
     /// The next update, which must be a live event.
     pub async fn event(&mut self) -> KvEvent {
         match self.next().await {
@@ -313,6 +321,11 @@ impl View {
             PodUpdate::Event(event, _) => self.0.apply(POD, event).unwrap(),
             PodUpdate::Lost => self.0.remove_worker(POD),
         }
+    }
+
+    /// The tiers in which the pod holds `block`, best first.
+    pub fn tiers_of(&self, block: dynamo_kvcache::SeqHash) -> Vec<dynamo_kvcache::Tier> {
+        self.0.tiers_of(POD, block)
     }
 
     /// The pod's blocks as stored chains, in a canonical order.
@@ -434,4 +447,86 @@ pub async fn read_until(response: &mut reqwest::Response, so_far: &mut String, w
     })
     .await
     .unwrap_or_else(|_| panic!("{wanted:?} not received; got {so_far:?}"));
+}
+
+/// The `dynamo-sidecar` binary, killed when dropped.
+pub struct SidecarProcess {
+    pub child: Child,
+    pub proxy: SocketAddr,
+    pub grpc: SocketAddr,
+    pub metrics: SocketAddr,
+}
+
+impl SidecarProcess {
+    /// Starts it on free loopback ports, learning them from its "serving" log line.
+    pub fn start(args: &[&str]) -> Self {
+        Self::start_with_env(args, &[])
+    }
+
+    /// [`SidecarProcess::start`] with `env` added to its environment.
+    pub fn start_with_env(args: &[&str], env: &[(&str, &str)]) -> Self {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_dynamo-sidecar"))
+            .envs(env.iter().copied())
+            .args(["--listen", "127.0.0.1:0", "--host", "127.0.0.1"])
+            .args([
+                "--grpc-port",
+                "0",
+                "--metrics-port",
+                "0",
+                "--model-name",
+                MODEL,
+            ])
+            .args(args)
+            .env("RUST_LOG", "info")
+            .env("NO_COLOR", "1")
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("the sidecar binary starts");
+        let stdout = BufReader::new(child.stdout.take().unwrap());
+        let (tx, rx) = std::sync::mpsc::channel();
+        // Keeps reading, so the sidecar never blocks on a full pipe.
+        std::thread::spawn(move || {
+            for line in stdout.lines().map_while(Result::ok) {
+                if line.contains("dynamo-sidecar serving") {
+                    let _ = tx.send(line);
+                }
+            }
+        });
+        let line = rx.recv_timeout(WAIT).expect("the sidecar logs its ports");
+        let addr = |field: &str| -> SocketAddr {
+            let value = line.split(&format!("{field}=")).nth(1).expect(field);
+            let value: String = value
+                .chars()
+                .take_while(|c| c.is_ascii_digit() || *c == '.' || *c == ':')
+                .collect();
+            value
+                .parse()
+                .unwrap_or_else(|_| panic!("{field} in {line}"))
+        };
+        let (proxy, grpc, metrics) = (addr("proxy"), addr("grpc"), addr("metrics"));
+        Self {
+            child,
+            proxy,
+            grpc,
+            metrics,
+        }
+    }
+
+    /// A line of `/proc/PID/status`, in bytes (the kernel reports kB).
+    pub fn status_bytes(&self, field: &str) -> u64 {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id())).unwrap();
+        let line = status
+            .lines()
+            .find(|l| l.starts_with(field))
+            .unwrap_or_else(|| panic!("{field} in {status}"));
+        let kb: u64 = line.split_whitespace().nth(1).unwrap().parse().unwrap();
+        kb * 1024
+    }
+}
+
+impl Drop for SidecarProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
 }

@@ -12,10 +12,17 @@ use dynamo_operator::local::plan::{Caps, Graph, ReplicaPorts, RunOptions};
 use dynamo_operator::reconcile::{Observed, OperatorConfig, reconcile};
 use dynamo_operator::wiring::{EPP_BINARY, MOCKER_BINARY, SIDECAR_BINARY};
 
+/// The sample graphs, and the graphs benchmarks run (`e2e/configs/`).
 fn samples() -> Vec<(PathBuf, DynamoGraphDeployment)> {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../config/samples");
+    let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let root = manifest.join("../config/samples");
     let mut found = Vec::new();
-    for dir in [root.clone(), root.join("dynamo"), root.join("v1beta1")] {
+    for dir in [
+        root.clone(),
+        root.join("dynamo"),
+        root.join("v1beta1"),
+        manifest.join("configs"),
+    ] {
         for entry in std::fs::read_dir(&dir).unwrap() {
             let path = entry.unwrap().path();
             if path.extension().is_none_or(|e| e != "yaml") {
@@ -67,6 +74,7 @@ fn parse(argv: &[String], context: &str) -> Option<&'static str> {
 #[test]
 fn every_container_of_ours_in_every_generated_pod_parses() {
     let mut parsed = BTreeSet::new();
+    let mut tier_flags = BTreeSet::new();
     for (path, dgd) in samples() {
         let desired = reconcile(&dgd, &Observed::default(), &OperatorConfig::default())
             .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
@@ -81,6 +89,11 @@ fn every_container_of_ours_in_every_generated_pod_parses() {
                 argv.extend(container.args.clone().unwrap_or_default());
                 let context = format!("{}: container {}", path.display(), container.name);
                 parsed.extend(parse(&argv, &context));
+                tier_flags.extend(
+                    TIER_FLAGS
+                        .into_iter()
+                        .filter(|f| argv.iter().any(|w| w == f)),
+                );
             }
         }
     }
@@ -89,7 +102,20 @@ fn every_container_of_ours_in_every_generated_pod_parses() {
         BTreeSet::from([EPP_BINARY, MOCKER_BINARY, SIDECAR_BINARY]),
         "every binary of ours appears in some sample"
     );
+    assert_eq!(
+        tier_flags.len(),
+        TIER_FLAGS.len(),
+        "a sample with KV block tiers (agg-mocker-kvbm.yaml) exercises their flags"
+    );
 }
+
+/// The KV block tier flags of the sidecar and the mock engine the samples generate.
+const TIER_FLAGS: [&str; 4] = [
+    "--kv-host-bytes",
+    "--kv-disk-dir",
+    "--kv-disk-bytes",
+    "--kv-blocks-url",
+];
 
 #[test]
 fn every_process_the_local_runner_starts_parses() {
@@ -126,7 +152,7 @@ fn every_process_the_local_runner_starts_parses() {
         for service in graph.workers.keys() {
             let engine = argv(graph.engine_command(service, ports));
             assert_eq!(parse(&engine, &context), Some(MOCKER_BINARY));
-            let sidecar = argv(graph.sidecar_command(service, ports));
+            let sidecar = argv(graph.sidecar_command(service, ports, Path::new("/tmp/kv")));
             assert_eq!(parse(&sidecar, &context), Some(SIDECAR_BINARY));
         }
         ran += 1;

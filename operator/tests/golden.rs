@@ -43,6 +43,11 @@ fn agg_mocker() {
 }
 
 #[test]
+fn agg_mocker_kvbm() {
+    check("agg-mocker-kvbm");
+}
+
+#[test]
 fn disagg_mocker() {
     check("disagg-mocker");
 }

@@ -155,6 +155,7 @@ async fn run_async(args: RunArgs) -> anyhow::Result<()> {
         bins,
         grace: args.grace,
         endpoints_file: state_dir.join("endpoints.json"),
+        state_dir: state_dir.clone(),
         replicas: BTreeMap::new(),
         epp: None,
         ready: HashSet::new(),
@@ -207,6 +208,9 @@ pub(crate) struct Runner {
     bins: Bins,
     grace: Duration,
     endpoints_file: PathBuf,
+    /// The run's own directory (the endpoints file, the replicas' disk tiers), removed
+    /// at the end.
+    state_dir: PathBuf,
     /// Replicas of each worker service, in index order.
     replicas: BTreeMap<String, Vec<Replica>>,
     epp: Option<Supervised>,
@@ -252,6 +256,9 @@ struct ReplicaStatus {
     engine: String,
     sidecar: String,
     kv_events: String,
+    /// Where Prometheus scrapes each process of the replica.
+    engine_metrics: String,
+    sidecar_metrics: String,
     /// Whether the sidecar answered `/ready` at the last probe (and so takes traffic).
     ready: bool,
     engine_pid: u32,
@@ -288,9 +295,16 @@ impl Runner {
         let engine = self
             .bins
             .program(self.graph.engine_command(service, ports))?;
-        let sidecar = self
-            .bins
-            .program(self.graph.sidecar_command(service, ports))?;
+        let kv_disk = self
+            .state_dir
+            .join("kv-disk")
+            .join(format!("{service}-{index}"));
+        let sidecar = self.graph.sidecar_command(service, ports, &kv_disk);
+        for dir in &sidecar.dirs {
+            std::fs::create_dir_all(dir)
+                .with_context(|| format!("cannot create {}", dir.display()))?;
+        }
+        let sidecar = self.bins.program(sidecar)?;
         let replica = Replica {
             index,
             ports,
@@ -375,6 +389,11 @@ impl Runner {
                         engine: format!("127.0.0.1:{}", r.ports.engine),
                         sidecar: format!("127.0.0.1:{}", r.ports.sidecar),
                         kv_events: format!("http://127.0.0.1:{}", r.ports.sidecar_grpc),
+                        engine_metrics: format!("http://127.0.0.1:{}/metrics", r.ports.engine),
+                        sidecar_metrics: format!(
+                            "http://127.0.0.1:{}/metrics",
+                            r.ports.sidecar_metrics
+                        ),
                         ready: self.ready.contains(&(service.clone(), r.index)),
                         engine_pid: r.engine.pid(),
                         sidecar_pid: r.sidecar.pid(),

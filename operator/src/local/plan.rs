@@ -11,7 +11,7 @@ use dynamo_crds::{BackendFramework, DynamoGraphDeployment, EngineRole, ServiceRo
 
 use crate::wiring::{
     self, Addresses, Defaults, EPP_BINARY, EngineService, GraphWiring, HF_HOME, Picker, PickerPods,
-    SIDECAR_BINARY, WiringError,
+    SIDECAR_BINARY, WiringError, kvbm,
 };
 
 /// How the user asked to run the graph.
@@ -41,6 +41,10 @@ pub struct Caps {
 
 /// An engine and its sidecar.
 pub const PROCESSES_PER_REPLICA: u32 = 2;
+
+/// What stands for the namespace in a local run's object tier prefix
+/// ([`kvbm::object_prefix`]), so local runs and clusters sharing a bucket do not mix.
+const LOCAL_SCOPE: &str = "local";
 
 /// Why a graph cannot run locally; each says what to change.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -85,6 +89,8 @@ pub struct CommandSpec {
     pub program: String,
     pub args: Vec<String>,
     pub env: Vec<(String, String)>,
+    /// Directories it writes to, which the runner creates before starting it.
+    pub dirs: Vec<PathBuf>,
 }
 
 impl CommandSpec {
@@ -98,6 +104,7 @@ impl CommandSpec {
             program,
             args: argv,
             env,
+            dirs: Vec::new(),
         }
     }
 }
@@ -280,8 +287,15 @@ impl Graph {
         )
     }
 
-    /// The sidecar of one replica of `service`, beside its engine.
-    pub fn sidecar_command(&self, service: &str, ports: ReplicaPorts) -> CommandSpec {
+    /// The sidecar of one replica of `service`, beside its engine. `kv_disk_dir` is the
+    /// replica's own directory for a disk tier: `DYN_KVBM_DISK_CACHE_DIR` names a path in
+    /// a pod, and the replicas of one machine must not share one.
+    pub fn sidecar_command(
+        &self,
+        service: &str,
+        ports: ReplicaPorts,
+        kv_disk_dir: &Path,
+    ) -> CommandSpec {
         let worker = &self.workers[service];
         let hf_home = worker
             .env
@@ -293,10 +307,28 @@ impl Graph {
         if self.wiring.served_model.is_none() {
             args.extend(["--model-name".into(), self.model_name.clone()]);
         }
+        let mut env = Vec::new();
+        let mut dirs = Vec::new();
+        if let Some(tiers) = &worker.engine.kvbm {
+            let prefix = kvbm::object_prefix(LOCAL_SCOPE, &self.name, service);
+            args.extend(tiers.sidecar_args(&path_arg(kv_disk_dir), &prefix));
+            if tiers.disk.is_some() {
+                dirs.push(kv_disk_dir.to_owned());
+            }
+            if tiers.object.is_some() {
+                let own = worker
+                    .env
+                    .iter()
+                    .filter(|(n, _)| kvbm::for_object_client(n));
+                env.extend(own.cloned());
+                env.extend(tiers.object_env().into_iter().map(|(n, v)| (n.into(), v)));
+            }
+        }
         CommandSpec {
             program: SIDECAR_BINARY.into(),
             args,
-            env: Vec::new(),
+            env,
+            dirs,
         }
     }
 
@@ -324,6 +356,7 @@ impl Graph {
             program: EPP_BINARY.into(),
             args,
             env: Vec::new(),
+            dirs: Vec::new(),
         }
     }
 }
@@ -408,7 +441,9 @@ mod tests {
             args.contains("--kv-events-endpoint tcp://127.0.0.1:41002"),
             "{args}"
         );
-        let sidecar = graph.sidecar_command("worker", PORTS).args.join(" ");
+        let sidecar = graph.sidecar_command("worker", PORTS, Path::new("/run/kv"));
+        assert!(sidecar.dirs.is_empty(), "no disk tier, no directory");
+        let sidecar = sidecar.args.join(" ");
         assert!(
             sidecar.contains("--engine-url http://127.0.0.1:41001"),
             "{sidecar}"
@@ -425,6 +460,78 @@ mod tests {
         assert!(epp.contains("--model-name Qwen/Qwen3-0.6B"), "{epp}");
         assert!(epp.contains("--block-size 64"), "{epp}");
         assert!(epp.contains("--endpoints-file /tmp/e.json"), "{epp}");
+    }
+
+    #[test]
+    fn kv_tiers_go_to_each_replicas_own_directory_and_the_engine_offloads_to_its_sidecar() {
+        let graph = Graph::from_dgd(&sample("agg-mocker-kvbm.yaml"), &options()).unwrap();
+        let engine = graph.engine_command("worker", PORTS).args.join(" ");
+        assert!(
+            engine.ends_with("--kv-blocks-url http://127.0.0.1:41004"),
+            "{engine}"
+        );
+        let dir = Path::new("/run/dynamo-run-1/kv-disk/worker-0");
+        let sidecar = graph.sidecar_command("worker", PORTS, dir);
+        assert!(
+            sidecar.args.join(" ").ends_with(
+                "--kv-host-bytes 2000000000 --kv-disk-dir /run/dynamo-run-1/kv-disk/worker-0 \
+                 --kv-disk-bytes 10000000000"
+            ),
+            "{:?}",
+            sidecar.args
+        );
+        assert_eq!(sidecar.dirs, [dir]);
+        assert!(sidecar.env.is_empty());
+    }
+
+    #[test]
+    fn the_object_tier_gets_the_services_aws_settings_under_a_local_prefix() {
+        let mut dgd = sample("agg-mocker-kvbm.yaml");
+        let worker = dgd.spec.services.get_mut("worker").unwrap();
+        let var = |name: &str, value: &str| k8s_openapi::api::core::v1::EnvVar {
+            name: name.into(),
+            value: Some(value.into()),
+            value_from: None,
+        };
+        worker.envs = Some(vec![
+            var("AWS_ACCESS_KEY_ID", "id"),
+            var("DYN_KVBM_OBJECT_ENABLED", "true"),
+            var("DYN_KVBM_OBJECT_BUCKET", "kv-blocks"),
+            var("DYN_KVBM_OBJECT_CACHE_GB", "1"),
+            var("DYN_KVBM_OBJECT_ENDPOINT", "https://s3.example.com"),
+        ]);
+        let graph = Graph::from_dgd(&dgd, &options()).unwrap();
+        let sidecar = graph.sidecar_command("worker", PORTS, Path::new("/kv"));
+        assert_eq!(
+            sidecar.args[sidecar.args.len() - 4..],
+            [
+                "--kv-object-url",
+                "s3://kv-blocks/local/agg-mocker-kvbm/worker",
+                "--kv-object-bytes",
+                "1000000000"
+            ]
+        );
+        assert!(sidecar.dirs.is_empty());
+        assert_eq!(
+            sidecar.env,
+            [
+                ("AWS_ACCESS_KEY_ID".to_string(), "id".to_string()),
+                ("AWS_ENDPOINT_URL".into(), "https://s3.example.com".into()),
+            ]
+        );
+    }
+
+    #[test]
+    fn a_bad_tier_value_stops_a_local_run() {
+        let mut dgd = sample("agg-mocker-kvbm.yaml");
+        let worker = dgd.spec.services.get_mut("worker").unwrap();
+        worker.envs.as_mut().unwrap()[1].value = Some("ten".into());
+        let err = Graph::from_dgd(&dgd, &options()).unwrap_err();
+        assert!(
+            err.to_string()
+                .starts_with("spec.services.worker: DYN_KVBM_DISK_CACHE_GB is \"ten\""),
+            "{err}"
+        );
     }
 
     #[test]

@@ -14,6 +14,7 @@ use dynamo_crds::{DynamoGraphDeploymentSpec, DynamoObject, Validated, Validation
 use dynamo_crds::ServiceRole;
 
 use super::labels;
+use crate::wiring::kvbm;
 
 /// Service names are compared case-insensitively (Dynamo uses `VllmDecodeWorker`); object
 /// names use the lower-cased form.
@@ -255,14 +256,21 @@ impl Found {
 }
 
 /// What `dynamo validate` and `dynamo run` check: the API server's checks of each object
-/// (schema, CEL rules, metadata), then, for each graph, the names it would generate.
+/// (schema, CEL rules, metadata), then, for each graph, the names it would generate and
+/// the KV block tiers its services ask for ([`kvbm::problems`]).
 pub fn validate_manifest(yaml: &str) -> Result<Validated, ValidationError> {
     validate_manifest_with(yaml, |object| match object {
         DynamoObject::GraphDeployment(dgd) => {
-            problems(dgd.metadata.name.as_deref().unwrap_or_default(), &dgd.spec)
+            let names = problems(dgd.metadata.name.as_deref().unwrap_or_default(), &dgd.spec)
                 .into_iter()
-                .map(|p| (p.path, p.message))
-                .collect()
+                .map(|p| (p.path, p.message));
+            let tiers = kvbm::problems(&dgd.spec).into_iter().map(|e| {
+                (
+                    format!("spec.services.{}", e.service),
+                    format!("{} {}", e.variable, e.problem),
+                )
+            });
+            names.chain(tiers).collect()
         }
         DynamoObject::ScalingAdapter(_) | DynamoObject::Request(_) => Vec::new(),
     })
@@ -418,6 +426,45 @@ mod tests {
                 "spec.labels.team",
                 "spec.annotations",
                 "spec.services.worker.extraPodMetadata.labels"
+            ]
+        );
+    }
+
+    #[test]
+    fn validation_reports_every_bad_kv_tier_variable_with_its_service() {
+        let yaml = "
+apiVersion: nvidia.com/v1alpha1
+kind: DynamoGraphDeployment
+metadata: {name: g}
+spec:
+  backendFramework: mocker
+  services:
+    epp: {componentType: epp, envs: [{name: DYN_KVBM_CPU_CACHE_GB, value: ignored}]}
+    prefill:
+      componentType: prefill
+      envs: [{name: DYN_KVBM_DISK_CACHE_GB, value: 10GB}]
+    decode:
+      componentType: decode
+      extraPodSpec: {mainContainer: {env: [{name: DYN_KVBM_OBJECT_ENABLED, value: 'true'}]}}
+";
+        let err = validate_manifest(yaml).unwrap_err();
+        let found: Vec<(&str, &str)> = err
+            .problems()
+            .iter()
+            .map(|p| (p.path.as_str(), p.message.as_str()))
+            .collect();
+        assert_eq!(
+            found,
+            [
+                (
+                    "spec.services.decode",
+                    "DYN_KVBM_OBJECT_BUCKET is not set, and DYN_KVBM_OBJECT_ENABLED is: name the bucket"
+                ),
+                (
+                    "spec.services.prefill",
+                    "DYN_KVBM_DISK_CACHE_GB is \"10GB\", not a size: a number of gigabytes \
+                     (10^9 bytes, as Dynamo counts them), e.g. 4 or 0.5"
+                ),
             ]
         );
     }

@@ -24,6 +24,7 @@ use dynamo_crds::EngineRole;
 
 use super::graph::Graph;
 use super::{labels, names};
+use crate::wiring::kvbm::{self, DiskTier};
 use crate::wiring::{Addresses, EngineService, HF_HOME, SIDECAR_BINARY};
 
 /// Sidecar inference port; Services and the InferencePool target it.
@@ -40,6 +41,13 @@ const SHM_VOLUME: &str = "shm";
 /// sidecar mounts too, to serve the model card from the same files.
 const HF_HOME_VOLUME: &str = "dynamo-hf-home";
 const DEFAULT_HF_HOME: &str = "/dynamo/hf-home";
+/// The sidecar's disk tier, unless `DYN_KVBM_DISK_CACHE_DIR` names a volume of the
+/// service's own: an emptyDir of the tier's size (Dynamo's default is `/tmp/`; a path of
+/// our own keeps other files out of the volume's size).
+const KV_DISK_VOLUME: &str = "dynamo-kv-disk";
+const DEFAULT_KV_DISK_DIR: &str = "/dynamo/kv-disk";
+/// The sidecar's memory request without KV block tiers; a host tier adds its bytes.
+const SIDECAR_MEMORY_MIB: u64 = 128;
 
 /// The pod every replica of an engine service starts from: everything but the name and
 /// the replica/rank parts. Its hash is the service's spec hash.
@@ -61,6 +69,16 @@ pub(crate) fn engine_template(
         volumes.push(Volume {
             name: HF_HOME_VOLUME.into(),
             empty_dir: Some(EmptyDirVolumeSource::default()),
+            ..Volume::default()
+        });
+    }
+    if let Some(disk) = own_kv_disk(engine, &sidecar) {
+        volumes.push(Volume {
+            name: KV_DISK_VOLUME.into(),
+            empty_dir: Some(EmptyDirVolumeSource {
+                medium: None,
+                size_limit: Some(Quantity(disk.volume_bytes().to_string())),
+            }),
             ..Volume::default()
         });
     }
@@ -410,8 +428,27 @@ fn has_hf_home_volume(main: &Container) -> bool {
         .any(|m| m.name == HF_HOME_VOLUME)
 }
 
+/// The disk tier's directory in the pod.
+fn kv_disk_dir(disk: &DiskTier) -> &str {
+    disk.dir.as_deref().unwrap_or(DEFAULT_KV_DISK_DIR)
+}
+
+/// The disk tier, when it is on the sidecar's own volume rather than one of the service's.
+fn own_kv_disk<'a>(engine: &'a EngineService, sidecar: &Container) -> Option<&'a DiskTier> {
+    let disk = engine.kvbm.as_ref()?.disk.as_ref()?;
+    let mounted = sidecar
+        .volume_mounts
+        .iter()
+        .flatten()
+        .any(|m| m.name == KV_DISK_VOLUME);
+    mounted.then_some(disk)
+}
+
 /// The injected sidecar, beside `main`: it reads the engine's model files (for the model
-/// card) from every volume `main` mounts, read-only, at the same paths.
+/// card) from every volume `main` mounts, read-only, at the same paths. With KV block
+/// tiers it writes its disk tier (to the deepest of those volumes holding the directory,
+/// else to a volume of its own) and reaches the object tier with the service's `AWS_*`
+/// settings and `envFromSecret`.
 fn sidecar_container(
     g: &Graph,
     service: &str,
@@ -443,7 +480,7 @@ fn sidecar_container(
         .and_then(|e| e.value.as_deref());
     let mut command = vec![SIDECAR_BINARY.to_string()];
     command.extend(engine.sidecar_args(&Addresses::POD, hf_home));
-    let mounts: Vec<VolumeMount> = main
+    let mut mounts: Vec<VolumeMount> = main
         .volume_mounts
         .iter()
         .flatten()
@@ -453,6 +490,60 @@ fn sidecar_container(
             ..m.clone()
         })
         .collect();
+    let mut env = vec![
+        plain_env("DYNAMO_GRAPH", g.name),
+        plain_env("DYNAMO_COMPONENT", service),
+        plain_env("DYNAMO_ROLE", engine.role.as_str()),
+        from_field("POD_NAME", "metadata.name"),
+        from_field("POD_IP", "status.podIP"),
+    ];
+    let mut env_from = None;
+    let mut requests = BTreeMap::from([
+        ("cpu".to_string(), Quantity("100m".into())),
+        (
+            "memory".to_string(),
+            Quantity(format!("{SIDECAR_MEMORY_MIB}Mi")),
+        ),
+    ]);
+    if let Some(tiers) = &engine.kvbm {
+        let disk_dir = tiers.disk.as_ref().map_or("", kv_disk_dir);
+        let prefix = kvbm::object_prefix(g.namespace, g.name, service);
+        command.extend(tiers.sidecar_args(disk_dir, &prefix));
+        // The host tier is the sidecar's own memory: the scheduler must count it.
+        if tiers.host_bytes > 0 {
+            let bytes = (SIDECAR_MEMORY_MIB << 20) + tiers.host_bytes;
+            requests.insert("memory".into(), Quantity(bytes.to_string()));
+        }
+        if let Some(disk) = &tiers.disk {
+            let holder = mounts
+                .iter_mut()
+                .filter(|m| std::path::Path::new(disk_dir).starts_with(&m.mount_path))
+                .max_by_key(|m| m.mount_path.len());
+            match holder {
+                Some(mount) => mount.read_only = None,
+                None => {
+                    mounts.push(VolumeMount {
+                        name: KV_DISK_VOLUME.into(),
+                        mount_path: disk_dir.into(),
+                        ..VolumeMount::default()
+                    });
+                    let bytes = disk.volume_bytes().to_string();
+                    requests.insert("ephemeral-storage".into(), Quantity(bytes));
+                }
+            }
+        }
+        if tiers.object.is_some() {
+            for var in main.env.iter().flatten() {
+                if kvbm::for_object_client(&var.name) {
+                    upsert_env(&mut env, var.clone());
+                }
+            }
+            for (name, value) in tiers.object_env() {
+                upsert_env(&mut env, plain_env(name, &value));
+            }
+            env_from.clone_from(&main.env_from);
+        }
+    }
     Container {
         name: SIDECAR.into(),
         image: Some(g.config.sidecar_image.clone()),
@@ -462,13 +553,8 @@ fn sidecar_container(
             port("grpc", SIDECAR_GRPC_PORT),
             port("metrics", METRICS_PORT),
         ]),
-        env: Some(vec![
-            plain_env("DYNAMO_GRAPH", g.name),
-            plain_env("DYNAMO_COMPONENT", service),
-            plain_env("DYNAMO_ROLE", engine.role.as_str()),
-            from_field("POD_NAME", "metadata.name"),
-            from_field("POD_IP", "status.podIP"),
-        ]),
+        env: Some(env),
+        env_from,
         volume_mounts: (!mounts.is_empty()).then_some(mounts),
         readiness_probe: Some(http_probe("/ready", METRICS_PORT)),
         liveness_probe: Some(Probe {
@@ -476,10 +562,7 @@ fn sidecar_container(
             ..http_probe("/health", METRICS_PORT)
         }),
         resources: Some(ResourceRequirements {
-            requests: Some(BTreeMap::from([
-                ("cpu".into(), Quantity("100m".into())),
-                ("memory".into(), Quantity("128Mi".into())),
-            ])),
+            requests: Some(requests),
             ..ResourceRequirements::default()
         }),
         security_context: Some(restricted_container()),
@@ -836,6 +919,207 @@ mod tests {
         let mut epp = restricted();
         epp["readOnlyRootFilesystem"] = json!(false);
         assert_eq!(context(container(deployment(&d, "g-epp"), "epp")), epp);
+    }
+
+    fn env(pairs: &[(&str, &str)]) -> Value {
+        pairs
+            .iter()
+            .map(|(name, value)| json!({"name": name, "value": value}))
+            .collect()
+    }
+
+    fn mount<'a>(c: &'a Container, name: &str) -> Option<&'a VolumeMount> {
+        c.volume_mounts.iter().flatten().find(|m| m.name == name)
+    }
+
+    fn request(c: &Container, resource: &str) -> Option<String> {
+        let requests = c.resources.as_ref()?.requests.as_ref()?;
+        requests.get(resource).map(|q| q.0.clone())
+    }
+
+    #[test]
+    fn kv_tiers_give_the_sidecar_its_flags_a_sized_disk_volume_and_the_memory() {
+        let d = desired(
+            "mocker",
+            json!({"worker": {"componentType": "worker", "replicas": 1, "envs": env(&[
+                ("DYN_KVBM_CPU_CACHE_GB", "2"), ("DYN_KVBM_DISK_CACHE_GB", "10")])}}),
+        );
+        let pod = d.pods[0].spec.as_ref().unwrap();
+        let sidecar = container(pod, "sidecar");
+        let command = sidecar.command.as_ref().unwrap().join(" ");
+        assert!(
+            command.ends_with(
+                "--kv-host-bytes 2000000000 --kv-disk-dir /dynamo/kv-disk \
+                 --kv-disk-bytes 10000000000"
+            ),
+            "{command}"
+        );
+        let disk = mount(sidecar, KV_DISK_VOLUME).unwrap();
+        assert_eq!(
+            (disk.mount_path.as_str(), disk.read_only),
+            (DEFAULT_KV_DISK_DIR, None)
+        );
+        let volume = pod
+            .volumes
+            .iter()
+            .flatten()
+            .find(|v| v.name == KV_DISK_VOLUME);
+        assert_eq!(
+            serde_json::to_value(volume.unwrap()).unwrap(),
+            json!({"name": KV_DISK_VOLUME, "emptyDir": {"sizeLimit": "10268435456"}})
+        );
+        assert_eq!(
+            request(sidecar, "memory").as_deref(),
+            Some("2134217728"),
+            "128Mi and the host tier"
+        );
+        assert_eq!(
+            request(sidecar, "ephemeral-storage").as_deref(),
+            Some("10268435456"),
+            "the tier and what may be leaving it for the object store"
+        );
+        // The engine offloads to its sidecar's gRPC port; it never sees the disk.
+        let main = container(pod, "main");
+        let engine = main.command.as_ref().unwrap().join(" ");
+        assert!(
+            engine.ends_with("--kv-blocks-url http://127.0.0.1:9100"),
+            "{engine}"
+        );
+        assert!(mount(main, KV_DISK_VOLUME).is_none());
+    }
+
+    #[test]
+    fn without_tiers_the_pod_is_as_before() {
+        let d = desired(
+            "mocker",
+            json!({"worker": {"componentType": "worker", "replicas": 1}}),
+        );
+        let pod = d.pods[0].spec.as_ref().unwrap();
+        let sidecar = container(pod, "sidecar");
+        assert!(
+            !sidecar
+                .command
+                .as_ref()
+                .unwrap()
+                .iter()
+                .any(|w| w.starts_with("--kv-h"))
+        );
+        assert_eq!(request(sidecar, "memory").as_deref(), Some("128Mi"));
+        assert!(
+            pod.volumes
+                .iter()
+                .flatten()
+                .all(|v| v.name != KV_DISK_VOLUME)
+        );
+        let engine = container(pod, "main").command.as_ref().unwrap();
+        assert!(!engine.iter().any(|w| w == "--kv-blocks-url"));
+    }
+
+    #[test]
+    fn a_disk_dir_on_the_services_own_volume_is_written_there_and_nowhere_else() {
+        let d = desired(
+            "vllm",
+            json!({"worker": {"componentType": "worker", "replicas": 1,
+                "volumeMounts": [{"name": "nvme", "mountPoint": "/mnt/nvme"}],
+                "envs": env(&[("DYN_KVBM_DISK_CACHE_GB", "100"),
+                    ("DYN_KVBM_DISK_CACHE_DIR", "/mnt/nvme/kv"),
+                    ("DYN_KVBM_DISABLE_DISK_OFFLOAD_FILTER", "true")]),
+                "extraPodSpec": {"mainContainer": {"command": ["vllm", "serve", "Qwen/Qwen3-0.6B"]}}}}),
+        );
+        let pod = d.pods[0].spec.as_ref().unwrap();
+        let sidecar = container(pod, "sidecar");
+        let command = sidecar.command.as_ref().unwrap().join(" ");
+        assert!(
+            command.ends_with(
+                "--kv-disk-dir /mnt/nvme/kv --kv-disk-bytes 100000000000 --kv-disk-min-reuse 1"
+            ),
+            "{command}"
+        );
+        assert_eq!(mount(sidecar, "nvme").unwrap().read_only, None);
+        assert_eq!(
+            mount(sidecar, HF_HOME_VOLUME).unwrap().read_only,
+            Some(true)
+        );
+        assert!(mount(sidecar, KV_DISK_VOLUME).is_none());
+        assert!(
+            pod.volumes
+                .iter()
+                .flatten()
+                .all(|v| v.name != KV_DISK_VOLUME)
+        );
+        assert_eq!(request(sidecar, "ephemeral-storage"), None);
+        // vLLM gets no flag we cannot back: it would need a connector to the block API.
+        let engine = container(pod, "main").command.as_ref().unwrap();
+        assert!(!engine.iter().any(|w| w.starts_with("--kv-blocks")));
+    }
+
+    #[test]
+    fn the_object_tier_reaches_s3_with_the_services_credentials() {
+        let d = desired(
+            "mocker",
+            json!({"worker": {"componentType": "worker", "replicas": 1,
+            "envFromSecret": "s3-credentials",
+            "envs": [
+                {"name": "AWS_SECRET_ACCESS_KEY",
+                 "valueFrom": {"secretKeyRef": {"name": "s3", "key": "secret"}}},
+                {"name": "AWS_REGION", "value": "us-west-2"},
+                {"name": "HF_TOKEN", "value": "not-for-the-sidecar"},
+                {"name": "DYN_KVBM_OBJECT_ENABLED", "value": "true"},
+                {"name": "DYN_KVBM_OBJECT_BUCKET", "value": "kv-blocks"},
+                {"name": "DYN_KVBM_OBJECT_CACHE_GB", "value": "50"},
+                {"name": "DYN_KVBM_OBJECT_ENDPOINT", "value": "http://minio.storage:9000"},
+                {"name": "DYN_KVBM_OBJECT_REGION", "value": "eu-west-1"},
+            ]}}),
+        );
+        let pod = d.pods[0].spec.as_ref().unwrap();
+        let sidecar = container(pod, "sidecar");
+        let command = sidecar.command.as_ref().unwrap().join(" ");
+        assert!(
+            command.ends_with(
+                "--kv-object-url s3://kv-blocks/ns/g/worker --kv-object-bytes 50000000000"
+            ),
+            "{command}"
+        );
+        let env: Value = sidecar
+            .env
+            .iter()
+            .flatten()
+            .filter(|e| e.name.starts_with("AWS_") || e.name == "HF_TOKEN")
+            .map(|e| serde_json::to_value(e).unwrap())
+            .collect();
+        assert_eq!(
+            env,
+            json!([
+                {"name": "AWS_SECRET_ACCESS_KEY",
+                 "valueFrom": {"secretKeyRef": {"name": "s3", "key": "secret"}}},
+                {"name": "AWS_REGION", "value": "eu-west-1"},
+                {"name": "AWS_ENDPOINT_URL", "value": "http://minio.storage:9000"},
+                {"name": "AWS_ALLOW_HTTP", "value": "true"},
+            ])
+        );
+        assert_eq!(
+            serde_json::to_value(&sidecar.env_from).unwrap(),
+            json!([{"secretRef": {"name": "s3-credentials"}}])
+        );
+        assert_eq!(request(sidecar, "memory").as_deref(), Some("128Mi"));
+    }
+
+    #[test]
+    fn a_graph_with_a_bad_tier_size_is_refused_naming_the_service_and_variable() {
+        let dgd: DynamoGraphDeployment = serde_json::from_value(json!({
+            "apiVersion": "nvidia.com/v1alpha1",
+            "kind": "DynamoGraphDeployment",
+            "metadata": {"name": "g", "namespace": "ns", "uid": "u"},
+            "spec": {"backendFramework": "mocker", "envs": env(&[("DYN_KVBM_CPU_CACHE_GB", "2GB")]),
+                "services": {"decode": {"componentType": "worker"}}},
+        }))
+        .unwrap();
+        let err = reconcile(&dgd, &Observed::default(), &OperatorConfig::default()).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "spec.services.decode: DYN_KVBM_CPU_CACHE_GB is \"2GB\", not a size: a number of \
+             gigabytes (10^9 bytes, as Dynamo counts them), e.g. 4 or 0.5"
+        );
     }
 
     #[test]

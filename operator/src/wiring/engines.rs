@@ -75,6 +75,8 @@ pub(super) fn owned_flags(backend: BackendFramework) -> &'static [(&'static str,
             ("--host", Arity::One),
             ("--port", Arity::One),
             ("--kv-events-endpoint", Arity::One),
+            // Its sidecar's gRPC address, set when the service has KV block tiers.
+            ("--kv-blocks-url", Arity::One),
         ],
     }
 }

@@ -1,6 +1,7 @@
 //! The wiring plan: one pure place that turns a graph's services into what runs: each
 //! engine's command and flags per backend (address, KV event publisher, model, block
-//! size, disaggregation role), its sidecar's flags, and the endpoint picker's flags.
+//! size, disaggregation role), its sidecar's flags (with the KV block tiers its env asks
+//! for, `kvbm`), and the endpoint picker's flags.
 //!
 //! The operator's pods ([`crate::reconcile`]) and the local runner's processes
 //! ([`crate::local`]) are two renderings of it: they differ only in [`Addresses`] (the
@@ -14,12 +15,14 @@
 
 mod argv;
 mod engines;
+pub mod kvbm;
 
 use std::collections::BTreeMap;
 use std::net::{IpAddr, Ipv4Addr};
 use std::path::PathBuf;
 
 use argv::Arity;
+use kvbm::{Kvbm, KvbmError};
 
 use dynamo_crds::{
     BackendFramework, ComponentSpec, DynamoGraphDeploymentSpec, EngineRole, ServiceRole,
@@ -83,6 +86,8 @@ pub enum WiringError {
     ModelMismatch(String, String),
     #[error("workers use different KV block sizes ({0} and {1}); the picker hashes with one")]
     BlockSizeMismatch(u32, u32),
+    #[error(transparent)]
+    Kvbm(#[from] KvbmError),
 }
 
 /// How an engine service's main container starts.
@@ -106,6 +111,8 @@ pub struct EngineService {
     /// The name clients send, when known before the engine runs.
     pub served_model: Option<String>,
     pub block_size: u32,
+    /// The KV block tiers its sidecar holds (`DYN_KVBM_*` in its env).
+    pub kvbm: Option<Kvbm>,
     launch: Launch,
 }
 
@@ -124,6 +131,7 @@ impl EngineService {
         role: EngineRole,
         backend: BackendFramework,
         defaults: &Defaults,
+        kvbm: Option<Kvbm>,
     ) -> Result<Self, WiringError> {
         let command = spec.main_command();
         let launched = spec.launched_backend();
@@ -141,6 +149,7 @@ impl EngineService {
                     model: model_of(backend, &command),
                     served_model: served_of(backend, &command),
                     block_size: block_size_of(backend, &command).unwrap_or(default_block),
+                    kvbm,
                     launch: Launch::Custom(command),
                 });
             }
@@ -193,6 +202,7 @@ impl EngineService {
             model,
             served_model: served,
             block_size,
+            kvbm,
             launch: Launch::Owned { args },
         })
     }
@@ -246,10 +256,22 @@ impl EngineService {
             at.engine.to_string(),
         ]);
         match self.backend {
-            BackendFramework::Mocker => out.extend([
-                "--kv-events-endpoint".into(),
-                format!("tcp://{LOOPBACK}:{}", at.kv_events),
-            ]),
+            BackendFramework::Mocker => {
+                out.extend([
+                    "--kv-events-endpoint".into(),
+                    format!("tcp://{LOOPBACK}:{}", at.kv_events),
+                ]);
+                // The mock engine offloads evicted blocks to its sidecar's tiers and
+                // onboards them back. Real engines would need a connector to the block
+                // API (vLLM's `kv_connector`), which does not exist yet: their sidecars
+                // hold only what a client offloads through the API.
+                if self.kvbm.is_some() {
+                    out.extend([
+                        "--kv-blocks-url".into(),
+                        format!("http://{LOOPBACK}:{}", at.sidecar_grpc),
+                    ]);
+                }
+            }
             // vllm/config/kv_events.py `KVEventsConfig`; SGLang takes the same JSON.
             BackendFramework::Vllm | BackendFramework::Sglang => {
                 let mut config = serde_json::json!({
@@ -400,7 +422,8 @@ impl GraphWiring {
         let backend = spec.backend().ok_or(WiringError::NoBackend)?;
         let mut engines = BTreeMap::new();
         for (name, service, role) in engine_services {
-            let engine = EngineService::new(name, service, role, backend, defaults)?;
+            let kvbm = Kvbm::of(name, spec.envs.as_deref(), service)?;
+            let engine = EngineService::new(name, service, role, backend, defaults, kvbm)?;
             engines.insert(name.clone(), engine);
         }
         let mut served_model: Option<String> = None;

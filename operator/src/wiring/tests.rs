@@ -265,3 +265,38 @@ fn the_router_mode_comes_from_dynamos_variable_or_its_frontend_flag() {
     assert_eq!(router_mode(&flag).as_deref(), Some("kv"));
     assert_eq!(router_mode(&graph("services: {}")), None);
 }
+
+#[test]
+fn the_mock_engine_offloads_to_its_sidecar_only_when_the_service_has_tiers() {
+    let yaml = "
+backendFramework: mocker
+services:
+  worker:
+    componentType: worker
+    envs: [{name: DYN_KVBM_CPU_CACHE_GB, value: '1'}]
+    extraPodSpec: {mainContainer: {command: [dynamo-mocker, --kv-blocks-url, 'http://elsewhere:1']}}
+";
+    let wiring = wire(yaml).unwrap().unwrap();
+    let at = Addresses {
+        sidecar_grpc: 41004,
+        ..Addresses::POD
+    };
+    let argv = wiring.engines["worker"].engine_argv(&at);
+    let urls: Vec<_> = argv
+        .iter()
+        .enumerate()
+        .filter(|(_, w)| *w == "--kv-blocks-url")
+        .map(|(i, _)| argv[i + 1].as_str())
+        .collect();
+    assert_eq!(
+        urls,
+        ["http://127.0.0.1:41004"],
+        "the user's own is replaced"
+    );
+    let plain = wire(&yaml.replace("'1'", "'0'")).unwrap().unwrap();
+    assert!(
+        !plain.engines["worker"]
+            .engine_argv(&at)
+            .contains(&"--kv-blocks-url".to_string())
+    );
+}

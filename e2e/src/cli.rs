@@ -6,9 +6,11 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::{Args, Parser, Subcommand, ValueEnum};
+use dynamo_kvblocks::parse_bytes;
+use dynamo_kvblocks::placement::{PlacementConfig, TierLimits};
 use dynamo_kvcache::{ApproxConfig, RouterMode, SchedulerConfig};
 use dynamo_llm::ModelDir;
-use dynamo_mocker::EngineConfig;
+use dynamo_mocker::{EngineConfig, KvBlocksConfig, KvGeometry};
 use serde::Serialize;
 use serde_json::json;
 
@@ -16,7 +18,7 @@ use crate::arrivals::{self, Arrivals};
 use crate::client::{Api, Target, Words};
 use crate::launch::{self, Launched};
 use crate::report::{self, Report};
-use crate::workload::{SharedPrefix, Workload};
+use crate::workload::{Sessions, SharedPrefix, Workload};
 use crate::{bench, replay};
 
 #[derive(Parser, Debug)]
@@ -45,6 +47,27 @@ pub struct WorkloadArgs {
     /// hash_ids of 512-token blocks).
     #[arg(long, env = "DYNAMO_E2E_TRACE")]
     pub trace: Option<PathBuf>,
+    /// Multi-turn conversations: this many sessions (users) of `--turns` requests each,
+    /// turns of a session one after the other. `--request-rate` then starts sessions
+    /// (sessions/s), `--concurrency` keeps that many going; without either, all start at once.
+    #[arg(long, conflicts_with = "trace", env = "DYNAMO_E2E_SESSIONS")]
+    pub sessions: Option<usize>,
+    /// Requests per session.
+    #[arg(long, default_value_t = 10, env = "DYNAMO_E2E_TURNS")]
+    pub turns: usize,
+    /// Tokens every session starts with (a common system prompt).
+    #[arg(long, default_value_t = 0, env = "DYNAMO_E2E_SYSTEM_TOKENS")]
+    pub system_tokens: usize,
+    /// Tokens of each session's own first prompt (after the system prompt).
+    #[arg(long, default_value_t = 1024, env = "DYNAMO_E2E_SESSION_PREFIX_TOKENS")]
+    pub session_prefix_tokens: usize,
+    /// Tokens of each later user message; the previous answer's stand-in
+    /// (`--output-tokens`) comes before it.
+    #[arg(long, default_value_t = 256, env = "DYNAMO_E2E_TURN_TOKENS")]
+    pub turn_tokens: usize,
+    /// Pause between the end of a turn's answer and the next turn of its session.
+    #[arg(long, default_value_t = 0.0, env = "DYNAMO_E2E_THINK_TIME_S")]
+    pub think_time_s: f64,
     /// Send only the first N requests of the trace.
     #[arg(long, env = "DYNAMO_E2E_MAX_REQUESTS")]
     pub max_requests: Option<usize>,
@@ -127,14 +150,21 @@ pub struct BenchArgs {
     /// filled in), wait for GET /health, run the load, stop it with SIGTERM.
     #[arg(long, env = "DYNAMO_E2E_LAUNCH")]
     pub launch: Option<String>,
-    /// Router modes to launch, in order (with `--launch`).
+    /// Runs to launch, in order (with `--launch`): each is put in the command's `{mode}`
+    /// and labels its results. Router modes, or any other names (`off,host,disk` for
+    /// one config file per offload tier: `-f cfg-{mode}.yaml`).
     #[arg(
         long,
         value_delimiter = ',',
         default_value = "kv,approx,round-robin",
+        value_parser = run_label,
         env = "DYNAMO_E2E_MODES"
     )]
-    pub modes: Vec<RouterMode>,
+    pub modes: Vec<String>,
+    /// The run the others are compared with [default: round-robin if it ran, else the
+    /// first of `--modes`].
+    #[arg(long, env = "DYNAMO_E2E_BASELINE")]
+    pub baseline: Option<String>,
     /// How long a launched graph may take to become healthy.
     #[arg(long, default_value_t = 120.0, env = "DYNAMO_E2E_HEALTH_TIMEOUT_S")]
     pub health_timeout_s: f64,
@@ -179,12 +209,136 @@ pub struct ReplayArgs {
     /// How long the approx index trusts a routing decision.
     #[arg(long, default_value_t = 120.0, env = "DYNAMO_E2E_APPROX_TTL_S")]
     pub approx_ttl_s: f64,
+    /// KV block tier configs to compare (conversations only), each run with every router
+    /// mode: `off`, or tiers joined by `+` among `host=SIZE`, `disk=SIZE`,
+    /// `object=SIZE`, e.g. `off,host=2GB,host=512MB+disk=8GB`. Sizes are each engine's
+    /// (its sidecar's), in real KV bytes: `2GB`, `512MiB` or plain bytes.
+    #[arg(long, value_delimiter = ',', value_parser = TierSpec::parse, env = "DYNAMO_E2E_TIERS")]
+    pub tiers: Vec<TierSpec>,
+    /// Uses a block needs before it moves from host memory to disk.
+    #[arg(long, default_value_t = 2, env = "DYNAMO_E2E_KV_DISK_MIN_REUSE")]
+    pub kv_disk_min_reuse: u32,
+    /// Uses a block needs before it moves from disk (or host memory) to the object store.
+    #[arg(long, default_value_t = 2, env = "DYNAMO_E2E_KV_OBJECT_MIN_REUSE")]
+    pub kv_object_min_reuse: u32,
+    /// Real KV bytes of one block [default: from `--model-path`'s config.json and
+    /// `--block-size`].
+    #[arg(long, value_parser = parse_bytes, env = "DYNAMO_E2E_KV_BLOCK_BYTES")]
+    pub kv_block_bytes: Option<u64>,
+    /// Model directory whose config.json sizes a KV block (with `--tiers`).
+    #[arg(
+        long,
+        default_value = ".cache/models/qwen-mock",
+        env = "DYNAMO_E2E_MODEL_PATH"
+    )]
+    pub model_path: PathBuf,
     #[command(flatten)]
     pub output: OutputArgs,
 }
 
+/// One `--tiers` entry: its text (the run's label) and each tier's bytes.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TierSpec {
+    pub label: String,
+    pub host: Option<u64>,
+    pub disk: Option<u64>,
+    pub object: Option<u64>,
+}
+
+impl TierSpec {
+    fn parse(s: &str) -> Result<Self, String> {
+        let mut spec = Self {
+            label: s.trim().to_owned(),
+            host: None,
+            disk: None,
+            object: None,
+        };
+        if spec.label == "off" {
+            return Ok(spec);
+        }
+        for part in spec.label.clone().split('+') {
+            let (name, size) = part.split_once('=').ok_or_else(|| {
+                format!("{part:?}: a tier is host=SIZE, disk=SIZE or object=SIZE (or `off`)")
+            })?;
+            let slot = match name.trim() {
+                "host" => &mut spec.host,
+                "disk" => &mut spec.disk,
+                "object" => &mut spec.object,
+                other => return Err(format!("{other:?}: tiers are host, disk and object")),
+            };
+            if slot.is_some() {
+                return Err(format!("{s:?} names {name} twice"));
+            }
+            // 0 bytes is a tier that is off, as for the sidecar.
+            *slot = Some(parse_bytes(size)?).filter(|&b| b > 0);
+        }
+        Ok(spec)
+    }
+
+    fn placement(&self, disk_min_reuse: u32, object_min_reuse: u32) -> PlacementConfig {
+        let limits = |bytes: Option<u64>, min_reuse| {
+            bytes.map(|capacity_bytes| TierLimits {
+                capacity_bytes,
+                min_reuse,
+            })
+        };
+        PlacementConfig {
+            host: limits(self.host, 1),
+            disk: limits(self.disk, disk_min_reuse),
+            object: limits(self.object, object_min_reuse),
+        }
+    }
+}
+
+/// Real KV bytes of one block of `block_size` tokens of the model at `model_path`.
+fn kv_block_bytes(model_path: &Path, block_size: usize) -> anyhow::Result<u64> {
+    let path = model_path.join("config.json");
+    let text = std::fs::read_to_string(&path).with_context(|| {
+        format!(
+            "reading {} to size KV blocks (or give --kv-block-bytes)",
+            path.display()
+        )
+    })?;
+    let config: serde_json::Value =
+        serde_json::from_str(&text).with_context(|| format!("parsing {}", path.display()))?;
+    let geometry =
+        KvGeometry::from_config(&config).with_context(|| format!("{}", path.display()))?;
+    Ok(geometry.block_bytes(block_size))
+}
+
+/// A `--modes` entry: letters, digits, `.`, `_` and `-` only, since it goes into a shell
+/// command and file names.
+fn run_label(s: &str) -> Result<String, String> {
+    if !s.is_empty()
+        && s.chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'))
+    {
+        Ok(s.to_owned())
+    } else {
+        Err(format!(
+            "{s:?}: a run name is letters, digits, '.', '_' and '-'"
+        ))
+    }
+}
+
 impl WorkloadArgs {
     fn workload(&self) -> anyhow::Result<Workload> {
+        if let Some(sessions) = self.sessions {
+            anyhow::ensure!(
+                self.think_time_s.is_finite() && self.think_time_s >= 0.0,
+                "--think-time-s must be >= 0"
+            );
+            return Workload::sessions(Sessions {
+                sessions,
+                turns: self.turns,
+                system_tokens: self.system_tokens,
+                session_prefix_tokens: self.session_prefix_tokens,
+                turn_tokens: self.turn_tokens,
+                output_tokens: self.output_tokens,
+                think_time_ms: self.think_time_s * 1000.0,
+                seed: self.seed,
+            });
+        }
         match &self.trace {
             Some(path) => Workload::trace(path, self.max_requests, self.max_input_tokens),
             None => Workload::shared_prefix(SharedPrefix {
@@ -198,9 +352,15 @@ impl WorkloadArgs {
         }
     }
 
-    /// Open-loop times: `--request-rate` if given, else the trace's own (scaled).
+    /// Open-loop times: `--request-rate` if given, else the trace's own (scaled). For
+    /// conversations: when each session starts (all at 0 without a rate).
     fn times_ms(&self, workload: &Workload) -> anyhow::Result<Vec<f64>> {
-        let n = workload.len();
+        let n = workload
+            .conversations()
+            .map_or(workload.len(), |s| s.sessions);
+        if workload.conversations().is_some() && self.request_rate.is_none() {
+            return Ok(vec![0.0; n]);
+        }
         match (self.request_rate, workload.timestamps_ms()) {
             (Some(rate), _) => {
                 anyhow::ensure!(
@@ -226,6 +386,16 @@ impl WorkloadArgs {
     }
 
     fn describe_arrivals(&self, concurrency: Option<usize>) -> String {
+        if self.sessions.is_some() {
+            let starts = match (concurrency, self.request_rate) {
+                (Some(c), _) => format!("{c} sessions at a time"),
+                (None, Some(r)) => {
+                    format!("{:?} session starts at {r} sessions/s", self.arrival).to_lowercase()
+                }
+                (None, None) => "all sessions at once".to_owned(),
+            };
+            return format!("{starts}, each turn after the previous answer");
+        }
         match (concurrency, self.request_rate) {
             (Some(c), _) => format!("{c} requests in flight"),
             (None, Some(r)) => format!("{:?} arrivals at {r} req/s", self.arrival).to_lowercase(),
@@ -268,6 +438,29 @@ fn run_replay(args: ReplayArgs) -> anyhow::Result<()> {
         ttl: Duration::from_secs_f64(args.approx_ttl_s),
         ..ApproxConfig::default()
     };
+    anyhow::ensure!(
+        args.tiers.is_empty() || workload.conversations().is_some(),
+        "--tiers simulates KV block tiers for conversations: give --sessions"
+    );
+    let on = |t: &TierSpec| t.host.is_some() || t.disk.is_some() || t.object.is_some();
+    let block_bytes = match (args.kv_block_bytes, args.tiers.iter().any(on)) {
+        (Some(b), _) => Some(b),
+        (None, true) => Some(kv_block_bytes(&args.model_path, args.block_size)?),
+        (None, false) => None,
+    };
+    anyhow::ensure!(block_bytes != Some(0), "--kv-block-bytes must be positive");
+    let tier_setups: Vec<Option<(String, replay::TierSetup)>> = if args.tiers.is_empty() {
+        vec![None]
+    } else {
+        args.tiers
+            .iter()
+            .map(|t| {
+                let placement = t.placement(args.kv_disk_min_reuse, args.kv_object_min_reuse);
+                let setup = replay::TierSetup::new(placement, block_bytes.unwrap_or(1));
+                Some((t.label.clone(), setup))
+            })
+            .collect()
+    };
     let mut runs = Vec::new();
     for &mode in &args.modes {
         let setup = replay::RouterSetup {
@@ -276,12 +469,28 @@ fn run_replay(args: ReplayArgs) -> anyhow::Result<()> {
             approx,
             seed: w.seed,
         };
-        let run = replay::run(&workload, &times, &engine, args.workers, setup)?;
-        let wall_s = run.replay.map_or(0.0, |d| d.wall_s);
-        eprintln!("replay {mode}: computed in {wall_s:.2} s");
-        runs.push(run);
+        for tiers in &tier_setups {
+            let mut run = replay::run_with_tiers(
+                &workload,
+                &times,
+                &engine,
+                args.workers,
+                setup,
+                tiers.as_ref().map(|(_, t)| t),
+            )?;
+            if let Some((label, _)) = tiers {
+                run.label = if args.modes.len() == 1 {
+                    label.clone()
+                } else {
+                    format!("{mode} {label}")
+                };
+            }
+            let wall_s = run.replay.map_or(0.0, |d| d.wall_s);
+            eprintln!("replay {}: computed in {wall_s:.2} s", run.label);
+            runs.push(run);
+        }
     }
-    let title = format!(
+    let mut title = format!(
         "Replay: {}; {}; {} engines x {} blocks of {} tokens; router prefill_load_scale {}, temperature {}",
         workload.describe(),
         w.describe_arrivals(None),
@@ -291,13 +500,37 @@ fn run_replay(args: ReplayArgs) -> anyhow::Result<()> {
         args.prefill_load_scale,
         args.temperature
     );
-    let config = json!({
+    let mut config = json!({
         "workers": args.workers,
         "engine": engine,
         "router": {"prefill_load_scale": args.prefill_load_scale, "temperature": args.temperature,
                    "approx_ttl_s": args.approx_ttl_s},
     });
-    publish("replay", &title, config, &runs, &args.output)
+    // Ratios against round-robin, or with tiers against the first tier config.
+    let mut baseline = RouterMode::RoundRobin.as_str().to_owned();
+    if !args.tiers.is_empty() {
+        let kv = KvBlocksConfig::default();
+        title.push_str(&format!(
+            "; KV tiers per engine, blocks of {} bytes, onboarding at host {} / disk {} / object {} GB/s, disk min reuse {}",
+            block_bytes.unwrap_or(0),
+            kv.host_bandwidth_gbps,
+            kv.disk_bandwidth_gbps,
+            kv.object_bandwidth_gbps,
+            args.kv_disk_min_reuse,
+        ));
+        config["tiers"] = json!({
+            "configs": args.tiers.iter().map(|t| json!({
+                "label": t.label, "host_bytes": t.host, "disk_bytes": t.disk, "object_bytes": t.object,
+            })).collect::<Vec<_>>(),
+            "block_bytes": block_bytes,
+            "kv_disk_min_reuse": args.kv_disk_min_reuse,
+            "kv_object_min_reuse": args.kv_object_min_reuse,
+            "bandwidth_gbps": {"host": kv.host_bandwidth_gbps, "disk": kv.disk_bandwidth_gbps,
+                               "object": kv.object_bandwidth_gbps},
+        });
+        baseline = runs.first().map(|r| r.label.clone()).unwrap_or_default();
+    }
+    publish("replay", &title, config, &runs, &baseline, &args.output)
 }
 
 async fn run_bench(args: BenchArgs) -> anyhow::Result<()> {
@@ -325,7 +558,7 @@ async fn run_bench(args: BenchArgs) -> anyhow::Result<()> {
         Some(template) => {
             for mode in &args.modes {
                 let port = launch::free_port()?;
-                let mut graph = Launched::start(launch::expand(template, mode.as_str(), port))?;
+                let mut graph = Launched::start(launch::expand(template, mode, port))?;
                 eprintln!("bench {mode}: started `{}`", graph.command);
                 let url = format!("http://127.0.0.1:{port}");
                 let run = async {
@@ -333,7 +566,7 @@ async fn run_bench(args: BenchArgs) -> anyhow::Result<()> {
                         .wait_healthy(&http, &url, Duration::from_secs_f64(args.health_timeout_s))
                         .await?;
                     let target = target(&http, &args, &url, words.clone()).await?;
-                    bench::run(&http, &target, workload.clone(), &plan, mode.as_str()).await
+                    bench::run(&http, &target, workload.clone(), &plan, mode).await
                 };
                 let result = tokio::select! {
                     r = run => r,
@@ -351,8 +584,21 @@ async fn run_bench(args: BenchArgs) -> anyhow::Result<()> {
         w.describe_arrivals(args.concurrency),
         args.api
     );
-    let config = json!({"url": args.url, "launch": args.launch, "api": args.api});
-    publish("bench", &title, config, &runs, &args.output)
+    let mut config = json!({"url": args.url, "launch": args.launch, "api": args.api});
+    if let Some(spec) = workload.conversations() {
+        config["conversations"] = json!(spec);
+    }
+    let baseline = match &args.baseline {
+        Some(b) => b.clone(),
+        None if runs
+            .iter()
+            .any(|r| r.label == RouterMode::RoundRobin.as_str()) =>
+        {
+            RouterMode::RoundRobin.as_str().to_owned()
+        }
+        None => runs.first().map(|r| r.label.clone()).unwrap_or_default(),
+    };
+    publish("bench", &title, config, &runs, &baseline, &args.output)
 }
 
 fn load_words(model_path: &Path) -> anyhow::Result<Words> {
@@ -394,19 +640,34 @@ async fn target(
     })
 }
 
-/// Prints the tables (and ratios against round-robin when it ran) and writes the files.
+/// Prints the tables (and ratios against `baseline` when it ran, per turn for
+/// conversations) and writes the files.
 fn publish(
     kind: &str,
     title: &str,
     config: serde_json::Value,
     runs: &[Report],
+    baseline: &str,
     output: &OutputArgs,
 ) -> anyhow::Result<()> {
-    let ratios = report::ratios(runs, RouterMode::RoundRobin.as_str());
+    let ratios = report::ratios(runs, baseline);
     let mut md = format!("### {title}\n\n{}", report::markdown_table(runs));
+    if runs.iter().any(|r| r.tiers.is_some()) {
+        md.push_str("\nKV block tiers (hit rates: GPU + onboarded tokens / prompt tokens; vs baseline: its TTFT p50 / the run's):\n\n");
+        md.push_str(&report::tier_table(runs, baseline));
+    }
     if !ratios.is_empty() {
         md.push('\n');
         md.push_str(&report::ratio_table(&ratios));
+    }
+    if runs.iter().any(|r| !r.turns.is_empty()) {
+        md.push_str("\nTTFT per turn (turn 1: nothing cached yet; later turns: the previous turn's prompt can be reused):\n\n");
+        md.push_str(&report::turn_table(runs));
+        let turn_ratios = report::turn_ratio_table(&ratios);
+        if !turn_ratios.is_empty() {
+            md.push('\n');
+            md.push_str(&turn_ratios);
+        }
     }
     for r in runs.iter().filter(|r| !r.error_samples.is_empty()) {
         md.push_str(&format!(
@@ -432,4 +693,121 @@ fn write(path: &Path, text: &str) -> anyhow::Result<()> {
         std::fs::create_dir_all(dir)?;
     }
     std::fs::write(path, text).with_context(|| format!("writing {}", path.display()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn bench(args: &[&str]) -> Result<BenchArgs, clap::Error> {
+        let argv = ["dynamo-e2e", "bench"].iter().chain(args);
+        match Cli::try_parse_from(argv)?.command {
+            Command::Bench(b) => Ok(b),
+            Command::Replay(_) => unreachable!(),
+        }
+    }
+
+    fn replay(args: &[&str]) -> Result<ReplayArgs, clap::Error> {
+        let argv = ["dynamo-e2e", "replay"].iter().chain(args);
+        match Cli::try_parse_from(argv)?.command {
+            Command::Replay(r) => Ok(r),
+            Command::Bench(_) => unreachable!(),
+        }
+    }
+
+    #[test]
+    fn launched_runs_may_have_any_plain_name() {
+        let b = bench(&[
+            "--modes",
+            "off,host,disk",
+            "--launch",
+            "x -f cfg-{mode}.yaml",
+        ])
+        .unwrap();
+        assert_eq!(b.modes, ["off", "host", "disk"]);
+        assert_eq!(b.baseline, None);
+        assert_eq!(
+            launch::expand(b.launch.as_deref().unwrap(), &b.modes[1], 9),
+            "x -f cfg-host.yaml"
+        );
+        assert_eq!(bench(&[]).unwrap().modes, ["kv", "approx", "round-robin"]);
+        for bad in ["off,", "a b", "x;rm", "$(y)"] {
+            assert!(bench(&["--modes", bad]).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn tier_configs_parse_as_the_sidecar_reads_sizes() {
+        let t = TierSpec::parse("host=512MB+disk=8GiB").unwrap();
+        assert_eq!(
+            (t.label.as_str(), t.host, t.disk, t.object),
+            (
+                "host=512MB+disk=8GiB",
+                Some(512_000_000),
+                Some(8 << 30),
+                None
+            )
+        );
+        let p = t.placement(3, 4);
+        assert_eq!(
+            (
+                p.host.unwrap().min_reuse,
+                p.disk.unwrap().min_reuse,
+                p.object
+            ),
+            (1, 3, None)
+        );
+        // `off`, and a tier of 0 bytes, are no tiers (as for the sidecar).
+        assert!(!TierSpec::parse("off").unwrap().placement(2, 2).any());
+        assert!(!TierSpec::parse("host=0").unwrap().placement(2, 2).any());
+        assert!(TierSpec::parse("object=1TB").unwrap().object == Some(1_000_000_000_000));
+        for bad in [
+            "",
+            "host",
+            "host=1GB+",
+            "gpu=1GB",
+            "disk=1GB+disk=2GB",
+            "host=big",
+        ] {
+            assert!(TierSpec::parse(bad).is_err(), "{bad}");
+        }
+        let r = replay(&["--sessions", "2", "--tiers", "off,host=2GB"]).unwrap();
+        assert_eq!(r.tiers.len(), 2);
+        assert_eq!((r.kv_disk_min_reuse, r.kv_block_bytes), (2, None));
+    }
+
+    #[test]
+    fn conversations_start_all_at_once_or_at_the_session_rate() {
+        let b = bench(&["--sessions", "80", "--turns", "10"]).unwrap();
+        let w = b.workload.workload().unwrap();
+        assert_eq!(
+            (w.len(), w.conversations().unwrap().session_prefix_tokens),
+            (800, 1024)
+        );
+        assert_eq!(b.workload.times_ms(&w).unwrap(), vec![0.0; 80]);
+        assert!(
+            b.workload
+                .describe_arrivals(None)
+                .starts_with("all sessions at once")
+        );
+        let b = bench(&[
+            "--sessions",
+            "3",
+            "--request-rate",
+            "2",
+            "--arrival",
+            "fixed",
+        ])
+        .unwrap();
+        let w = b.workload.workload().unwrap();
+        assert_eq!(b.workload.times_ms(&w).unwrap(), [0.0, 500.0, 1000.0]);
+        assert!(
+            b.workload
+                .describe_arrivals(Some(4))
+                .starts_with("4 sessions at a time")
+        );
+        let b = bench(&["--sessions", "3", "--think-time-s=-1"]).unwrap();
+        assert!(b.workload.workload().is_err());
+        assert!(bench(&["--sessions", "3", "--trace", "t.jsonl"]).is_err());
+    }
 }

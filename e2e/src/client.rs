@@ -123,6 +123,9 @@ pub struct RequestRecord {
     pub cached_tokens: Option<u64>,
     /// Why the request failed (HTTP status and message, a broken stream, a timeout).
     pub error: Option<String>,
+    /// Session and turn (0-based) of a conversation workload's request.
+    pub session: Option<usize>,
+    pub turn: Option<usize>,
 }
 
 /// Sends `item` and reads its stream to the end; `run_start` dates `sent_ms`.

@@ -1,6 +1,7 @@
 //! `dynamo-e2e`: measures serving graphs from the outside and compares router modes.
 //!
-//! - [`workload`]: what to send, as token ids: shared-prefix synthetic, Mooncake trace;
+//! - [`workload`]: what to send, as token ids: shared-prefix synthetic, Mooncake trace,
+//!   multi-turn conversations;
 //! - [`arrivals`]: when to send it: Poisson or fixed rate, trace time, fixed concurrency;
 //! - [`client`]: one streamed OpenAI request, timed chunk by chunk;
 //! - [`bench`]: the load generator over HTTP;

@@ -8,8 +8,17 @@
 //! until the end, floored by each engine's KV usage as the picker reads it from
 //! `/metrics`), then [`Scheduler::pick`]. It sees everything at once, where the picker
 //! sees events and metrics a little late.
+//!
+//! A conversation replay can also give each engine the sidecar's KV block tiers
+//! ([`TierSetup`]): the tier policy itself (`dynamo_kvblocks::placement`) fed with the
+//! blocks each step evicts, and each turn onboarding what the tiers hold of its prompt
+//! before it may be scheduled, in simulated time.
 
+use std::collections::{BTreeMap, BTreeSet};
+use std::ops::Range;
 use std::time::{Duration, Instant};
+
+use dynamo_kvblocks::placement::{Action, Offered, Placement, PlacementConfig};
 
 use dynamo_kvcache::vllm_events::KvEvent as EngineEvent;
 use dynamo_kvcache::{
@@ -17,13 +26,15 @@ use dynamo_kvcache::{
     RemovedBlock, RequestId, RouterMode, Scheduler, SchedulerConfig, SeqHash, StoredBlock, Tier,
     WorkerId,
 };
-use dynamo_mocker::replay::{ReplayRequest, RouteQuery, Router, replay_requests};
-use dynamo_mocker::{Engine, EngineConfig, StepOutcome};
+use dynamo_mocker::replay::{Collector, ReplayRequest, RouteQuery, Router, replay_requests};
+use dynamo_mocker::{
+    Clock, Engine, EngineConfig, KvBlocksConfig, OffloadBlock, OffloadMode, Request, StepOutcome,
+};
 use rand::SeedableRng;
 use rand::rngs::StdRng;
 
-use crate::report::Report;
-use crate::workload::Workload;
+use crate::report::{Report, TierStats, TurnSample, turn_stats};
+use crate::workload::{Sessions, Workload};
 
 /// How the simulated router is set up.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -97,6 +108,16 @@ fn router_event(event: &EngineEvent) -> KvEvent {
     }
 }
 
+impl KvRouter {
+    /// What an engine's sidecar published about its tiers, as the picker reads it from
+    /// the pod's KV event stream.
+    fn observe_tiers(&mut self, engine: usize, events: &[KvEvent]) {
+        for e in events {
+            let _ = self.index.apply(worker(engine), e);
+        }
+    }
+}
+
 impl Router for KvRouter {
     fn route(&mut self, q: &RouteQuery<'_>, engines: &[Engine]) -> usize {
         for (k, e) in engines.iter().enumerate() {
@@ -155,7 +176,8 @@ impl Router for KvRouter {
 }
 
 /// Replays `workload`, request `i` arriving at `arrivals_ms[i]`, over `workers` engines
-/// built from `engine`, routed as `setup` says.
+/// built from `engine`, routed as `setup` says. For a conversation workload
+/// `arrivals_ms` are the sessions' starts (see [`run_sessions`]).
 pub fn run(
     workload: &Workload,
     arrivals_ms: &[f64],
@@ -163,6 +185,26 @@ pub fn run(
     workers: usize,
     setup: RouterSetup,
 ) -> anyhow::Result<Report> {
+    run_with_tiers(workload, arrivals_ms, engine, workers, setup, None)
+}
+
+/// As [`run`], each engine with the sidecar's KV block tiers `tiers` (conversation
+/// workloads only; see [`run_sessions_with_tiers`]).
+pub fn run_with_tiers(
+    workload: &Workload,
+    arrivals_ms: &[f64],
+    engine: &EngineConfig,
+    workers: usize,
+    setup: RouterSetup,
+    tiers: Option<&TierSetup>,
+) -> anyhow::Result<Report> {
+    if let Some(&spec) = workload.conversations() {
+        return run_sessions_with_tiers(workload, spec, arrivals_ms, engine, workers, setup, tiers);
+    }
+    anyhow::ensure!(
+        tiers.is_none(),
+        "KV block tiers are simulated for conversation workloads (--sessions) only"
+    );
     anyhow::ensure!(
         arrivals_ms.len() == workload.len(),
         "{} arrival times for {} requests",
@@ -191,11 +233,419 @@ pub fn run(
     ))
 }
 
+/// The sidecar's KV block tiers in a conversation replay: each engine has its own store
+/// (`dynamo_kvblocks::placement`, as the sidecar runs it, with every write and move
+/// done at once), fed with the blocks each step evicts from the engine's GPU pool.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TierSetup {
+    /// Each engine's tiers: sizes in real bytes, reuse filters.
+    pub placement: PlacementConfig,
+    /// Real KV bytes of one block (`KvGeometry::block_bytes` of the model): what a block
+    /// takes in a tier and what onboarding it moves.
+    pub block_bytes: u64,
+    /// Onboarding bandwidth per tier (defaults: the mocker's, host 200 GB/s, disk 7 GB/s,
+    /// object 1.25 GB/s); offload is `evicted`.
+    pub kv: KvBlocksConfig,
+}
+
+impl TierSetup {
+    /// `placement` with the mocker's default bandwidths.
+    pub fn new(placement: PlacementConfig, block_bytes: u64) -> Self {
+        Self {
+            placement,
+            block_bytes,
+            kv: KvBlocksConfig::default(),
+        }
+    }
+
+    /// Blocks one engine's tiers can hold in all.
+    fn capacity_blocks(&self) -> usize {
+        let p = &self.placement;
+        [p.host, p.disk, p.object]
+            .iter()
+            .flatten()
+            .map(|l| (l.capacity_bytes / self.block_bytes.max(1)) as usize)
+            .sum()
+    }
+}
+
+/// The engines' stores, and what went through them.
+struct Tiers<'a> {
+    setup: &'a TierSetup,
+    stores: Vec<Placement>,
+    stats: TierStats,
+    /// Whether the router reads the stores' KV events.
+    publish: bool,
+}
+
+impl<'a> Tiers<'a> {
+    fn new(setup: &'a TierSetup, workers: usize, publish: bool) -> Self {
+        Self {
+            setup,
+            stores: (0..workers)
+                .map(|_| Placement::new(setup.placement))
+                .collect(),
+            stats: TierStats {
+                block_bytes: setup.block_bytes,
+                ..TierStats::default()
+            },
+            publish,
+        }
+    }
+
+    /// Engine `k` evicted `blocks`: its sidecar offers each to its store.
+    fn offload(&mut self, k: usize, blocks: &[OffloadBlock]) -> Vec<KvEvent> {
+        let mut events = Vec::new();
+        for b in blocks {
+            let (offered, actions) =
+                self.stores[k].offload(b.hash, b.parent, self.setup.block_bytes);
+            match offered {
+                Offered::Stored => self.stats.offloaded_blocks += 1,
+                Offered::Duplicate => self.stats.duplicate_blocks += 1,
+                Offered::Refused => self.stats.refused_blocks += 1,
+            }
+            self.apply(k, actions, &mut events);
+        }
+        events
+    }
+
+    /// A request of `prompt_len` tokens (full-block hashes `hashes`) arrives at engine
+    /// `k`: the blocks its store holds of the prompt beyond the GPU's cached prefix, as
+    /// the mocker's sidecar client asks for them (the last prompt token is always
+    /// computed), and the simulated milliseconds loading them takes.
+    fn onboard(
+        &mut self,
+        k: usize,
+        engine: &Engine,
+        hashes: &[SeqHash],
+        prompt_len: usize,
+        events: &mut Vec<KvEvent>,
+    ) -> (Range<usize>, f64) {
+        let max_blocks =
+            (prompt_len.saturating_sub(1) / engine.config().block_size).min(hashes.len());
+        let wanted = &hashes[..max_blocks];
+        let on_gpu = engine.cached_prefix_blocks(wanted);
+        let held = self.stores[k].lookup(&wanted[on_gpu..]);
+        if held.is_empty() {
+            return (0..0, 0.0);
+        }
+        let mut ms = 0.0;
+        for &(hash, tier) in &held {
+            ms += self.setup.kv.transfer_ms(self.setup.block_bytes, tier);
+            self.stats.onboarded_blocks.add(tier);
+            let actions = self.stores[k].onboarded(hash, tier);
+            self.apply(k, actions, events);
+        }
+        self.stats.onboarded_requests += 1;
+        (
+            on_gpu..on_gpu + held.len(),
+            ms / engine.config().speedup_ratio,
+        )
+    }
+
+    /// Carries out a store's actions at once, with the KV events the sidecar publishes.
+    fn apply(&mut self, k: usize, actions: Vec<Action>, events: &mut Vec<KvEvent>) {
+        let store = &mut self.stores[k];
+        for a in actions {
+            match a {
+                Action::Write { hash, tier } => {
+                    store.written(hash, tier);
+                    if self.publish {
+                        events.push(tier_stored(store, hash, tier));
+                    }
+                }
+                Action::Move { hash, from, to } => {
+                    store.written(hash, to);
+                    if self.publish {
+                        events.push(tier_removed(hash, from));
+                        events.push(tier_stored(store, hash, to));
+                    }
+                }
+                Action::Delete { hash, tier } => {
+                    if self.publish {
+                        events.push(tier_removed(hash, tier));
+                    }
+                }
+            }
+        }
+    }
+}
+
+fn tier_stored(store: &Placement, hash: SeqHash, tier: Tier) -> KvEvent {
+    KvEvent::Stored {
+        parent: store.parent(hash),
+        blocks: vec![StoredBlock {
+            seq_hash: hash,
+            engine_hash: hash.0,
+            tier,
+        }],
+    }
+}
+
+fn tier_removed(hash: SeqHash, tier: Tier) -> KvEvent {
+    KvEvent::Removed {
+        blocks: vec![RemovedBlock {
+            seq_hash: hash,
+            engine_hash: hash.0,
+        }],
+        tier,
+    }
+}
+
+/// A turn waiting for its onboarded blocks before it is queued.
+struct Onboarding {
+    engine: usize,
+    request: Request,
+    arrival_ms: f64,
+    blocks: Range<usize>,
+}
+
+/// A conversation workload in simulated time: session `s` sends its first turn at
+/// `starts_ms[s]`, and each next turn when the previous one has finished (its last
+/// token, or its rejection) plus the think time.
+///
+/// The mocker's `replay_requests` needs every arrival time before it runs the engines
+/// up to it, and here a turn's arrival depends on when its predecessor finishes, so
+/// this drives the engines itself: it always steps the engine that is furthest behind
+/// until every engine with work has reached the next known arrival, so that a turn
+/// finishing earlier puts its successor ahead in line. Figures are computed as the
+/// mocker's replay computes them, plus the per-turn ones from each request's
+/// `FinishedRequest`.
+pub fn run_sessions(
+    workload: &Workload,
+    spec: Sessions,
+    starts_ms: &[f64],
+    config: &EngineConfig,
+    workers: usize,
+    setup: RouterSetup,
+) -> anyhow::Result<Report> {
+    run_sessions_with_tiers(workload, spec, starts_ms, config, workers, setup, None)
+}
+
+/// As [`run_sessions`], each engine with the sidecar's tiers when `tiers` is given and
+/// has one on. A turn then looks up the blocks of its prompt beyond the engine's cached
+/// GPU prefix in the engine's store, and if the store holds some, it is queued only
+/// after loading them (their real bytes at each tier's bandwidth, on the simulated
+/// clock; its TTFT counts from its arrival), with those blocks counted as cached
+/// (`Engine::submit_onboarded`). With `kv` routing the router also reads the stores'
+/// KV events (each block's tier), as the endpoint picker does. The report's hit rates
+/// are then GPU + onboarded tokens over prompt tokens; [`TierStats`] has the rest.
+#[allow(clippy::too_many_arguments)]
+pub fn run_sessions_with_tiers(
+    workload: &Workload,
+    spec: Sessions,
+    starts_ms: &[f64],
+    config: &EngineConfig,
+    workers: usize,
+    setup: RouterSetup,
+    tiers: Option<&TierSetup>,
+) -> anyhow::Result<Report> {
+    anyhow::ensure!(
+        starts_ms.len() == spec.sessions,
+        "{} start times for {} sessions",
+        starts_ms.len(),
+        spec.sessions
+    );
+    anyhow::ensure!(
+        starts_ms.iter().all(|t| t.is_finite() && *t >= 0.0),
+        "session start times must be finite and >= 0"
+    );
+    anyhow::ensure!(workers > 0, "a replay needs at least one engine");
+    anyhow::ensure!(
+        setup.scheduler.temperature.is_finite() && setup.scheduler.temperature >= 0.0,
+        "the temperature must be finite and >= 0"
+    );
+    let tiers = tiers.filter(|t| t.placement.any());
+    let mut config = config.clone();
+    if let Some(t) = tiers {
+        anyhow::ensure!(t.block_bytes > 0, "a KV block has at least one byte");
+        config.kv_blocks = Some(KvBlocksConfig {
+            offload: OffloadMode::Evicted,
+            ..t.kv.clone()
+        });
+    }
+    let started = Instant::now();
+    let tier_blocks = tiers.map_or(0, TierSetup::capacity_blocks);
+    let mut router = KvRouter::new(setup, workers * (config.num_gpu_blocks + tier_blocks));
+    let mut engines = Vec::with_capacity(workers);
+    for _ in 0..workers {
+        let mut e = Engine::simulated(config.clone())?;
+        e.set_emit_kv_events(router.wants_kv_events());
+        engines.push(e);
+    }
+    let mut stores = tiers.map(|t| Tiers::new(t, workers, router.wants_kv_events()));
+    let hasher = engines[0].hasher().clone();
+    // Known arrivals: (time, session); a non-negative f64's bits sort as the f64 does.
+    let mut ready: BTreeSet<(u64, usize)> = starts_ms
+        .iter()
+        .enumerate()
+        .map(|(s, t)| ((t + 0.0).to_bits(), s))
+        .collect();
+    // Turns loading their blocks, by (time they are loaded, request index).
+    let mut onboarding: BTreeMap<(u64, usize), Onboarding> = BTreeMap::new();
+    let mut next_turn = vec![0usize; spec.sessions];
+    let mut samples = Vec::with_capacity(workload.len());
+    let mut c = Collector::default();
+    let mut rejected = 0;
+    // The next turn of `session`, `at` ms.
+    let follow = |ready: &mut BTreeSet<(u64, usize)>, next_turn: &[usize], session, at: f64| {
+        if next_turn[session] < spec.turns {
+            ready.insert(((at + spec.think_time_ms).to_bits(), session));
+        }
+    };
+    let next_event = |ready: &BTreeSet<(u64, usize)>,
+                      onboarding: &BTreeMap<(u64, usize), Onboarding>| {
+        let arrival = ready
+            .first()
+            .map_or(f64::INFINITY, |&(t, _)| f64::from_bits(t));
+        let loaded = onboarding
+            .first_key_value()
+            .map_or(f64::INFINITY, |(&(t, _), _)| f64::from_bits(t));
+        arrival.min(loaded)
+    };
+    loop {
+        // Step engines (the one furthest behind first) until all that have work are
+        // past the next arrival; finishes may bring arrivals forward.
+        loop {
+            let next_ms = next_event(&ready, &onboarding);
+            let behind = engines
+                .iter()
+                .enumerate()
+                .filter(|(_, e)| e.has_work() && e.clock().now_ms() < next_ms)
+                .min_by(|a, b| a.1.clock().now_ms().total_cmp(&b.1.clock().now_ms()))
+                .map(|(k, _)| k);
+            let Some(k) = behind else { break };
+            let o = engines[k].step();
+            c.take(&o);
+            router.observe(k, &o);
+            if let Some(stores) = &mut stores {
+                let events = stores.offload(k, &o.offload);
+                router.observe_tiers(k, &events);
+            }
+            for f in &o.finished {
+                let i = f.id as usize;
+                samples.push(TurnSample {
+                    turn: i % spec.turns,
+                    ok: true,
+                    ttft_ms: f.first_token_ms.map(|t| t - f.arrival_ms),
+                    prompt_tokens: Some(f.prompt_tokens as u64),
+                    cached_tokens: Some(f.cached_prompt_tokens as u64),
+                });
+                follow(&mut ready, &next_turn, i / spec.turns, f.finished_ms);
+            }
+            if o.duration_ms == 0.0 {
+                // Nothing could be scheduled (cannot happen with admitted requests).
+                anyhow::ensure!(next_ms.is_finite(), "engine {k} is stuck");
+                engines[k].clock_mut().advance_to(next_ms);
+            }
+        }
+        let loaded_first = match (onboarding.first_key_value(), ready.first()) {
+            (Some((&(t, _), _)), Some(&(a, _))) => f64::from_bits(t) <= f64::from_bits(a),
+            (Some(_), None) => true,
+            (None, _) => false,
+        };
+        // A turn whose blocks are loaded is queued; else the next turn arrives.
+        let (k, request, at, blocks) = if loaded_first {
+            let ((bits, _), o) = onboarding.pop_first().expect("checked");
+            for e in &mut engines {
+                e.clock_mut().advance_to(f64::from_bits(bits));
+            }
+            (o.engine, o.request, o.arrival_ms, o.blocks)
+        } else {
+            let Some((bits, session)) = ready.pop_first() else {
+                break;
+            };
+            let at = f64::from_bits(bits);
+            for e in &mut engines {
+                e.clock_mut().advance_to(at);
+            }
+            let turn = next_turn[session];
+            next_turn[session] += 1;
+            let i = session * spec.turns + turn;
+            let item = workload.request(i);
+            let hashes = hasher.seq_hashes(&item.token_ids);
+            let query = RouteQuery {
+                index: i,
+                arrival_ms: at,
+                token_ids: &item.token_ids,
+                block_hashes: &hashes,
+            };
+            let k = router.route(&query, &engines);
+            let request = Request {
+                id: i as u64,
+                token_ids: item.token_ids,
+                max_tokens: item.max_tokens,
+                seed: None,
+            };
+            let (blocks, ms) = match &mut stores {
+                Some(stores) => {
+                    let mut events = Vec::new();
+                    let found = stores.onboard(
+                        k,
+                        &engines[k],
+                        &hashes,
+                        request.token_ids.len(),
+                        &mut events,
+                    );
+                    router.observe_tiers(k, &events);
+                    found
+                }
+                None => (0..0, 0.0),
+            };
+            if !blocks.is_empty() {
+                let o = Onboarding {
+                    engine: k,
+                    request,
+                    arrival_ms: at,
+                    blocks,
+                };
+                onboarding.insert(((at + ms).to_bits(), i), o);
+                continue;
+            }
+            (k, request, at, blocks)
+        };
+        let i = request.id as usize;
+        if engines[k].submit_onboarded(request, at, blocks).is_err() {
+            rejected += 1;
+            router.rejected(k, i);
+            samples.push(TurnSample {
+                turn: i % spec.turns,
+                ..TurnSample::default()
+            });
+            // The conversation goes on, as it does live after a failed request.
+            follow(&mut ready, &next_turn, i / spec.turns, at);
+        }
+    }
+    let first_ms = starts_ms.iter().copied().fold(f64::INFINITY, f64::min);
+    let report = c.report(&engines, workload.len(), rejected, first_ms);
+    let gpu_hit_rate = report.prefix_cache_hit_rate;
+    let mut report = Report::from_replay(
+        setup.mode.as_str(),
+        &report,
+        started.elapsed().as_secs_f64(),
+    );
+    report.turns = turn_stats(&samples);
+    if let Some(stores) = stores {
+        // Prompt tokens not computed: from the GPU's prefix cache or onboarded.
+        let (cached, prompt) = samples
+            .iter()
+            .filter_map(|s| Some((s.cached_tokens?, s.prompt_tokens?)))
+            .fold((0u64, 0u64), |(c, p), (sc, sp)| (c + sc, p + sp));
+        report.kv_hit_rate = (prompt > 0).then(|| cached as f64 / prompt as f64);
+        report.tiers = Some(TierStats {
+            gpu_hit_rate,
+            ..stores.stats
+        });
+    }
+    Ok(report)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::arrivals;
     use crate::workload::SharedPrefix;
+    use dynamo_kvblocks::placement::TierLimits;
 
     /// 4 engines too small to hold every prefix: 16 prefixes of 8 blocks (128 blocks in
     /// all), 64 blocks per engine.
@@ -249,6 +699,257 @@ mod tests {
         let (kv_hit, rr_hit) = (kv.kv_hit_rate.unwrap(), rr.kv_hit_rate.unwrap());
         assert!(kv_hit > 1.4 * rr_hit, "kv {kv_hit} vs round-robin {rr_hit}");
         assert!(kv.ttft_ms.p50 < rr.ttft_ms.p50, "{kv:?}\n{rr:?}");
+    }
+
+    fn conversations(sessions: usize, think_time_ms: f64) -> Workload {
+        Workload::sessions(Sessions {
+            sessions,
+            turns: 4,
+            system_tokens: 32,
+            session_prefix_tokens: 100,
+            turn_tokens: 40,
+            output_tokens: 8,
+            think_time_ms,
+            seed: 7,
+        })
+        .unwrap()
+    }
+
+    #[test]
+    fn conversation_turns_reuse_the_previous_prompt_in_simulated_time() {
+        let w = conversations(6, 0.0);
+        let engine = EngineConfig {
+            block_size: 16,
+            ..EngineConfig::default()
+        };
+        for mode in [RouterMode::Kv, RouterMode::RoundRobin] {
+            let r = run(&w, &[0.0; 6], &engine, 1, setup(mode)).unwrap();
+            assert_eq!((r.requests, r.completed, r.errors), (24, 24, 0), "{mode}");
+            assert_eq!(r.output_tokens, 24 * 8);
+            let counts: Vec<usize> = r.turns.iter().map(|t| t.requests).collect();
+            assert_eq!(counts, [6, 6, 6, 6, 18]);
+            assert!(r.turns.iter().all(|t| t.errors == 0));
+            // One engine with room for everything: the 6 first turns are prefilled in
+            // the same step, so none finds the system prompt cached; turn k+1 finds
+            // every full block of turn k's prompt (132, 180, 228 tokens) and no more.
+            let hit = |t: usize| r.turns[t].kv_hit_rate.unwrap();
+            assert_eq!(hit(0), 0.0);
+            assert_eq!(hit(1), 128.0 / 180.0);
+            assert_eq!(hit(2), 176.0 / 228.0);
+            assert_eq!(hit(3), 224.0 / 276.0);
+            assert!(r.later_turns().unwrap().ttft_ms.p50 <= r.first_turn().unwrap().ttft_ms.p50);
+        }
+        // Four engines: kv routing keeps each conversation where its prefix is.
+        let kv = run(&w, &[0.0; 6], &engine, 4, setup(RouterMode::Kv)).unwrap();
+        let rr = run(&w, &[0.0; 6], &engine, 4, setup(RouterMode::RoundRobin)).unwrap();
+        let later = |r: &Report| r.later_turns().unwrap().kv_hit_rate.unwrap();
+        assert!(
+            later(&kv) > 0.7 && later(&kv) > 1.5 * later(&rr),
+            "{kv:?}\n{rr:?}"
+        );
+        let again = run(&w, &[0.0; 6], &engine, 4, setup(RouterMode::Kv)).unwrap();
+        assert_eq!(
+            (kv.turns, kv.ttft_ms, kv.duration_s),
+            (again.turns, again.ttft_ms, again.duration_s)
+        );
+        assert!(run(&w, &[0.0; 5], &engine, 4, setup(RouterMode::Kv)).is_err());
+    }
+
+    #[test]
+    fn think_time_separates_turns_and_sessions_start_when_told() {
+        let engine = EngineConfig {
+            block_size: 16,
+            ..EngineConfig::default()
+        };
+        // One session, 4 turns, 1 s of thinking between them: 3 s plus 4 answers.
+        let r = run(
+            &conversations(1, 1000.0),
+            &[0.0],
+            &engine,
+            1,
+            setup(RouterMode::Kv),
+        )
+        .unwrap();
+        assert_eq!(r.completed, 4);
+        let answers = r.e2e_ms.mean * 4.0;
+        assert!(answers < 1000.0, "{r:?}");
+        assert!(
+            (r.duration_s * 1000.0 - (3000.0 + answers)).abs() < 1e-6,
+            "{} vs {}",
+            r.duration_s,
+            answers
+        );
+        // Two sessions, the second starting 10 s later: it ends 13 s and its 4 answers
+        // (well under 1 s) after the first started.
+        let r = run(
+            &conversations(2, 1000.0),
+            &[0.0, 10_000.0],
+            &engine,
+            1,
+            setup(RouterMode::Kv),
+        )
+        .unwrap();
+        assert_eq!((r.completed, r.ttft_ms.count), (8, 8));
+        assert!((13.0..14.0).contains(&r.duration_s), "{r:?}");
+    }
+
+    /// Qwen2.5-0.5B's KV of a 16-token block.
+    const BLOCK_BYTES: u64 = 2 * 24 * 2 * 64 * 2 * 16;
+
+    fn tiers(host: Option<u64>, disk: Option<u64>) -> TierSetup {
+        let limits = |b: Option<u64>, min_reuse| {
+            b.map(|capacity_bytes| TierLimits {
+                capacity_bytes,
+                min_reuse,
+            })
+        };
+        TierSetup::new(
+            PlacementConfig {
+                host: limits(host, 1),
+                disk: limits(disk, 1),
+                object: None,
+            },
+            BLOCK_BYTES,
+        )
+    }
+
+    /// 6 conversations of 3 turns (2,048-token first prompts, 162 blocks by turn 3: 972
+    /// in all) started 100 ms apart, with 500 ms of thinking, on one engine of 400
+    /// blocks: a conversation's blocks are mostly evicted by the others before its
+    /// next turn.
+    fn tight() -> (Workload, Vec<f64>, EngineConfig) {
+        let w = Workload::sessions(Sessions {
+            sessions: 6,
+            turns: 3,
+            system_tokens: 0,
+            session_prefix_tokens: 2048,
+            turn_tokens: 256,
+            output_tokens: 4,
+            think_time_ms: 500.0,
+            seed: 5,
+        })
+        .unwrap();
+        let starts: Vec<f64> = (0..6).map(|s| f64::from(s) * 100.0).collect();
+        let engine = EngineConfig {
+            num_gpu_blocks: 400,
+            block_size: 16,
+            ..EngineConfig::default()
+        };
+        (w, starts, engine)
+    }
+
+    fn tiered(tiers: Option<&TierSetup>) -> Report {
+        let (w, starts, engine) = tight();
+        let mut r = run_with_tiers(&w, &starts, &engine, 1, setup(RouterMode::Kv), tiers).unwrap();
+        r.replay.as_mut().unwrap().wall_s = 0.0;
+        r
+    }
+
+    #[test]
+    fn a_host_tier_serves_later_turns_the_gpu_pool_lost() {
+        let off = tiered(None);
+        let host = tiered(Some(&tiers(Some(256 << 20), None)));
+        assert_eq!((off.completed, host.completed), (18, 18));
+        assert!(off.tiers.is_none());
+        let t = host.tiers.unwrap();
+        assert!(t.onboarded_blocks.host > 50, "{t:?}");
+        assert_eq!((t.onboarded_blocks.disk, t.onboarded_blocks.object), (0, 0));
+        assert!(t.offloaded_blocks > 0 && t.refused_blocks == 0, "{t:?}");
+        // Onboarded tokens count as cached: far more of the later prompts than the GPU
+        // alone kept.
+        let later = |r: &Report| r.later_turns().unwrap().clone();
+        let (l_off, l_host) = (later(&off), later(&host));
+        assert!(
+            l_host.kv_hit_rate.unwrap() > 0.7 && l_off.kv_hit_rate.unwrap() < 0.5,
+            "{l_off:?}\n{l_host:?}"
+        );
+        assert!(t.gpu_hit_rate < host.kv_hit_rate.unwrap());
+        assert!(
+            l_host.ttft_ms.p50 < 0.8 * l_off.ttft_ms.p50,
+            "{l_off:?}\n{l_host:?}"
+        );
+        // Turn 1 finds nothing anywhere either way.
+        assert_eq!(host.turns[0], off.turns[0]);
+    }
+
+    #[test]
+    fn blocks_come_back_from_disk_slower_than_from_host_memory() {
+        // One tier, the same size, either host memory or disk: the same blocks are held
+        // and served, a 192 KiB block taking 28 us from disk (7 GB/s), 1 us from host
+        // memory (200 GB/s).
+        let host = tiered(Some(&tiers(Some(256 << 20), None)));
+        let disk = tiered(Some(&tiers(None, Some(256 << 20))));
+        let (h, d) = (host.tiers.unwrap(), disk.tiers.unwrap());
+        assert!(
+            d.onboarded_blocks.disk > 50 && d.onboarded_blocks.host == 0,
+            "{d:?}"
+        );
+        assert!(disk.ttft_ms.mean > host.ttft_ms.mean, "{host:?}\n{disk:?}");
+        assert!(h.onboarded_blocks.host > 0);
+        // Loading is on the simulated clock: at 10 MB/s a block takes 19.7 ms, and a
+        // second turn that finds its first turn's 128 blocks on disk only (the engine,
+        // idle meanwhile, keeps more on the GPU: fewer turns load) is queued 2.5 s after
+        // it arrived.
+        let mut slow = tiers(None, Some(256 << 20));
+        slow.kv.disk_bandwidth_gbps = 0.01;
+        let slow = tiered(Some(&slow));
+        assert!(slow.tiers.unwrap().onboarded_requests > 0);
+        let worst = slow.turns[1].ttft_ms.p99;
+        assert!(
+            (2516.0..2516.0 + 100.0).contains(&worst),
+            "{:?}",
+            slow.turns[1]
+        );
+        // A host tier of about half the working set demotes what it evicts to disk
+        // (min reuse 1 here), and later turns are served from both.
+        let both = tiered(Some(&tiers(Some(500 * BLOCK_BYTES), Some(256 << 20))));
+        let b = both.tiers.unwrap();
+        assert!(
+            b.onboarded_blocks.host > 0 && b.onboarded_blocks.disk > 0,
+            "{b:?}"
+        );
+    }
+
+    #[test]
+    fn a_tier_too_small_for_a_block_changes_nothing() {
+        let off = tiered(None);
+        let tiny = tiered(Some(&tiers(Some(BLOCK_BYTES - 1), None)));
+        let t = tiny.tiers.unwrap();
+        assert_eq!((t.onboarded_blocks.total(), t.offloaded_blocks), (0, 0));
+        assert!(t.refused_blocks > 0, "{t:?}");
+        assert_eq!(
+            Report {
+                tiers: None,
+                ..tiny
+            },
+            off
+        );
+        // And a config with every tier off is no tiers at all.
+        let none = tiered(Some(&tiers(None, None)));
+        assert_eq!(none, off);
+    }
+
+    #[test]
+    fn tiered_replays_are_deterministic() {
+        let two_tiers = tiers(Some(500 * BLOCK_BYTES), Some(256 << 20));
+        let (w, starts, engine) = tight();
+        assert_eq!(tiered(Some(&two_tiers)), tiered(Some(&two_tiers)));
+        // Four engines with kv routing reading the tiers' events, and round-robin.
+        for mode in [RouterMode::Kv, RouterMode::RoundRobin] {
+            let four = || {
+                let mut r =
+                    run_with_tiers(&w, &starts, &engine, 4, setup(mode), Some(&two_tiers)).unwrap();
+                r.replay.as_mut().unwrap().wall_s = 0.0;
+                r
+            };
+            let r = four();
+            assert!(r.tiers.unwrap().onboarded_blocks.total() > 0, "{mode}");
+            assert_eq!(r, four(), "{mode}");
+        }
+        // Tiers are for conversations only.
+        let (plain, at, engine) = small_pressure();
+        let kv = setup(RouterMode::Kv);
+        assert!(run_with_tiers(&plain, &at, &engine, 1, kv, Some(&two_tiers)).is_err());
     }
 
     #[test]

@@ -33,6 +33,124 @@ pub struct Report {
     /// Engine-side figures of a replay.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub replay: Option<ReplayDetails>,
+    /// A conversation workload's figures per turn (see [`turn_stats`]).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub turns: Vec<TurnStats>,
+    /// A replay with simulated KV block tiers: what went through them. `kv_hit_rate`
+    /// and the turns' hit rates then count onboarded tokens as cached.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tiers: Option<TierStats>,
+}
+
+/// What went through the simulated KV block tiers of a replay's engines.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize)]
+pub struct TierStats {
+    /// Real KV bytes of one block.
+    pub block_bytes: u64,
+    /// Blocks the engines evicted and a store took, found already held (a use), or
+    /// refused (no room).
+    pub offloaded_blocks: u64,
+    pub duplicate_blocks: u64,
+    pub refused_blocks: u64,
+    /// Blocks loaded back into an engine, by the tier that served them.
+    pub onboarded_blocks: PerTier,
+    /// Requests that loaded any.
+    pub onboarded_requests: u64,
+    /// Prompt tokens served by the GPU prefix cache alone / prompt tokens.
+    pub gpu_hit_rate: f64,
+}
+
+/// A count per sidecar tier.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct PerTier {
+    pub host: u64,
+    pub disk: u64,
+    pub object: u64,
+}
+
+impl PerTier {
+    pub fn add(&mut self, tier: dynamo_kvcache::Tier) {
+        use dynamo_kvcache::Tier;
+        match tier {
+            Tier::Host => self.host += 1,
+            Tier::Disk => self.disk += 1,
+            Tier::Object => self.object += 1,
+            Tier::Gpu => {}
+        }
+    }
+
+    pub fn total(&self) -> u64 {
+        self.host + self.disk + self.object
+    }
+}
+
+/// TTFT and KV hit rate of the requests of turns `first_turn..=last_turn` (1-based) of
+/// a conversation workload.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct TurnStats {
+    pub first_turn: usize,
+    pub last_turn: usize,
+    pub requests: usize,
+    pub errors: usize,
+    pub ttft_ms: Percentiles,
+    /// Cached / prompt tokens over the completed requests that said.
+    pub kv_hit_rate: Option<f64>,
+}
+
+/// What one request of a conversation contributes to [`TurnStats`].
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct TurnSample {
+    /// 0-based.
+    pub turn: usize,
+    pub ok: bool,
+    pub ttft_ms: Option<f64>,
+    pub prompt_tokens: Option<u64>,
+    pub cached_tokens: Option<u64>,
+}
+
+/// One entry per turn, then (with three turns or more) one for every turn but the
+/// first: the turns whose prefix the previous turn left in some cache.
+pub fn turn_stats(samples: &[TurnSample]) -> Vec<TurnStats> {
+    let Some(last) = samples.iter().map(|s| s.turn).max() else {
+        return Vec::new();
+    };
+    let of = |first: usize, last: usize| {
+        let mine: Vec<&TurnSample> = samples
+            .iter()
+            .filter(|s| (first..=last).contains(&s.turn))
+            .collect();
+        let ok: Vec<&&TurnSample> = mine.iter().filter(|s| s.ok).collect();
+        let mut ttft: Vec<f64> = ok.iter().filter_map(|s| s.ttft_ms).collect();
+        let (cached, prompt) = ok
+            .iter()
+            .filter_map(|s| Some((s.cached_tokens?, s.prompt_tokens?)))
+            .fold((0u64, 0u64), |(c, p), (sc, sp)| (c + sc, p + sp));
+        TurnStats {
+            first_turn: first + 1,
+            last_turn: last + 1,
+            requests: mine.len(),
+            errors: mine.len() - ok.len(),
+            ttft_ms: Percentiles::of(&mut ttft),
+            kv_hit_rate: (prompt > 0).then(|| cached as f64 / prompt as f64),
+        }
+    };
+    let mut out: Vec<TurnStats> = (0..=last).map(|t| of(t, t)).collect();
+    if last > 1 {
+        out.push(of(1, last));
+    }
+    out
+}
+
+impl Report {
+    /// The first turn's figures, for a conversation workload.
+    pub fn first_turn(&self) -> Option<&TurnStats> {
+        self.turns.first()
+    }
+
+    /// The figures of every turn but the first, for a conversation of 2 turns or more.
+    pub fn later_turns(&self) -> Option<&TurnStats> {
+        self.turns.last().filter(|t| t.first_turn == 2)
+    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Serialize)]
@@ -83,6 +201,21 @@ impl Report {
             output_tokens_per_s: per_s(output_tokens as f64),
             kv_hit_rate: (prompt > 0).then(|| cached as f64 / prompt as f64),
             replay: None,
+            turns: turn_stats(
+                &records
+                    .iter()
+                    .filter_map(|r| {
+                        Some(TurnSample {
+                            turn: r.turn?,
+                            ok: r.error.is_none(),
+                            ttft_ms: r.ttft_ms,
+                            prompt_tokens: r.prompt_tokens,
+                            cached_tokens: r.cached_tokens,
+                        })
+                    })
+                    .collect::<Vec<_>>(),
+            ),
+            tiers: None,
         }
     }
 
@@ -112,6 +245,8 @@ impl Report {
                 engine_steps: r.steps,
                 wall_s,
             }),
+            turns: Vec::new(),
+            tiers: None,
         }
     }
 }
@@ -156,6 +291,17 @@ pub struct Ratio {
     pub kv_hit_rate: Option<f64>,
     pub ttft_p50: f64,
     pub ttft_p90: f64,
+    /// Conversation workloads: the same TTFT ratios on turn 1 and on the later turns.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub turns: Option<TurnRatio>,
+}
+
+/// The baseline's TTFT over the run's, on a conversation's first and later turns.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+pub struct TurnRatio {
+    pub first_turn_ttft_p50: f64,
+    pub later_turns_ttft_p50: f64,
+    pub later_turns_ttft_p90: f64,
 }
 
 /// Ratios of every run but the baseline; empty without a baseline run.
@@ -175,6 +321,17 @@ pub fn ratios(reports: &[Report], baseline: &str) -> Vec<Ratio> {
             },
             ttft_p50: base.ttft_ms.p50 / r.ttft_ms.p50,
             ttft_p90: base.ttft_ms.p90 / r.ttft_ms.p90,
+            turns: match (
+                (base.first_turn(), base.later_turns()),
+                (r.first_turn(), r.later_turns()),
+            ) {
+                ((Some(b1), Some(bl)), (Some(r1), Some(rl))) => Some(TurnRatio {
+                    first_turn_ttft_p50: b1.ttft_ms.p50 / r1.ttft_ms.p50,
+                    later_turns_ttft_p50: bl.ttft_ms.p50 / rl.ttft_ms.p50,
+                    later_turns_ttft_p90: bl.ttft_ms.p90 / rl.ttft_ms.p90,
+                }),
+                _ => None,
+            },
         })
         .collect()
 }
@@ -198,6 +355,106 @@ pub fn ratio_table(ratios: &[Ratio]) -> String {
     out
 }
 
+/// A conversation workload's TTFT and hit rate per turn: one row per run and turn, and
+/// one per run for every turn but the first.
+pub fn turn_table(reports: &[Report]) -> String {
+    let mut out = String::from(
+        "| run | turn | requests | errors | TTFT p50 | TTFT p90 | TTFT p99 | KV hit rate |\n\
+         |---|---|---|---|---|---|---|---|\n",
+    );
+    for r in reports {
+        for t in &r.turns {
+            let turn = if t.first_turn == t.last_turn {
+                t.first_turn.to_string()
+            } else {
+                format!("{}-{}", t.first_turn, t.last_turn)
+            };
+            let hit = t
+                .kv_hit_rate
+                .map_or_else(|| "n/a".to_owned(), |h| format!("{:.1}%", h * 100.0));
+            writeln!(
+                out,
+                "| {} | {turn} | {} | {} | {:.1} | {:.1} | {:.1} | {hit} |",
+                r.label, t.requests, t.errors, t.ttft_ms.p50, t.ttft_ms.p90, t.ttft_ms.p99,
+            )
+            .expect("writing to a String");
+        }
+    }
+    out
+}
+
+/// The ratios' conversation part; empty when no ratio has one.
+pub fn turn_ratio_table(ratios: &[Ratio]) -> String {
+    let rows: Vec<(&Ratio, TurnRatio)> =
+        ratios.iter().filter_map(|r| Some((r, r.turns?))).collect();
+    if rows.is_empty() {
+        return String::new();
+    }
+    let mut out = String::from(
+        "| run | baseline turn-1 TTFT p50 / run's | baseline later-turn TTFT p50 / run's | baseline later-turn TTFT p90 / run's |\n\
+         |---|---|---|---|\n",
+    );
+    for (r, t) in rows {
+        writeln!(
+            out,
+            "| {} vs {} | {:.2}x | {:.2}x | {:.2}x |",
+            r.label,
+            r.baseline,
+            t.first_turn_ttft_p50,
+            t.later_turns_ttft_p50,
+            t.later_turns_ttft_p90
+        )
+        .expect("writing to a String");
+    }
+    out
+}
+
+/// A tiered conversation replay per run: TTFT overall and on turns 2..T, the prefix hit
+/// rate (GPU + onboarded tokens / prompt tokens) and the GPU's alone, the blocks loaded
+/// back from each tier, and TTFT against the run labelled `baseline` (the baseline's
+/// p50 over the run's: above 1 is faster).
+pub fn tier_table(reports: &[Report], baseline: &str) -> String {
+    let base = reports.iter().find(|r| r.label == baseline);
+    let mut out = String::from(
+        "| run | TTFT p50 | TTFT p90 | turns 2+ TTFT p50 | turns 2+ TTFT p90 | prefix hit rate | turns 2+ prefix hit rate | GPU hit rate | onboarded blocks host / disk / object | TTFT p50 vs baseline | turns 2+ TTFT p50 vs baseline |\n\
+         |---|---|---|---|---|---|---|---|---|---|---|\n",
+    );
+    let pct = |h: Option<f64>| h.map_or_else(|| "n/a".to_owned(), |h| format!("{:.1}%", h * 100.0));
+    let later = |r: &Report| r.later_turns().map(|t| t.ttft_ms);
+    for r in reports {
+        let (later_p50, later_p90) = later(r).map_or_else(
+            || ("n/a".to_owned(), "n/a".to_owned()),
+            |t| (format!("{:.1}", t.p50), format!("{:.1}", t.p90)),
+        );
+        let gpu = r.tiers.map(|t| t.gpu_hit_rate).or(r.kv_hit_rate);
+        let onboarded = r.tiers.map_or_else(
+            || "-".to_owned(),
+            |t| {
+                let b = t.onboarded_blocks;
+                format!("{} / {} / {}", b.host, b.disk, b.object)
+            },
+        );
+        let vs = |ours: Option<f64>, theirs: Option<f64>| match (ours, theirs) {
+            (Some(o), Some(t)) if o > 0.0 => format!("{:.2}x", t / o),
+            _ => "n/a".to_owned(),
+        };
+        let overall = vs(Some(r.ttft_ms.p50), base.map(|b| b.ttft_ms.p50));
+        let turns = vs(later(r).map(|t| t.p50), base.and_then(later).map(|t| t.p50));
+        writeln!(
+            out,
+            "| {} | {:.1} | {:.1} | {later_p50} | {later_p90} | {} | {} | {} | {onboarded} | {overall} | {turns} |",
+            r.label,
+            r.ttft_ms.p50,
+            r.ttft_ms.p90,
+            pct(r.kv_hit_rate),
+            pct(r.later_turns().and_then(|t| t.kv_hit_rate)),
+            pct(gpu),
+        )
+        .expect("writing to a String");
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -212,6 +469,8 @@ mod tests {
             prompt_tokens: Some(prompt),
             cached_tokens: cached,
             error: None,
+            session: None,
+            turn: None,
         }
     }
 
@@ -265,6 +524,93 @@ mod tests {
             (r.ttft_ms.p50, r.ttft_ms.p90, r.ttft_ms.p99),
             (5.0, 9.0, 10.0)
         );
+    }
+
+    #[test]
+    fn conversations_are_summarised_per_turn() {
+        let turn = |turn: usize, ttft: f64, prompt: u64, cached: u64| RequestRecord {
+            turn: Some(turn),
+            session: Some(0),
+            ..record(ttft, &[], prompt, Some(cached))
+        };
+        let mut broken = failed("HTTP 500: boom");
+        broken.turn = Some(2);
+        let records = vec![
+            turn(0, 50.0, 100, 0),
+            turn(0, 70.0, 100, 0),
+            turn(1, 10.0, 200, 64),
+            turn(1, 30.0, 200, 128),
+            turn(2, 20.0, 300, 192),
+            broken,
+        ];
+        let r = Report::from_records("off", &records, 1.0);
+        let rows: Vec<(usize, usize, usize, usize, f64)> = r
+            .turns
+            .iter()
+            .map(|t| {
+                (
+                    t.first_turn,
+                    t.last_turn,
+                    t.requests,
+                    t.errors,
+                    t.ttft_ms.p50,
+                )
+            })
+            .collect();
+        assert_eq!(
+            rows,
+            [
+                (1, 1, 2, 0, 50.0),
+                (2, 2, 2, 0, 10.0),
+                (3, 3, 2, 1, 20.0),
+                (2, 3, 4, 1, 20.0)
+            ]
+        );
+        assert_eq!(r.first_turn().unwrap().kv_hit_rate, Some(0.0));
+        assert_eq!(r.later_turns().unwrap().kv_hit_rate, Some(384.0 / 700.0));
+        assert_eq!(r.later_turns().unwrap().ttft_ms.p90, 30.0);
+        let table = turn_table(std::slice::from_ref(&r));
+        assert!(
+            table.contains("| off | 1 | 2 | 0 | 50.0 | 70.0 | 70.0 | 0.0% |"),
+            "{table}"
+        );
+        assert!(table.contains("| off | 2-3 | 4 | 1 | 20.0 |"), "{table}");
+
+        // Two turns: no separate "later turns" row, turn 2 is it.
+        let two = Report::from_records("x", &records[..4], 1.0);
+        assert_eq!(two.turns.len(), 2);
+        assert_eq!(two.later_turns().map(|t| t.first_turn), Some(2));
+        let one = Report::from_records("x", &records[..2], 1.0);
+        assert_eq!((one.turns.len(), one.later_turns()), (1, None));
+        assert!(
+            Report::from_records("x", &[record(1.0, &[], 1, None)], 1.0)
+                .turns
+                .is_empty()
+        );
+
+        // Against a baseline that was twice as slow on later turns.
+        let mut host = r.clone();
+        host.label = "host".into();
+        for t in &mut host.turns[1..] {
+            t.ttft_ms.p50 /= 2.0;
+            t.ttft_ms.p90 /= 4.0;
+        }
+        let ratios = ratios(&[r, host], "off");
+        let t = ratios[0].turns.unwrap();
+        assert_eq!(
+            (
+                t.first_turn_ttft_p50,
+                t.later_turns_ttft_p50,
+                t.later_turns_ttft_p90
+            ),
+            (1.0, 2.0, 4.0)
+        );
+        let table = turn_ratio_table(&ratios);
+        assert!(
+            table.contains("| host vs off | 1.00x | 2.00x | 4.00x |"),
+            "{table}"
+        );
+        assert!(turn_ratio_table(&[]).is_empty());
     }
 
     #[test]

@@ -4,6 +4,9 @@
 //! - Shared prefix: `prefixes` x `suffixes` requests; request `i` is one prefix of
 //!   `prefix_tokens` followed by `unique_tokens` of its own, in an order shuffled by the
 //!   seed, so each prefix comes back over the whole run.
+//! - Multi-turn conversations ([`Sessions`]): each turn's prompt is the previous
+//!   turn's prompt, a stand-in for its answer and a new message; turns of a session are
+//!   sent one after the other (see `bench` and `replay`).
 //! - Mooncake trace: one JSON line per request (`timestamp` ms, `input_length`,
 //!   `output_length`, `hash_ids` of 512-token blocks); the mocker's
 //!   [`synthesize_prompt`] turns equal hash ids into equal tokens.
@@ -25,6 +28,13 @@ pub const PROMPT_VOCAB: u32 = 32_000;
 /// Keeps the unique tails' token streams apart from the prefixes'.
 const UNIQUE_SALT: u64 = 0x7461_696c;
 
+/// Keep the multi-turn workload's streams apart: the common system prompt, each
+/// session's first prompt, the answers' stand-ins and the later user messages.
+const SYSTEM_SALT: u64 = 0x7379_7374_656d;
+const SESSION_SALT: u64 = 0x0073_6573_7369_6f6e;
+const ANSWER_SALT: u64 = 0x616e_7377_6572;
+const MESSAGE_SALT: u64 = 0x006d_6573_7361_6765;
+
 /// One request to send.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct WorkItem {
@@ -45,6 +55,55 @@ pub struct SharedPrefix {
     pub seed: u64,
 }
 
+/// The multi-turn conversation workload: `sessions` users, each holding a conversation
+/// of `turns` requests. Turn 1's prompt is the common system prompt and the session's
+/// own first prompt; turn k+1's prompt is turn k's prompt, a stand-in for turn k's
+/// answer (`output_tokens` tokens of deterministic filler: the mocked model's real
+/// answer does not matter) and a new user message of `turn_tokens`, so every turn's
+/// prompt starts with the exact tokens of the previous one.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+pub struct Sessions {
+    pub sessions: usize,
+    pub turns: usize,
+    /// Tokens every session starts with (a common system prompt); may be 0.
+    pub system_tokens: usize,
+    /// Tokens of each session's own first prompt, after the system prompt.
+    pub session_prefix_tokens: usize,
+    /// Tokens of each later user message.
+    pub turn_tokens: usize,
+    /// Each answer's length, and the length of its stand-in in the next prompt.
+    pub output_tokens: usize,
+    /// Pause between the end of a turn's answer and the next turn.
+    pub think_time_ms: f64,
+    pub seed: u64,
+}
+
+impl Sessions {
+    /// Prompt length of turn `turn` (0-based).
+    pub fn prompt_tokens(&self, turn: usize) -> usize {
+        self.system_tokens
+            + self.session_prefix_tokens
+            + turn * (self.output_tokens + self.turn_tokens)
+    }
+
+    /// The prompt of turn `turn` (0-based) of session `session`.
+    pub fn prompt(&self, session: usize, turn: usize) -> Vec<u32> {
+        let mut tokens = Vec::with_capacity(self.prompt_tokens(turn));
+        let mut extend = |salt: u64, stream: usize, len: usize| {
+            let key = stream_key(self.seed ^ salt, stream as u64);
+            tokens.extend((0..len as u64).map(|pos| token_at(key, pos, PROMPT_VOCAB)));
+        };
+        extend(SYSTEM_SALT, 0, self.system_tokens);
+        extend(SESSION_SALT, session, self.session_prefix_tokens);
+        let first = session * self.turns;
+        for k in 0..turn {
+            extend(ANSWER_SALT, first + k, self.output_tokens);
+            extend(MESSAGE_SALT, first + k + 1, self.turn_tokens);
+        }
+        tokens
+    }
+}
+
 #[derive(Clone, Debug)]
 pub enum Workload {
     SharedPrefix {
@@ -54,6 +113,10 @@ pub enum Workload {
     },
     Trace {
         records: Vec<TraceRecord>,
+    },
+    /// Request `i` is turn `i % turns` of session `i / turns`.
+    Sessions {
+        spec: Sessions,
     },
 }
 
@@ -73,6 +136,36 @@ impl Workload {
             .collect();
         order.shuffle(&mut StdRng::seed_from_u64(spec.seed));
         Ok(Self::SharedPrefix { spec, order })
+    }
+
+    pub fn sessions(spec: Sessions) -> anyhow::Result<Self> {
+        anyhow::ensure!(
+            spec.sessions > 0 && spec.turns > 0,
+            "--sessions and --turns must be at least 1"
+        );
+        anyhow::ensure!(
+            spec.system_tokens + spec.session_prefix_tokens > 0,
+            "a first turn needs at least one token (--system-tokens + --session-prefix-tokens)"
+        );
+        anyhow::ensure!(spec.output_tokens > 0, "--output-tokens must be at least 1");
+        anyhow::ensure!(
+            spec.think_time_ms.is_finite() && spec.think_time_ms >= 0.0,
+            "--think-time-s must be >= 0"
+        );
+        Ok(Self::Sessions { spec })
+    }
+
+    /// The multi-turn shape, for a conversation workload.
+    pub fn conversations(&self) -> Option<&Sessions> {
+        match self {
+            Self::Sessions { spec } => Some(spec),
+            _ => None,
+        }
+    }
+
+    /// Session and turn (both 0-based) of request `i`, for a conversation workload.
+    pub fn session_turn(&self, i: usize) -> Option<(usize, usize)> {
+        self.conversations().map(|s| (i / s.turns, i % s.turns))
     }
 
     /// Reads a Mooncake trace, keeping records with at most `max_input_tokens` prompt
@@ -104,6 +197,7 @@ impl Workload {
         match self {
             Self::SharedPrefix { order, .. } => order.len(),
             Self::Trace { records } => records.len(),
+            Self::Sessions { spec } => spec.sessions * spec.turns,
         }
     }
 
@@ -132,13 +226,17 @@ impl Workload {
                 token_ids: synthesize_prompt(&records[i], i as u64, PROMPT_VOCAB),
                 max_tokens: records[i].output_length.max(1),
             },
+            Self::Sessions { spec } => WorkItem {
+                token_ids: spec.prompt(i / spec.turns, i % spec.turns),
+                max_tokens: spec.output_tokens,
+            },
         }
     }
 
     /// The trace's own arrival times (ms, from its first record), if it has them.
     pub fn timestamps_ms(&self) -> Option<Vec<f64>> {
         match self {
-            Self::SharedPrefix { .. } => None,
+            Self::SharedPrefix { .. } | Self::Sessions { .. } => None,
             Self::Trace { records } => {
                 let first = records[0].timestamp;
                 Some(records.iter().map(|r| r.timestamp - first).collect())
@@ -168,6 +266,22 @@ impl Workload {
                     osl as f64 / records.len() as f64
                 )
             }
+            Self::Sessions { spec } => format!(
+                "conversations: {} sessions x {} turns, ISL {} system + {} own + {} per turn \
+                 (answer {} + message {}), ISL {} to {}, OSL {}, think time {} s, seed {}",
+                spec.sessions,
+                spec.turns,
+                spec.system_tokens,
+                spec.session_prefix_tokens,
+                spec.output_tokens + spec.turn_tokens,
+                spec.output_tokens,
+                spec.turn_tokens,
+                spec.prompt_tokens(0),
+                spec.prompt_tokens(spec.turns - 1),
+                spec.output_tokens,
+                spec.think_time_ms / 1000.0,
+                spec.seed
+            ),
         }
     }
 }
@@ -287,6 +401,109 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(err.contains("must not decrease"), "{err}");
+    }
+
+    fn conversation(seed: u64) -> Sessions {
+        Sessions {
+            sessions: 3,
+            turns: 4,
+            system_tokens: 10,
+            session_prefix_tokens: 50,
+            turn_tokens: 20,
+            output_tokens: 7,
+            think_time_ms: 0.0,
+            seed,
+        }
+    }
+
+    #[test]
+    fn each_turn_starts_with_the_previous_prompt_and_its_answer() {
+        let spec = conversation(2);
+        let w = Workload::sessions(spec).unwrap();
+        assert_eq!(w.len(), 12);
+        assert!(
+            w.describe().contains("3 sessions x 4 turns"),
+            "{}",
+            w.describe()
+        );
+        for s in 0..3 {
+            for k in 0..4 {
+                let i = s * 4 + k;
+                assert_eq!(w.session_turn(i), Some((s, k)));
+                let item = w.request(i);
+                assert_eq!(item.max_tokens, 7);
+                assert_eq!(item.token_ids.len(), 60 + k * 27);
+                assert_eq!(item.token_ids.len(), spec.prompt_tokens(k));
+                assert!(item.token_ids.iter().all(|&t| t < PROMPT_VOCAB));
+                if k > 0 {
+                    let before = w.request(i - 1).token_ids;
+                    assert_eq!(item.token_ids[..before.len()], before[..]);
+                    // What follows is the answer's stand-in (as long as the answer), then
+                    // a message that only this session's later turns repeat.
+                    let tail = &item.token_ids[before.len()..];
+                    assert_eq!(tail.len(), 7 + 20);
+                    for other in (0..12).filter(|&j| j / 4 != s || j % 4 < k) {
+                        let o = w.request(other).token_ids;
+                        assert!(!o.windows(20).any(|win| win == &tail[7..]), "{i} {other}");
+                    }
+                }
+            }
+        }
+        // Sessions share the system prompt and nothing after it.
+        let firsts: Vec<Vec<u32>> = (0..3).map(|s| w.request(s * 4).token_ids).collect();
+        for pair in [(0, 1), (0, 2), (1, 2)] {
+            let (a, b) = (&firsts[pair.0], &firsts[pair.1]);
+            assert_eq!(a[..10], b[..10]);
+            assert_ne!(a[10..26], b[10..26], "{pair:?}");
+        }
+        // A seed fixes the workload; another changes it.
+        let again = Workload::sessions(spec).unwrap();
+        let other = Workload::sessions(conversation(3)).unwrap();
+        assert_eq!(w.request(5), again.request(5));
+        assert_ne!(w.request(5), other.request(5));
+        assert_eq!(w.timestamps_ms(), None);
+        assert_eq!(
+            Workload::shared_prefix(self::spec(0))
+                .unwrap()
+                .session_turn(0),
+            None
+        );
+    }
+
+    #[test]
+    fn bad_conversations_are_refused() {
+        for bad in [
+            Sessions {
+                sessions: 0,
+                ..conversation(0)
+            },
+            Sessions {
+                turns: 0,
+                ..conversation(0)
+            },
+            Sessions {
+                output_tokens: 0,
+                ..conversation(0)
+            },
+            Sessions {
+                system_tokens: 0,
+                session_prefix_tokens: 0,
+                ..conversation(0)
+            },
+            Sessions {
+                think_time_ms: -1.0,
+                ..conversation(0)
+            },
+        ] {
+            assert!(Workload::sessions(bad).is_err(), "{bad:?}");
+        }
+        // No later message is fine: each turn adds the answer only.
+        let w = Workload::sessions(Sessions {
+            turn_tokens: 0,
+            ..conversation(0)
+        })
+        .unwrap();
+        assert_eq!(w.request(1).token_ids.len(), 67);
     }
 
     /// A trace file, removed when dropped.

@@ -80,6 +80,46 @@ fn replay_compares_modes_and_writes_json_and_markdown() {
 }
 
 #[test]
+fn replay_reports_conversations_per_turn() {
+    let out = dynamo_e2e(&[
+        "replay",
+        "--sessions",
+        "6",
+        "--turns",
+        "3",
+        "--session-prefix-tokens",
+        "100",
+        "--turn-tokens",
+        "40",
+        "--output-tokens",
+        "4",
+        "--think-time-s",
+        "0.5",
+        "--block-size",
+        "16",
+        "--modes",
+        "kv,round-robin",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let stdout = String::from_utf8(out.stdout).unwrap();
+    for row in [
+        "conversations: 6 sessions x 3 turns",
+        "all sessions at once",
+        "| kv | 18 | 0 |",
+        "| kv | 1 | 6 | 0 |",
+        "| round-robin | 2-3 | 12 | 0 |",
+        "| kv vs round-robin | ",
+        "baseline later-turn TTFT p50 / run's",
+    ] {
+        assert!(stdout.contains(row), "{row}: {stdout}");
+    }
+}
+
+#[test]
 fn bad_flags_are_refused_with_a_reason() {
     let out = dynamo_e2e(&["replay", "--prefixes", "2"]);
     assert!(!out.status.success());
@@ -152,4 +192,165 @@ async fn bench_finds_the_model_and_reports_a_live_run() {
             .contains("4 requests in flight")
     );
     let _ = std::fs::remove_file(json);
+}
+
+// KV block tiers in the replay (`--tiers`).
+
+/// 6 conversations of 3 turns (2,048-token first prompts) on one engine of 400 blocks
+/// of 16 tokens: the GPU loses each conversation before its next turn.
+const CONVERSATIONS: [&str; 22] = [
+    "replay",
+    "--sessions",
+    "6",
+    "--turns",
+    "3",
+    "--session-prefix-tokens",
+    "2048",
+    "--turn-tokens",
+    "256",
+    "--output-tokens",
+    "4",
+    "--think-time-s",
+    "0.5",
+    "--request-rate",
+    "10",
+    "--arrival",
+    "fixed",
+    "--workers",
+    "1",
+    "--num-gpu-blocks",
+    "400",
+    "--block-size=16",
+];
+
+#[test]
+fn tier_configs_are_compared_with_blocks_sized_from_the_models_config() {
+    // Qwen2.5-0.5B's KV geometry: 24 layers x 2 KV heads x 64 x bfloat16, K and V:
+    // 12,288 bytes a token, 196,608 a block of 16.
+    let model = scratch("model");
+    std::fs::create_dir_all(&model).unwrap();
+    std::fs::write(
+        model.join("config.json"),
+        r#"{"hidden_size": 896, "num_hidden_layers": 24, "num_attention_heads": 14,
+            "num_key_value_heads": 2, "torch_dtype": "bfloat16"}"#,
+    )
+    .unwrap();
+    let json = scratch("tiers.json");
+    let mut args = CONVERSATIONS.to_vec();
+    let (model_arg, json_arg) = (model.display().to_string(), json.display().to_string());
+    args.extend([
+        "--modes",
+        "kv",
+        "--tiers",
+        "off,host=256MiB,host=100KB,host=64MiB+disk=1GB",
+        "--model-path",
+        &model_arg,
+        "--out",
+        &json_arg,
+    ]);
+    let out = dynamo_e2e(&args);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let stdout = String::from_utf8(out.stdout).unwrap();
+    for row in [
+        "KV tiers per engine, blocks of 196608 bytes",
+        "| run | TTFT p50 | TTFT p90 | turns 2+ TTFT p50 |",
+        "| off | 18 | 0 |",
+        "| host=256MiB | 18 | 0 |",
+        "| host=256MiB vs off | ",
+        "| host=64MiB+disk=1GB | 2-3 | 12 | 0 |",
+    ] {
+        assert!(stdout.contains(row), "{row}: {stdout}");
+    }
+    let doc: Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    assert_eq!(doc["config"]["tiers"]["block_bytes"], 196_608);
+    assert_eq!(doc["config"]["tiers"]["kv_disk_min_reuse"], 2);
+    let runs = doc["runs"].as_array().unwrap();
+    let labels: Vec<&str> = runs.iter().map(|r| r["label"].as_str().unwrap()).collect();
+    assert_eq!(
+        labels,
+        ["off", "host=256MiB", "host=100KB", "host=64MiB+disk=1GB"]
+    );
+    let later_p50 = |r: &Value| {
+        let later = r["turns"].as_array().unwrap().last().unwrap();
+        assert_eq!(later["first_turn"], 2);
+        later["ttft_ms"]["p50"].as_f64().unwrap()
+    };
+    // Off: no tier figures. Host memory: later turns onboard and start sooner.
+    assert!(runs[0].get("tiers").is_none());
+    let host = &runs[1]["tiers"];
+    assert!(
+        host["onboarded_blocks"]["host"].as_u64().unwrap() > 0,
+        "{host}"
+    );
+    assert!(later_p50(&runs[1]) < 0.8 * later_p50(&runs[0]));
+    assert!(runs[1]["kv_hit_rate"].as_f64() > runs[0]["kv_hit_rate"].as_f64());
+    // 100 KB holds no block of 196,608 bytes: the same figures as off.
+    let tiny = &runs[2];
+    assert_eq!(tiny["tiers"]["onboarded_blocks"]["host"], 0);
+    for key in ["ttft_ms", "turns", "kv_hit_rate", "duration_s"] {
+        assert_eq!(tiny[key], runs[0][key], "{key}");
+    }
+    // The ratios are against the first config.
+    let ratios = doc["ratios"].as_array().unwrap();
+    assert!(ratios.iter().all(|r| r["baseline"] == "off"));
+    std::fs::remove_dir_all(&model).ok();
+    std::fs::remove_file(&json).ok();
+}
+
+#[test]
+fn tier_flags_are_checked() {
+    let refused = |extra: &[&str], why: &str| {
+        let mut args = CONVERSATIONS.to_vec();
+        args.extend(extra);
+        let out = dynamo_e2e(&args);
+        assert!(!out.status.success(), "{extra:?}");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(stderr.contains(why), "{extra:?}: {stderr}");
+    };
+    refused(&["--tiers", "gpu=1GB"], "tiers are host, disk and object");
+    refused(&["--tiers", "host"], "a tier is host=SIZE");
+    refused(&["--tiers", "host=1GB+host=2GB"], "names host twice");
+    refused(&["--tiers", "host=1XB"], "unknown unit");
+    refused(
+        &["--tiers", "host=1GB", "--model-path", "/nonexistent/model"],
+        "/nonexistent/model/config.json",
+    );
+    refused(
+        &["--tiers", "host=1GB", "--kv-block-bytes", "0"],
+        "--kv-block-bytes must be positive",
+    );
+    // Tiers are simulated for conversations only.
+    let out = dynamo_e2e(&["replay", "--request-rate", "5", "--tiers", "off,host=1GB"]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("give --sessions"));
+    // Plain bytes and a block size given outright, several router modes: labelled
+    // by both.
+    let mut args = CONVERSATIONS.to_vec();
+    args.extend([
+        "--tiers",
+        "off,host=2000000000",
+        "--kv-block-bytes",
+        "192KiB",
+        "--modes",
+        "kv,round-robin",
+    ]);
+    let out = dynamo_e2e(&args);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let stdout = String::from_utf8(out.stdout).unwrap();
+    for row in [
+        "blocks of 196608 bytes",
+        "| kv off | 18 |",
+        "| round-robin host=2000000000 | 18 |",
+        "| round-robin host=2000000000 vs kv off |",
+    ] {
+        assert!(stdout.contains(row), "{row}: {stdout}");
+    }
 }

@@ -8,7 +8,7 @@ use std::time::Duration;
 use dynamo_e2e::arrivals::{self, Arrivals};
 use dynamo_e2e::bench;
 use dynamo_e2e::client::{Api, Target, Words};
-use dynamo_e2e::workload::{SharedPrefix, Workload};
+use dynamo_e2e::workload::{Sessions, SharedPrefix, Workload};
 use dynamo_llm::ModelDir;
 use dynamo_mocker::EngineConfig;
 use dynamo_mocker::server::{RunningServer, ServerConfig, start};
@@ -167,4 +167,103 @@ async fn errors_are_counted_with_the_servers_message() {
     .await
     .unwrap();
     assert_eq!(r.errors, 1);
+}
+
+fn conversations(sessions: usize, think_time_ms: f64, seed: u64) -> Arc<Workload> {
+    Arc::new(
+        Workload::sessions(Sessions {
+            sessions,
+            turns: 3,
+            system_tokens: 0,
+            session_prefix_tokens: 100,
+            turn_tokens: 40,
+            output_tokens: 8,
+            think_time_ms,
+            seed,
+        })
+        .unwrap(),
+    )
+}
+
+#[tokio::test]
+async fn conversation_turns_go_one_after_the_other_and_reuse_the_last_prompt() {
+    let server = serve().await;
+    let t = target(&server, "qwen", Api::Completions);
+    let think_ms = 30.0;
+    let w = conversations(4, think_ms, 9);
+    let mut records = bench::run_records(&http(), &t, w.clone(), &Arrivals::At(vec![0.0; 4]))
+        .await
+        .unwrap();
+    assert_eq!(records.len(), 12);
+    records.sort_by_key(|r| (r.session, r.turn));
+    for (i, r) in records.iter().enumerate() {
+        assert_eq!(r.error, None, "{r:?}");
+        assert_eq!((r.session, r.turn), (Some(i / 3), Some(i % 3)));
+        assert_eq!(r.output_tokens, 8);
+        // Turn k+1's prompt is turn k's (100, 148 tokens) plus 8 + 40: every full
+        // 64-token block of turn k's prompt is found in the cache, nothing else (the
+        // sessions share no token).
+        let turn = i % 3;
+        assert_eq!(r.prompt_tokens, Some(100 + 48 * turn as u64));
+        assert_eq!(r.cached_tokens, Some([0, 64, 128][turn]), "{r:?}");
+        if turn > 0 {
+            let before = &records[i - 1];
+            assert!(
+                r.sent_ms >= before.sent_ms + before.e2e_ms + think_ms,
+                "turn {turn} of session {} was sent before the previous answer ended and the \
+                 think time passed: {before:?} then {r:?}",
+                i / 3
+            );
+        }
+    }
+    // All sessions started at once: their first turns overlap.
+    let firsts: Vec<&_> = records.iter().filter(|r| r.turn == Some(0)).collect();
+    let last_first_sent = firsts.iter().map(|r| r.sent_ms).fold(0.0, f64::max);
+    let first_end = firsts
+        .iter()
+        .map(|r| r.sent_ms + r.e2e_ms)
+        .fold(f64::INFINITY, f64::min);
+    assert!(last_first_sent < first_end, "{firsts:?}");
+
+    // Two users at a time through 5 other sessions: everything completes, reported per
+    // turn.
+    let r = bench::run(
+        &http(),
+        &t,
+        conversations(5, 0.0, 10),
+        &Arrivals::Concurrency(2),
+        "c2",
+    )
+    .await
+    .unwrap();
+    assert_eq!((r.requests, r.completed, r.errors), (15, 15, 0));
+    let per_turn: Vec<(usize, usize, usize)> = r
+        .turns
+        .iter()
+        .map(|t| (t.first_turn, t.last_turn, t.requests))
+        .collect();
+    assert_eq!(per_turn, [(1, 1, 5), (2, 2, 5), (3, 3, 5), (2, 3, 10)]);
+    assert_eq!(r.turns[0].kv_hit_rate, Some(0.0));
+    assert_eq!(
+        r.turns[3].kv_hit_rate,
+        Some((64.0 + 128.0) / (148.0 + 196.0))
+    );
+}
+
+#[test]
+fn conversation_words_tokenize_to_growing_prefixes() {
+    // Chat prompts: each id is a word with its leading space, so a turn's text
+    // tokenizes to the previous turn's tokens followed by the new ones.
+    let model = ModelDir::load(&model_path(), None).unwrap();
+    let words = Words::from_model(&model).unwrap();
+    let w = conversations(2, 0.0, 9);
+    let tokens: Vec<Vec<u32>> = (0..3)
+        .map(|k| model.encode(&words.text(&w.request(3 + k).token_ids)))
+        .collect();
+    for k in 0..3 {
+        assert_eq!(tokens[k].len(), 100 + 48 * k);
+        if k > 0 {
+            assert_eq!(tokens[k][..tokens[k - 1].len()], tokens[k - 1][..]);
+        }
+    }
 }

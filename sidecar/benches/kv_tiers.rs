@@ -59,6 +59,8 @@ async fn sidecar(extra: &[&str]) -> (Sidecar, BlockClient) {
 }
 
 fn host_tier(c: &mut Criterion) {
+    // As the binary does when it has a host tier.
+    dynamo_sidecar::keep_freed_blocks();
     let rt = tokio::runtime::Runtime::new().unwrap();
     let blocks = blocks();
     let hashes: Vec<SeqHash> = blocks.iter().map(|b| b.hash).collect();

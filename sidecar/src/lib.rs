@@ -191,6 +191,22 @@ impl Sidecar {
     }
 }
 
+/// Keeps freed block payloads in the allocator for the next ones. A KV block is one
+/// allocation of 100s of KB to MBs; by default glibc maps each from the kernel and
+/// unmaps it when freed, so every block the host tier takes costs its pages' faults and
+/// zeroing again (`mallopt(3)`). Served from the arenas instead (blocks up to 32 MiB,
+/// glibc's largest threshold) and not trimmed back below 1 GiB, the memory of evicted
+/// blocks is reused. The host tier's capacity bounds what is kept.
+pub fn keep_freed_blocks() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: mallopt sets global parameters of glibc's allocator under its arena lock;
+    // it touches no memory of ours.
+    unsafe {
+        libc::mallopt(libc::M_MMAP_THRESHOLD, 32 << 20);
+        libc::mallopt(libc::M_TRIM_THRESHOLD, 1 << 30);
+    }
+}
+
 async fn bind(addr: SocketAddr, flag: &str) -> anyhow::Result<TcpListener> {
     TcpListener::bind(addr)
         .await

@@ -6,7 +6,7 @@ use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use common::serve;
+use common::{metric, serve};
 use dynamo_kvblocks::pb::kv_blocks_server::{KvBlocks, KvBlocksServer};
 use dynamo_kvblocks::pb::{
     self, Held, LookupReply, LookupRequest, OffloadReply, OnboardRequest, OpenRegionReply,
@@ -180,20 +180,6 @@ async fn complete(server: &RunningServer, tokens: &[u32]) -> Value {
     assert_eq!(resp.status(), 200);
     let body: Value = resp.json().await.unwrap();
     body["usage"].clone()
-}
-
-/// The sum of every sample whose line starts with `name`.
-async fn metric(server: &RunningServer, name: &str) -> f64 {
-    let text = reqwest::get(format!("http://{}/metrics", server.http_addr))
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
-    text.lines()
-        .filter(|l| l.starts_with(name))
-        .map(|l| l.rsplit(' ').next().unwrap().parse::<f64>().unwrap())
-        .sum()
 }
 
 async fn eventually(what: &str, mut check: impl AsyncFnMut() -> bool) {

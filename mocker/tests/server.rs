@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use common::serve;
+use common::{metric, serve};
 use dynamo_kvcache::vllm_events::{KvEvent, decode_message};
 use dynamo_mocker::EngineConfig;
 use dynamo_mocker::server::RunningServer;
@@ -23,19 +23,6 @@ async fn post(server: &RunningServer, path: &str, body: Value) -> (u16, Value) {
         .await
         .unwrap();
     (resp.status().as_u16(), resp.json().await.unwrap())
-}
-
-async fn metric(server: &RunningServer, name: &str) -> f64 {
-    let text = reqwest::get(url(server, "/metrics"))
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
-    text.lines()
-        .filter(|l| l.starts_with(name))
-        .map(|l| l.rsplit(' ').next().unwrap().parse::<f64>().unwrap())
-        .sum()
 }
 
 fn prompt(words: usize) -> String {

@@ -1,4 +1,5 @@
-//! Starting a mock engine server for a test.
+//! Starting a mock engine server for a test, and reading its metrics.
+#![allow(dead_code)] // each test binary uses its own part of this
 
 use std::path::PathBuf;
 
@@ -26,4 +27,18 @@ pub async fn serve(engine: EngineConfig) -> RunningServer {
     start(config, std::future::pending())
         .await
         .expect("server starts")
+}
+
+/// The sum of every sample on `server`'s `/metrics` whose line starts with `name`.
+pub async fn metric(server: &RunningServer, name: &str) -> f64 {
+    let text = reqwest::get(format!("http://{}/metrics", server.http_addr))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    text.lines()
+        .filter(|l| l.starts_with(name))
+        .map(|l| l.rsplit(' ').next().unwrap().parse::<f64>().unwrap())
+        .sum()
 }

@@ -252,19 +252,16 @@ impl ObjectTier {
             let (Some(name), None) = (rest.next(), rest.next()) else {
                 continue;
             };
+            // `parse_name` takes exactly the names `record::name` writes.
             let Some((hash, parent)) = record::parse_name(name.as_ref()) else {
                 continue;
             };
-            // `parse_name` also takes upper-case hex and a `+` sign (`from_str_radix`);
-            // such a name is not where `get` would look, so it is not this tier's.
-            if record::name(hash, parent) == name.as_ref() {
-                let entry = Listed {
-                    hash,
-                    parent,
-                    bytes: meta.size,
-                };
-                listed.push((meta.last_modified, entry));
-            }
+            let entry = Listed {
+                hash,
+                parent,
+                bytes: meta.size,
+            };
+            listed.push((meta.last_modified, entry));
         }
         listed.sort_by_key(|(modified, l)| (*modified, l.hash.0));
         Ok(listed.into_iter().map(|(_, l)| l).collect())

@@ -121,14 +121,22 @@ async fn blocks_move_down_as_host_memory_fills_and_come_back_verified() {
         "two records and .partial/"
     );
 
-    let back = client.onboard(&chain).await.unwrap();
-    assert_eq!(back, blocks, "every byte comes back, in chain order");
-    // What came back from disk is hot again: copied up to host memory (pushing the
-    // least recently used down in its place).
+    // The two on disk come back, and are hot again: copied up to host memory, pushing
+    // the two least recently used there down in their place.
+    assert_eq!(client.onboard(&chain[..2]).await.unwrap(), blocks[..2]);
     assert_eq!(
         held(&mut client, &chain[..2]).await,
         [Tier::Host, Tier::Host]
     );
+    eventually("the displaced blocks reach disk", || {
+        let mut client = client.clone();
+        let chain = chain.clone();
+        async move {
+            held(&mut client, &chain).await
+                == [Tier::Host, Tier::Host, Tier::Disk, Tier::Disk, Tier::Host]
+        }
+    })
+    .await;
 
     // The pod's event stream tells the picker which tier holds what.
     eventually("the picker's view has every tier move", || {
@@ -144,7 +152,7 @@ async fn blocks_move_down_as_host_memory_fills_and_come_back_verified() {
     for (name, labels, value) in [
         ("kvbm_offload_blocks_d2h_total", "", 5.0),
         ("kvbm_offload_blocks_h2d_total", "", 4.0),
-        ("kvbm_onboard_blocks_h2d_total", "", 3.0),
+        ("kvbm_onboard_blocks_h2d_total", "", 0.0),
         ("kvbm_onboard_blocks_d2d_total", "", 2.0),
         (
             "dynamo_sidecar_kv_offered_blocks_total",
@@ -158,6 +166,13 @@ async fn blocks_move_down_as_host_memory_fills_and_come_back_verified() {
             "{name}{{{labels}}}"
         );
     }
+
+    // Whichever tier each is in by now, every byte comes back, in chain order.
+    let back = client.onboard(&chain).await.unwrap();
+    assert_eq!(back, blocks);
+    let onboarded = metric(&sidecar, "kvbm_onboard_blocks_h2d_total", "").await
+        + metric(&sidecar, "kvbm_onboard_blocks_d2d_total", "").await;
+    assert_eq!(onboarded, 2.0 + 5.0, "each block read once, from one tier");
     assert!(metric(&sidecar, "kvbm_host_cache_hit_rate", "").await > 0.0);
 }
 

@@ -51,12 +51,13 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 use tonic_health::ServingStatus;
 
-use crate::frontend::{ERROR_BODY_BYTES, PREFILLER_HEADER, engine_unreachable, route_error};
+use crate::frontend::{ERROR_BODY_BYTES, engine_unreachable, route_error};
 use crate::meter::ResponseMeter;
 use crate::metrics::Metrics;
 use crate::model_source::ModelSource;
 use crate::request::{self, Api};
 use crate::router::{Assignment, RouteRequest, Router};
+use dynamo_llm::disagg::PREFILLER_HEADER;
 
 /// Header and metadata key of the chosen pod (the protocol's default names).
 pub const DESTINATION_KEY: &str = "x-gateway-destination-endpoint";
@@ -245,6 +246,9 @@ impl Session {
             Phase::ResponseHeaders(headers) => {
                 let status = header(&headers, ":status").unwrap_or_else(|| "200".into());
                 self.count(&status);
+                self.shared
+                    .metrics
+                    .prefill_hop(|name| header(&headers, name));
                 if status == StatusCode::SERVICE_UNAVAILABLE.as_str() {
                     self.error_body = Some(Vec::new());
                 }

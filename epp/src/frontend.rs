@@ -26,6 +26,7 @@ use axum::response::{IntoResponse, Json, Response};
 use axum::routing::{get, post};
 use bytes::BytesMut;
 use dynamo_llm::ApiError;
+use dynamo_llm::disagg::PREFILLER_HEADER;
 use dynamo_llm::error::ENGINE_UNREACHABLE;
 use dynamo_llm::openai::ModelList;
 use futures::{Stream, StreamExt};
@@ -36,10 +37,6 @@ use crate::metrics::Metrics;
 use crate::model_source::ModelSource;
 use crate::request::{self, Api};
 use crate::router::{Assignment, RouteError, Router};
-
-/// Header naming the prefill pod of a disaggregated request (`DESIGN.md`, "The request
-/// path"), the name llm-d's routing sidecar reads.
-pub const PREFILLER_HEADER: &str = "x-prefiller-host-port";
 
 /// Client headers passed on to the pod: credentials for an engine started with an API
 /// key, and request ids and trace context for its logs. Everything else is the
@@ -317,6 +314,10 @@ impl Frontend {
         }
         // Refused, reset or closed before a status line: nothing came back.
         let answer = upstream.send().await.map_err(|e| e.to_string())?;
+        self.metrics.prefill_hop(|name| {
+            let value = answer.headers().get(name)?;
+            value.to_str().ok().map(str::to_owned)
+        });
         let small = answer
             .content_length()
             .is_some_and(|n| n <= ERROR_BODY_BYTES);

@@ -8,6 +8,7 @@
 
 use std::sync::atomic::AtomicU64;
 
+use dynamo_llm::disagg::{HopOutcome, KV_TRANSFER_MS_HEADER, PREFILL_HOP_HEADER};
 use prometheus_client::encoding::text::encode;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -70,6 +71,10 @@ pub struct Metrics {
     pub queue_wait_seconds: Histogram,
     pub queue_depth: Gauge,
     pub upstream_failures: Family<Labels, Counter>,
+    /// Disaggregated requests by how their decode pod's prefill hop ended (`outcome`,
+    /// from the sidecar's `x-dynamo-prefill-hop`), and the KV transfers' seconds.
+    pub prefill_hops: Family<Labels, Counter>,
+    pub kv_transfer_seconds: Histogram,
     /// 1 for a pod whose model card does not fit the picker's model (not routed to).
     pub model_card_mismatch: Family<Labels, Gauge>,
     // Pods and their event streams.
@@ -90,6 +95,19 @@ impl Default for Metrics {
 }
 
 impl Metrics {
+    /// Counts a decode pod's report of its prefill hop: `header` reads a response header.
+    pub fn prefill_hop(&self, header: impl Fn(&str) -> Option<String>) {
+        let Some(outcome) = header(PREFILL_HOP_HEADER).and_then(|v| HopOutcome::parse(&v)) else {
+            return;
+        };
+        self.prefill_hops
+            .get_or_create(&vec![("outcome", outcome.as_str().to_owned())])
+            .inc();
+        if let Some(ms) = header(KV_TRANSFER_MS_HEADER).and_then(|v| v.parse::<f64>().ok()) {
+            self.kv_transfer_seconds.observe(ms / 1000.0);
+        }
+    }
+
     pub fn new() -> Self {
         let mut r = Registry::default();
         let m = Self {
@@ -108,6 +126,8 @@ impl Metrics {
             queue_wait_seconds: latency(),
             queue_depth: Gauge::default(),
             upstream_failures: Family::default(),
+            prefill_hops: Family::default(),
+            kv_transfer_seconds: Histogram::new(ITL_BUCKETS),
             model_card_mismatch: Family::default(),
             endpoints: Family::default(),
             index_blocks: Gauge::default(),
@@ -154,6 +174,16 @@ impl Metrics {
             "dynamo_frontend_request_duration_seconds",
             "From request arrival to the end of the response",
             m.duration.clone(),
+        );
+        r.register(
+            "dynamo_epp_prefill_hops",
+            "Disaggregated requests by how the prefill hop ended (remote, fallback_*, ...)",
+            m.prefill_hops.clone(),
+        );
+        r.register(
+            "dynamo_epp_kv_transfer_seconds",
+            "Seconds the KV blocks of a disaggregated request took between the sidecars",
+            m.kv_transfer_seconds.clone(),
         );
         r.register(
             "dynamo_epp_picks",
@@ -248,5 +278,38 @@ impl Metrics {
         let mut out = String::new();
         encode(&mut out, &self.registry).expect("writing to a String cannot fail");
         out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_decode_pods_hop_report_is_counted_and_others_are_not() {
+        let m = Metrics::new();
+        let headers = |outcome: &'static str, ms: Option<&'static str>| {
+            move |name: &str| match name {
+                PREFILL_HOP_HEADER => Some(outcome.to_owned()),
+                KV_TRANSFER_MS_HEADER => ms.map(str::to_owned),
+                _ => None,
+            }
+        };
+        m.prefill_hop(headers("remote", Some("12.5")));
+        m.prefill_hop(headers("fallback_timeout", None));
+        m.prefill_hop(headers("made-up", Some("1")));
+        m.prefill_hop(|_| None);
+        let text = m.encode();
+        assert!(
+            text.contains(r#"dynamo_epp_prefill_hops_total{outcome="remote"} 1"#),
+            "{text}"
+        );
+        assert!(text.contains(r#"dynamo_epp_prefill_hops_total{outcome="fallback_timeout"} 1"#));
+        assert!(!text.contains("made-up"));
+        assert!(
+            text.contains("dynamo_epp_kv_transfer_seconds_sum 0.0125"),
+            "{text}"
+        );
+        assert!(text.contains("dynamo_epp_kv_transfer_seconds_count 1"));
     }
 }

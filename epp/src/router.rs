@@ -31,6 +31,17 @@ use crate::config::RouterConfig;
 use crate::discovery::{EndpointSpec, Role};
 use crate::metrics::Metrics;
 
+/// Which part of a request a pick is for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Side {
+    /// Prefill and decode on one pod.
+    Aggregated,
+    /// The prefill of a disaggregated request.
+    Prefill,
+    /// The decode of a disaggregated request.
+    Decode,
+}
+
 /// Roles that answer the client; prefill pods are only ever a request's helper.
 const SERVING_ROLES: [Role; 2] = [Role::Worker, Role::Decode];
 
@@ -361,17 +372,27 @@ impl Router {
         }
         let prompt_blocks = job.hashes.len() as u64;
         let scores = self.scores(st, &job.hashes);
-        let (decision, request) = self.pick(st, &scores, &serving, job, false)?;
         let prefill_job = Job {
             hashes: Vec::new(),
             subset: None,
             exclude: Vec::new(),
         };
         let prefill_pods = self.candidates(st, &prefill_job, &[Role::Prefill]);
-        let prefill = if prefill_pods.is_empty() {
-            None
+        // Disaggregated (Dynamo's PrefillRouter): the prefill pod by KV overlap and
+        // prefill load; the decode pod by decode load alone, since the prompt's KV
+        // arrives from the prefill pod whatever the decode pod holds.
+        let (prefill, (decision, request)) = if prefill_pods.is_empty() {
+            (
+                None,
+                self.pick(st, &scores, &serving, job, Side::Aggregated)?,
+            )
         } else {
-            Some(self.pick(st, &scores, &prefill_pods, job, true)?)
+            let prefill = self.pick(st, &scores, &prefill_pods, job, Side::Prefill)?;
+            let none = OverlapScores::default();
+            (
+                Some(prefill),
+                self.pick(st, &none, &serving, job, Side::Decode)?,
+            )
         };
         let address = st.endpoints[&decision.worker].spec.address;
         let matched = u64::from(decision.overlap.total()).min(prompt_blocks);
@@ -395,14 +416,14 @@ impl Router {
         })
     }
 
-    /// One pick among `pods` with its load accounting, for the serving or prefill side.
+    /// One pick among `pods` with its load accounting, for `side`.
     fn pick(
         &self,
         st: &mut State,
         scores: &OverlapScores,
         pods: &[WorkerId],
         job: &Job,
-        prefill: bool,
+        side: Side,
     ) -> Result<(Decision, RequestId), RouteError> {
         let prompt_blocks = job.hashes.len() as u64;
         let loads: Vec<_> = pods.iter().map(|&w| st.load.load(w)).collect();
@@ -412,10 +433,9 @@ impl Router {
             rng,
             ..
         } = st;
-        let scheduler = if prefill {
-            prefill_scheduler
-        } else {
-            scheduler
+        let scheduler = match side {
+            Side::Prefill => prefill_scheduler,
+            Side::Aggregated | Side::Decode => scheduler,
         };
         let decision = scheduler
             .pick(scores, &loads, prompt_blocks, rng)
@@ -423,13 +443,15 @@ impl Router {
         st.next_request += 1;
         let request = RequestId(st.next_request);
         let cached = (decision.credited_overlap.floor() as u64).min(prompt_blocks);
+        // A decode pod of a disaggregated request prefills nothing.
+        let new_blocks = match side {
+            Side::Decode => 0,
+            Side::Aggregated | Side::Prefill => prompt_blocks - cached,
+        };
         // A fresh id cannot be in flight already.
-        let _ = st.load.on_pick(
-            request,
-            decision.worker,
-            prompt_blocks,
-            prompt_blocks - cached,
-        );
+        let _ = st
+            .load
+            .on_pick(request, decision.worker, prompt_blocks, new_blocks);
         if self.config.mode == RouterMode::Approx {
             st.approx
                 .record(decision.worker, &job.hashes, self.origin.elapsed());
@@ -962,6 +984,30 @@ mod tests {
             0,
             "prefill is over at the first token"
         );
+    }
+
+    #[tokio::test]
+    async fn a_disaggregated_decode_pod_is_picked_by_decode_load_not_by_its_cache() {
+        let r = router(RouterConfig::default());
+        r.add_endpoint(WorkerId(1), spec(8001, Role::Prefill));
+        r.add_endpoint(WorkerId(2), spec(8002, Role::Decode));
+        r.add_endpoint(WorkerId(3), spec(8003, Role::Decode));
+        // Decode pod 2 holds the whole prompt, and is the busier one.
+        let tokens = prompt(8, 1);
+        r.apply_update(WorkerId(2), PodUpdate::Snapshot(vec![stored(&r, &tokens)]));
+        let mut busy = r.route(request(prompt(2, 9))).await.unwrap();
+        busy.first_token();
+        let busy_pod = busy.worker;
+        let mut a = r.route(request(tokens)).await.unwrap();
+        assert_ne!(a.worker, busy_pod, "the idle decode pod, cache or not");
+        let load = |w: WorkerId| {
+            let e = r.endpoints();
+            e.iter().find(|e| e.worker == w).unwrap().load
+        };
+        assert_eq!(load(a.worker), 0, "it prefills nothing");
+        assert_eq!(load(WorkerId(1)), 8, "the prefill pod does");
+        a.first_token();
+        assert_eq!(load(a.worker), 8, "then decodes the whole prompt");
     }
 
     #[tokio::test]

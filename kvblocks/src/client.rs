@@ -10,7 +10,9 @@ use tokio::sync::Mutex;
 use tonic::transport::{Channel, Endpoint};
 
 use crate::pb::kv_blocks_client::KvBlocksClient;
-use crate::pb::{self, LookupRequest, OffloadReply, OnboardRequest, OpenRegionRequest};
+use crate::pb::{
+    self, LendReply, LendRequest, LookupRequest, OffloadReply, OnboardRequest, OpenRegionRequest,
+};
 use crate::region::Region;
 use crate::{Block, BlockError, HTTP2_WINDOW_BYTES, MAX_MESSAGE_BYTES, from_region, tier_of};
 
@@ -24,6 +26,42 @@ pub enum ClientError {
     Block(#[from] BlockError),
     #[error("the sidecar's shared region: {0}")]
     Region(#[from] crate::region::RegionError),
+}
+
+impl ClientError {
+    /// The sidecar no longer has what was asked for (an expired or fetched lease).
+    pub fn is_gone(&self) -> bool {
+        matches!(self, ClientError::Status(s) if s.code() == tonic::Code::NotFound)
+    }
+}
+
+/// `blocks` as messages: payloads in `region` (its id and memory) while they fit, then
+/// inline.
+fn outgoing(
+    region: Option<&(u64, Region)>,
+    blocks: &[Block],
+) -> Result<Vec<pb::Block>, ClientError> {
+    let Some((id, shared)) = region else {
+        return Ok(blocks.iter().map(pb::Block::from).collect());
+    };
+    let mut offset = 0;
+    let mut messages = Vec::with_capacity(blocks.len());
+    for block in blocks {
+        let len = block.payload.len() as u64;
+        if offset + len <= shared.len() {
+            shared.write(offset, &block.payload)?;
+            let slice = pb::RegionSlice {
+                region_id: *id,
+                offset,
+                len,
+            };
+            messages.push(pb::Block::in_region(block, slice));
+            offset += len;
+        } else {
+            messages.push(pb::Block::from(block));
+        }
+    }
+    Ok(messages)
 }
 
 /// A connection to one sidecar's block API. Cheap to clone: clones share the channel
@@ -91,34 +129,32 @@ impl BlockClient {
     /// Hands `blocks` to the sidecar's tiers: payloads through the shared region where
     /// they fit, inline otherwise.
     pub async fn offload(&mut self, blocks: Vec<Block>) -> Result<OffloadReply, ClientError> {
-        let region = match &self.regions {
-            Some(r) => r.offload.try_lock().ok(),
-            None => None,
-        };
-        let Some(region) = region else {
-            let messages = futures::stream::iter(blocks).map(|b| pb::Block::from(&b));
-            return Ok(self.inner.offload(messages).await?.into_inner());
-        };
-        let (id, shared) = &*region;
-        let mut offset = 0;
-        let mut messages = Vec::with_capacity(blocks.len());
-        for block in &blocks {
-            let len = block.payload.len() as u64;
-            if offset + len <= shared.len() {
-                shared.write(offset, &block.payload)?;
-                let slice = pb::RegionSlice {
-                    region_id: *id,
-                    offset,
-                    len,
-                };
-                messages.push(pb::Block::in_region(block, slice));
-                offset += len;
-            } else {
-                messages.push(pb::Block::from(block));
-            }
-        }
+        let regions = self.regions.clone();
+        let region = regions.as_ref().and_then(|r| r.offload.try_lock().ok());
+        let messages = outgoing(region.as_deref(), &blocks)?;
         // The sidecar has copied every payload out before it replies.
         let reply = self.inner.offload(futures::stream::iter(messages)).await;
+        drop(region);
+        Ok(reply?.into_inner())
+    }
+
+    /// Has the sidecar hold `blocks` under `lease` for a peer to fetch (a prefill for
+    /// its remote decode). A refused lease is `Ok` with `refused` set.
+    pub async fn lend(
+        &mut self,
+        lease: &str,
+        blocks: Vec<Block>,
+    ) -> Result<LendReply, ClientError> {
+        let regions = self.regions.clone();
+        let region = regions.as_ref().and_then(|r| r.offload.try_lock().ok());
+        let lease = lease.to_owned();
+        let messages = outgoing(region.as_deref(), &blocks)?
+            .into_iter()
+            .map(move |block| LendRequest {
+                lease: lease.clone(),
+                block: Some(block),
+            });
+        let reply = self.inner.lend(futures::stream::iter(messages)).await;
         drop(region);
         Ok(reply?.into_inner())
     }
@@ -143,6 +179,25 @@ impl BlockClient {
     /// holds or that fails its checksum here: never a block that is not what its writer
     /// wrote.
     pub async fn onboard(&mut self, hashes: &[SeqHash]) -> Result<Vec<Block>, ClientError> {
+        self.onboard_from(hashes, None).await
+    }
+
+    /// The blocks `hashes` names from the sidecar's `lease` (checked as [`Self::onboard`]
+    /// checks them), which ends the lease. A lease the sidecar no longer has is an
+    /// error that [`ClientError::is_gone`].
+    pub async fn fetch_lease(
+        &mut self,
+        lease: &str,
+        hashes: &[SeqHash],
+    ) -> Result<Vec<Block>, ClientError> {
+        self.onboard_from(hashes, Some(lease.to_owned())).await
+    }
+
+    async fn onboard_from(
+        &mut self,
+        hashes: &[SeqHash],
+        lease: Option<String>,
+    ) -> Result<Vec<Block>, ClientError> {
         let region = match &self.regions {
             Some(r) => r.onboard.try_lock().ok(),
             None => None,
@@ -150,6 +205,7 @@ impl BlockClient {
         let request = OnboardRequest {
             hashes: hashes.iter().map(|h| h.0).collect(),
             region_id: region.as_ref().map(|r| r.0),
+            lease,
         };
         let mut stream = self.inner.onboard(request).await?.into_inner();
         let mut blocks = Vec::with_capacity(hashes.len());

@@ -3,6 +3,7 @@
 //! response types, request preparation, OpenAI-style errors).
 
 pub mod chat_template;
+pub mod disagg;
 pub mod error;
 pub mod model_card;
 pub mod model_dir;

@@ -7,6 +7,7 @@
 //! - [`shutdown_signal`] and [`init_logging`]: what every binary's `main` does.
 
 mod connection;
+pub mod endpoints_file;
 #[cfg(feature = "grpc")]
 mod grpc;
 mod http;

@@ -99,6 +99,8 @@ pub struct Config {
     #[command(flatten)]
     pub kv_tiers: KvTierFlags,
     #[command(flatten)]
+    pub disagg: DisaggFlags,
+    #[command(flatten)]
     pub server: ServerLimits,
 }
 
@@ -147,6 +149,35 @@ pub struct KvTierFlags {
     #[arg(long, env = "DYNAMO_SIDECAR_KV_OBJECT_MIN_REUSE", default_value_t = 2,
           value_parser = clap::value_parser!(u32).range(1..))]
     pub kv_object_min_reuse: u32,
+}
+
+/// Disaggregated serving (`DESIGN.md`, "Disaggregated request"): the prefill hop a decode
+/// pod's sidecar runs, and the leases every sidecar keeps.
+#[derive(clap::Args, Clone, Debug)]
+pub struct DisaggFlags {
+    /// Pods the endpoint picker may name as a request's prefill pod
+    /// (`x-prefiller-host-port`), comma-separated: `ip:port`; `dns:NAME:PORT`, every
+    /// address NAME resolves to (a headless Service of the prefill pods); `file:PATH`,
+    /// the prefill entries of the local runner's endpoints file. A request naming any
+    /// other pod is refused (403), so a client cannot make the sidecar connect anywhere.
+    #[arg(long, env = "DYNAMO_SIDECAR_PREFILL_PEERS", value_delimiter = ',')]
+    pub prefill_peers: Vec<String>,
+    /// Time the prefill pod gets to answer the prefill leg; past it the request is
+    /// prefilled here instead.
+    #[arg(long, env = "DYNAMO_SIDECAR_PREFILL_TIMEOUT", default_value = "30", value_parser = parse_duration)]
+    pub prefill_timeout: Duration,
+    /// Time the prompt's KV blocks get to move from the prefill pod's sidecar; past it
+    /// the request is prefilled here instead.
+    #[arg(long, env = "DYNAMO_SIDECAR_KV_TRANSFER_TIMEOUT", default_value = "10", value_parser = parse_duration)]
+    pub kv_transfer_timeout: Duration,
+    /// How long blocks lent for a remote decode wait to be fetched [default: 30 s,
+    /// vLLM NixlConnector's `kv_lease_duration`, nixl/base_scheduler.py].
+    #[arg(long, env = "DYNAMO_SIDECAR_KV_LEASE_DURATION", default_value = "30", value_parser = parse_duration)]
+    pub kv_lease_duration: Duration,
+    /// Bytes all leases may hold at once; a lease past it is refused (its decode
+    /// prefills itself).
+    #[arg(long, env = "DYNAMO_SIDECAR_KV_LEASE_BYTES", default_value = "1GiB", value_parser = dynamo_kvblocks::parse_bytes)]
+    pub kv_lease_bytes: u64,
 }
 
 impl KvTierFlags {

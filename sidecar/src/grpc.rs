@@ -1,13 +1,10 @@
-//! The sidecar's gRPC server (port 9100): the KV event stream and, when tiers are
-//! configured, the KV block API.
+//! The sidecar's gRPC server (port 9100): the KV event stream and the KV block API.
 
 use std::pin::Pin;
 use std::time::Duration;
 
-use std::path::PathBuf;
-
-use crate::blocks::BlockStore;
-use crate::blocks::service::service;
+use crate::blocks::service::BlockApi;
+use dynamo_kvblocks::pb::kv_blocks_server::KvBlocksServer;
 use dynamo_kvstream::KvEventHub;
 use dynamo_kvstream::pb::kv_event_stream_server::{KvEventStream, KvEventStreamServer};
 use dynamo_kvstream::pb::{EventMessage, SubscribeRequest};
@@ -23,7 +20,7 @@ use tonic::{Request, Response, Status};
 pub async fn serve(
     incoming: impl Stream<Item = std::io::Result<GrpcConnection>> + Send + 'static,
     hub: KvEventHub,
-    blocks: Option<(BlockStore, Option<PathBuf>)>,
+    blocks: KvBlocksServer<BlockApi>,
     stop: CancellationToken,
 ) -> Result<(), tonic::transport::Error> {
     let subscriptions = Subscriptions {
@@ -36,7 +33,7 @@ pub async fn serve(
         .initial_stream_window_size(dynamo_kvblocks::HTTP2_WINDOW_BYTES)
         .initial_connection_window_size(dynamo_kvblocks::HTTP2_WINDOW_BYTES)
         .add_service(KvEventStreamServer::new(subscriptions))
-        .add_optional_service(blocks.map(|(store, regions)| service(store, regions)))
+        .add_service(blocks)
         .serve_with_incoming_shutdown(incoming, stop.cancelled_owned())
         .await
 }

@@ -1,10 +1,11 @@
 //! The sidecar: the per-pod data plane beside every engine (`DESIGN.md`, "Pod anatomy").
 //!
-//! - [`proxy`]: the inference proxy on 8000, streaming to and from the engine;
+//! - [`proxy`]: the inference proxy on 8000, streaming to and from the engine, behind
+//!   the prefill hop of disaggregated serving ([`disagg`]);
 //! - [`relay`]: the engine's ZMQ KV events, re-hashed and published into a
 //!   [`KvEventHub`] served by the gRPC server on 9100 ([`grpc`]);
-//! - [`blocks`]: the KV block tiers (host memory, disk, object storage) and their block
-//!   API, on the same gRPC server;
+//! - [`blocks`]: the KV block tiers (host memory, disk, object storage), the leases of
+//!   disaggregated serving, and their block API, on the same gRPC server;
 //! - [`health`]: `/health`, `/ready` and `/metrics` on 9090 ([`metrics`]), and the
 //!   engine's [`model_card`];
 //! - [`engine`]: what the sidecar asks the engine itself.
@@ -13,6 +14,7 @@
 
 pub mod blocks;
 pub mod config;
+pub mod disagg;
 pub mod engine;
 pub mod grpc;
 pub mod health;
@@ -33,10 +35,16 @@ use tokio::net::TcpListener;
 use tokio_util::sync::{CancellationToken, DropGuard};
 use tokio_util::task::AbortOnDropHandle;
 
+use blocks::lease::{LeaseMetrics, Leases};
 pub use config::Config;
+use disagg::hop::{Hop, PrefillHopLayer};
+use disagg::metrics::HopMetrics;
+use disagg::peers::PrefillPeers;
+use disagg::transfer::Transfer;
 use health::Health;
 use metrics::Metrics;
 use proxy::{PathAllowlist, Proxy};
+use tower::Layer;
 
 /// A started sidecar. Dropping it stops everything at once (in-flight proxied requests
 /// are left to finish on their own); [`Sidecar::shutdown`] lets them finish first.
@@ -46,6 +54,8 @@ pub struct Sidecar {
     pub metrics_addr: SocketAddr,
     pub hub: KvEventHub,
     pub metrics: Arc<Metrics>,
+    /// Blocks held for remote decodes (disaggregated serving).
+    pub leases: Leases,
     draining: Arc<AtomicBool>,
     stop_accepting: CancellationToken,
     proxy: AbortOnDropHandle<std::io::Result<()>>,
@@ -71,8 +81,16 @@ impl Sidecar {
         let mut metrics = Metrics::new();
         metrics.watch_hub(hub.clone());
         let block_metrics = Arc::new(blocks::metrics::BlockMetrics::register(&mut metrics));
+        let leases = Leases::new(
+            config.disagg.kv_lease_duration,
+            config.disagg.kv_lease_bytes,
+            LeaseMetrics::register(&mut metrics),
+        );
+        let hop_metrics = HopMetrics::register(&mut metrics);
         let metrics = Arc::new(metrics);
         let store = blocks::open(&config.kv_tiers, hub.clone(), block_metrics)?;
+        let peers = PrefillPeers::parse(&config.disagg.prefill_peers)
+            .map_err(|e| anyhow::anyhow!("--prefill-peers: {e}"))?;
         let client = proxy::engine_client().context("building the engine HTTP client")?;
 
         let proxy_listener = bind(config.listen, "--listen").await?;
@@ -86,6 +104,15 @@ impl Sidecar {
 
         let server = Server::new(&config.server);
         let stop_accepting = CancellationToken::new();
+        let hop = PrefillHopLayer::new(Hop {
+            client: client.clone(),
+            peers,
+            transfer: Transfer::new(config.disagg.kv_transfer_timeout),
+            leases: leases.clone(),
+            grpc_port: grpc_addr.port(),
+            prefill_timeout: config.disagg.prefill_timeout,
+            metrics: hop_metrics,
+        });
         let proxy_app = Proxy::new(
             client.clone(),
             &config.engine_url,
@@ -93,6 +120,7 @@ impl Sidecar {
             metrics.clone(),
         )
         .router();
+        let proxy_app = axum::Router::new().fallback_service(hop.layer(proxy_app));
         let proxy = {
             let (server, stop) = (server.clone(), stop_accepting.clone());
             AbortOnDropHandle::new(tokio::spawn(async move {
@@ -125,7 +153,8 @@ impl Sidecar {
         });
 
         let region_dir = config.kv_tiers.region_dir().map(ToOwned::to_owned);
-        let blocks = store.clone().map(|store| (store, region_dir));
+        let blocks = blocks::service::service(store.clone(), leases.clone(), region_dir);
+        background.push(spawn(leases.clone().sweep()));
         let (hub_for_grpc, stop_grpc) = (hub.clone(), CancellationToken::new());
         let (stop, incoming) = (stop_grpc.clone(), server.grpc_incoming(grpc_listener));
         background.push(spawn(async move {
@@ -168,6 +197,7 @@ impl Sidecar {
             metrics_addr,
             hub,
             metrics,
+            leases,
             draining,
             stop_accepting,
             proxy,

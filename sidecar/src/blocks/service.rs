@@ -1,4 +1,5 @@
-//! The block API on the sidecar's gRPC port (`kvblocks/proto/.../kv_blocks.proto`).
+//! The block API on the sidecar's gRPC port (`kvblocks/proto/.../kv_blocks.proto`): the
+//! tiers, when any is configured, and the leases of disaggregated serving, always.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -8,8 +9,8 @@ use std::sync::{Arc, Mutex};
 
 use dynamo_kvblocks::pb::kv_blocks_server::{KvBlocks, KvBlocksServer};
 use dynamo_kvblocks::pb::{
-    self, Held, LookupReply, LookupRequest, OffloadReply, OnboardRequest, OpenRegionReply,
-    OpenRegionRequest,
+    self, Held, LendReply, LendRequest, LookupReply, LookupRequest, OffloadReply, OnboardRequest,
+    OpenRegionReply, OpenRegionRequest,
 };
 use dynamo_kvblocks::region::Region;
 use dynamo_kvblocks::{Block, MAX_MESSAGE_BYTES, from_region, wire_tier};
@@ -18,7 +19,8 @@ use futures::{Stream, StreamExt};
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 
-use super::store::{BlockStore, OffloadCounts};
+use super::lease::Leases;
+use super::store::{BlockStore, OffloadCounts, Outcome};
 
 /// Most hashes one lookup or onboard may name: a 1M-token context in 16-token blocks.
 const MAX_CHAIN: usize = 1 << 16;
@@ -30,8 +32,13 @@ const MAX_REGION_BYTES: u64 = 1 << 30;
 /// opens new ones, and its old ones must not pile up in shared memory).
 const MAX_REGIONS: usize = 8;
 
-/// The gRPC service of `store`; with `region_dir`, it shares memory with clients there.
-pub fn service(store: BlockStore, region_dir: Option<PathBuf>) -> KvBlocksServer<BlockApi> {
+/// The gRPC service of `store` (the tiers, if any) and `leases`; with `region_dir`, it
+/// shares memory with clients there.
+pub fn service(
+    store: Option<BlockStore>,
+    leases: Leases,
+    region_dir: Option<PathBuf>,
+) -> KvBlocksServer<BlockApi> {
     if let Some(dir) = &region_dir {
         remove_orphans(dir);
     }
@@ -40,14 +47,32 @@ pub fn service(store: BlockStore, region_dir: Option<PathBuf>) -> KvBlocksServer
         open: Mutex::new(BTreeMap::new()),
         next: AtomicU64::new(1),
     });
-    KvBlocksServer::new(BlockApi { store, regions })
-        .max_decoding_message_size(MAX_MESSAGE_BYTES)
-        .max_encoding_message_size(MAX_MESSAGE_BYTES)
+    KvBlocksServer::new(BlockApi {
+        store,
+        leases,
+        regions,
+    })
+    .max_decoding_message_size(MAX_MESSAGE_BYTES)
+    .max_encoding_message_size(MAX_MESSAGE_BYTES)
 }
 
 pub struct BlockApi {
-    store: BlockStore,
+    store: Option<BlockStore>,
+    leases: Leases,
     regions: Arc<Regions>,
+}
+
+impl BlockApi {
+    /// The block a message carries, verified; `None` if it does not check out.
+    fn received(&self, message: pb::Block) -> Result<Option<Block>, Status> {
+        Ok(match &message.region {
+            Some(slice) => {
+                let region = self.regions.get(slice.region_id)?;
+                from_region(message, &region).ok().flatten()
+            }
+            None => Block::try_from(message).ok().filter(Block::verify),
+        })
+    }
 }
 
 /// Removes the regions of sidecars that are gone (killed before they could remove
@@ -109,6 +134,22 @@ impl Regions {
     }
 }
 
+/// Where an onboarding's blocks come from: the tiers (none configured: nothing), or a
+/// lease's blocks, each served only where it is the block asked for at its position.
+enum Source {
+    Tiers(Option<BlockStore>),
+    Lease(Vec<Block>),
+}
+
+impl Source {
+    async fn get(&mut self, position: usize, hash: SeqHash) -> Option<Block> {
+        match self {
+            Source::Tiers(store) => store.as_ref()?.onboard(hash).await,
+            Source::Lease(blocks) => blocks.get(position).filter(|b| b.hash == hash).cloned(),
+        }
+    }
+}
+
 type BlockStream = Pin<Box<dyn Stream<Item = Result<pb::Block, Status>> + Send>>;
 
 fn chain(hashes: &[u64]) -> Result<Vec<SeqHash>, Status> {
@@ -130,19 +171,10 @@ impl KvBlocks for BlockApi {
         let mut blocks = request.into_inner();
         let mut counts = OffloadCounts::default();
         while let Some(message) = blocks.next().await {
-            let message = message?;
-            let outcome = match &message.region {
-                Some(slice) => {
-                    let region = self.regions.get(slice.region_id)?;
-                    match from_region(message, &region) {
-                        Ok(Some(block)) => self.store.offload_verified(block),
-                        Ok(None) | Err(_) => self.store.refuse_corrupt(),
-                    }
-                }
-                None => match Block::try_from(message) {
-                    Ok(block) => self.store.offload(block),
-                    Err(_) => self.store.refuse_corrupt(),
-                },
+            let outcome = match (&self.store, self.received(message?)?) {
+                (Some(store), Some(block)) => store.offload_verified(block),
+                (Some(store), None) => store.refuse_corrupt(),
+                (None, _) => Outcome::Dropped,
             };
             counts.count(outcome);
         }
@@ -159,8 +191,10 @@ impl KvBlocks for BlockApi {
         request: Request<LookupRequest>,
     ) -> Result<Response<LookupReply>, Status> {
         let chain = chain(&request.get_ref().hashes)?;
-        let held = self
-            .store
+        let Some(store) = &self.store else {
+            return Ok(Response::new(LookupReply::default()));
+        };
+        let held = store
             .lookup(&chain)
             .into_iter()
             .map(|(hash, tier)| Held {
@@ -182,13 +216,20 @@ impl KvBlocks for BlockApi {
             Some(id) => Some((id, self.regions.get(id)?)),
             None => None,
         };
+        let mut source = match &request.get_ref().lease {
+            Some(lease) => Source::Lease(self.leases.fetch(lease).ok_or_else(|| {
+                Status::not_found(format!(
+                    "lease {lease:?} is gone (expired, fetched or never lent): recompute"
+                ))
+            })?),
+            None => Source::Tiers(self.store.clone()),
+        };
         let (tx, rx) = tokio::sync::mpsc::channel(ONBOARD_AHEAD);
-        let store = self.store.clone();
         tokio::spawn(async move {
             // Payloads go back to back into the region; what does not fit goes inline.
             let mut offset = 0;
-            for hash in chain {
-                let Some(block) = store.onboard(hash).await else {
+            for (i, hash) in chain.into_iter().enumerate() {
+                let Some(block) = source.get(i, hash).await else {
                     break;
                 };
                 let len = block.payload.len() as u64;
@@ -210,6 +251,48 @@ impl KvBlocks for BlockApi {
             }
         });
         Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
+    }
+
+    async fn lend(
+        &self,
+        request: Request<Streaming<LendRequest>>,
+    ) -> Result<Response<LendReply>, Status> {
+        let mut messages = request.into_inner();
+        let (mut name, mut blocks, mut bytes) = (None::<String>, Vec::new(), 0u64);
+        let mut refused = None;
+        while let Some(message) = messages.next().await {
+            let LendRequest { lease, block } = message?;
+            if *name.get_or_insert_with(|| lease.clone()) != lease {
+                return Err(Status::invalid_argument(
+                    "every message of one Lend call names the same lease",
+                ));
+            }
+            let Some(message) = block else {
+                return Err(Status::invalid_argument("a Lend message without a block"));
+            };
+            let hash = message.hash;
+            match self.received(message)? {
+                Some(block) => {
+                    bytes += block.payload.len() as u64;
+                    blocks.push(block);
+                }
+                None => refused = Some(format!("block {hash:016x} did not check out")),
+            }
+            if refused.is_some() || bytes > self.leases.budget() {
+                break;
+            }
+        }
+        let (name, count) = (name.unwrap_or_default(), blocks.len() as u64);
+        let refused = refused.or_else(|| {
+            let lent = self.leases.lend(&name, blocks);
+            lent.err().map(|e| e.to_string())
+        });
+        let lent = if refused.is_some() { 0 } else { count };
+        Ok(Response::new(LendReply {
+            lent,
+            refused,
+            expires_in_ms: self.leases.duration().as_millis() as u64,
+        }))
     }
 
     async fn open_region(

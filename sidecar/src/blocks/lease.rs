@@ -1,0 +1,327 @@
+//! Leases (`DESIGN.md`, "Disaggregated request"): blocks held for one remote decode,
+//! outside the tiers, until fetched, released or expired. A prefill pod's sidecar holds
+//! what its engine lent until the decode pod's sidecar fetches it; the decode pod's
+//! sidecar holds what it fetched until its engine onboards it. Expiry means no block is
+//! ever stranded by a decode that was cancelled or died; a byte budget bounds what all
+//! leases hold at once, and a lease past it is refused whole.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use dynamo_kvblocks::Block;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+
+use crate::metrics::{Label, Metrics};
+
+/// How a lease ended, as counted.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Ended {
+    Fetched,
+    Released,
+    Expired,
+}
+
+impl Ended {
+    fn label(self) -> Label {
+        let how = match self {
+            Ended::Fetched => "fetched",
+            Ended::Released => "released",
+            Ended::Expired => "expired",
+        };
+        [("how", how)]
+    }
+}
+
+/// Why a lease was not taken.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum Refused {
+    #[error("{bytes} bytes would pass the lease budget of {budget} bytes ({held} held)")]
+    OverBudget { bytes: u64, held: u64, budget: u64 },
+    #[error("lease {0:?} is already held")]
+    InUse(String),
+    #[error("a lease needs a name")]
+    Unnamed,
+}
+
+#[derive(Clone, Debug, Default)]
+pub struct LeaseMetrics {
+    /// Leases held now, and their bytes.
+    pub held: Gauge,
+    pub held_bytes: Gauge,
+    /// Leases taken, and refused.
+    pub lent: Counter,
+    pub refused: Counter,
+    /// Leases ended, by `how` (`fetched`, `released`, `expired`).
+    pub ended: Family<Label, Counter>,
+}
+
+impl LeaseMetrics {
+    pub fn register(metrics: &mut Metrics) -> Self {
+        let m = Self::default();
+        let r = metrics.registry();
+        r.register(
+            "kv_leases",
+            "Leases of KV blocks held for a remote decode",
+            m.held.clone(),
+        );
+        r.register(
+            "kv_lease_bytes",
+            "Payload bytes held under leases",
+            m.held_bytes.clone(),
+        );
+        r.register("kv_leases_lent", "Leases taken", m.lent.clone());
+        r.register(
+            "kv_leases_refused",
+            "Leases refused (over budget, or a name in use)",
+            m.refused.clone(),
+        );
+        r.register(
+            "kv_leases_ended",
+            "Leases ended, by how (fetched, released, expired)",
+            m.ended.clone(),
+        );
+        m
+    }
+}
+
+/// Every lease of one sidecar. Cheap to clone: clones share the table.
+#[derive(Clone)]
+pub struct Leases {
+    inner: Arc<Mutex<Table>>,
+    duration: Duration,
+    budget: u64,
+    metrics: LeaseMetrics,
+}
+
+#[derive(Default)]
+struct Table {
+    leases: HashMap<String, Lease>,
+    bytes: u64,
+}
+
+struct Lease {
+    blocks: Vec<Block>,
+    bytes: u64,
+    expires: Instant,
+}
+
+impl Leases {
+    /// Leases that last `duration` unless fetched, holding at most `budget` bytes.
+    pub fn new(duration: Duration, budget: u64, metrics: LeaseMetrics) -> Self {
+        Self {
+            inner: Arc::default(),
+            duration,
+            budget,
+            metrics,
+        }
+    }
+
+    pub fn duration(&self) -> Duration {
+        self.duration
+    }
+
+    pub fn budget(&self) -> u64 {
+        self.budget
+    }
+
+    fn table(&self) -> MutexGuard<'_, Table> {
+        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Holds `blocks` under `name` until fetched, released or expired.
+    pub fn lend(&self, name: &str, blocks: Vec<Block>) -> Result<(), Refused> {
+        let result = self.try_lend(name, blocks);
+        match &result {
+            Ok(()) => self.metrics.lent.inc(),
+            Err(_) => self.metrics.refused.inc(),
+        };
+        result
+    }
+
+    fn try_lend(&self, name: &str, blocks: Vec<Block>) -> Result<(), Refused> {
+        if name.is_empty() {
+            return Err(Refused::Unnamed);
+        }
+        let bytes = blocks.iter().map(|b| b.payload.len() as u64).sum();
+        let mut table = self.table();
+        if table.leases.contains_key(name) {
+            return Err(Refused::InUse(name.to_owned()));
+        }
+        if table.bytes + bytes > self.budget {
+            return Err(Refused::OverBudget {
+                bytes,
+                held: table.bytes,
+                budget: self.budget,
+            });
+        }
+        table.bytes += bytes;
+        let expires = Instant::now() + self.duration;
+        table.leases.insert(
+            name.to_owned(),
+            Lease {
+                blocks,
+                bytes,
+                expires,
+            },
+        );
+        self.publish(&table);
+        Ok(())
+    }
+
+    /// Ends the lease and hands over its blocks; `None` when it is gone (never lent,
+    /// fetched, released or expired).
+    pub fn fetch(&self, name: &str) -> Option<Vec<Block>> {
+        let lease = self.end(name, Instant::now(), Ended::Fetched)?;
+        Some(lease.blocks)
+    }
+
+    /// Ends the lease without using it (its holder no longer wants the blocks).
+    pub fn release(&self, name: &str) -> bool {
+        self.end(name, Instant::now(), Ended::Released).is_some()
+    }
+
+    fn end(&self, name: &str, now: Instant, how: Ended) -> Option<Lease> {
+        let mut table = self.table();
+        let lease = table.leases.remove(name)?;
+        table.bytes -= lease.bytes;
+        self.publish(&table);
+        drop(table);
+        // A lease past its time is gone even if the sweep has not reached it yet.
+        if lease.expires <= now {
+            self.metrics
+                .ended
+                .get_or_create(&Ended::Expired.label())
+                .inc();
+            return None;
+        }
+        self.metrics.ended.get_or_create(&how.label()).inc();
+        Some(lease)
+    }
+
+    /// Ends every lease whose time is up by `now`; returns how many.
+    pub fn expire(&self, now: Instant) -> usize {
+        let mut table = self.table();
+        let expired: Vec<String> = table
+            .leases
+            .iter()
+            .filter(|(_, l)| l.expires <= now)
+            .map(|(name, _)| name.clone())
+            .collect();
+        for name in &expired {
+            let lease = table.leases.remove(name).expect("listed");
+            table.bytes -= lease.bytes;
+            tracing::info!(
+                lease = %name,
+                blocks = lease.blocks.len(),
+                "releasing expired KV blocks: no decode fetched them within {:?}",
+                self.duration
+            );
+        }
+        self.publish(&table);
+        let n = expired.len();
+        self.metrics
+            .ended
+            .get_or_create(&Ended::Expired.label())
+            .inc_by(n as u64);
+        n
+    }
+
+    /// Sweeps expired leases until the table is dropped everywhere else.
+    pub async fn sweep(self) {
+        // Often enough that a lease outlives its duration by a quarter at most.
+        let period = (self.duration / 4).clamp(Duration::from_millis(10), Duration::from_secs(1));
+        let mut ticks = tokio::time::interval(period);
+        ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            ticks.tick().await;
+            self.expire(Instant::now());
+        }
+    }
+
+    /// Leases held now and their bytes.
+    pub fn held(&self) -> (usize, u64) {
+        let table = self.table();
+        (table.leases.len(), table.bytes)
+    }
+
+    fn publish(&self, table: &Table) {
+        self.metrics.held.set(table.leases.len() as i64);
+        self.metrics.held_bytes.set(table.bytes as i64);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::blocks::test_block;
+
+    fn leases(duration_ms: u64, budget: u64) -> Leases {
+        Leases::new(
+            Duration::from_millis(duration_ms),
+            budget,
+            LeaseMetrics::default(),
+        )
+    }
+
+    fn ended(l: &Leases, how: Ended) -> u64 {
+        l.metrics.ended.get_or_create(&how.label()).get()
+    }
+
+    #[test]
+    fn a_lease_is_fetched_once_then_gone() {
+        let l = leases(60_000, 1 << 20);
+        let blocks = vec![
+            test_block(1, None, b"abcd"),
+            test_block(2, Some(1), b"efgh"),
+        ];
+        l.lend("r1", blocks.clone()).unwrap();
+        assert_eq!(l.held(), (1, 8));
+        assert_eq!(l.fetch("r1"), Some(blocks));
+        assert_eq!(l.fetch("r1"), None, "a fetched lease is gone");
+        assert_eq!(l.held(), (0, 0));
+        assert_eq!(ended(&l, Ended::Fetched), 1);
+        assert!(!l.release("r1"));
+    }
+
+    #[test]
+    fn leases_past_the_budget_or_with_a_taken_name_are_refused_whole() {
+        let l = leases(60_000, 10);
+        l.lend("a", vec![test_block(1, None, b"abcdef")]).unwrap();
+        let err = l
+            .lend("b", vec![test_block(2, None, b"ghijkl")])
+            .unwrap_err();
+        assert_eq!(
+            err,
+            Refused::OverBudget {
+                bytes: 6,
+                held: 6,
+                budget: 10
+            }
+        );
+        let err = l.lend("a", vec![test_block(3, None, b"x")]).unwrap_err();
+        assert_eq!(err, Refused::InUse("a".into()));
+        assert_eq!(l.lend("", vec![]), Err(Refused::Unnamed));
+        assert_eq!(l.held(), (1, 6), "refused leases hold nothing");
+        assert!(l.release("a"));
+        l.lend("b", vec![test_block(2, None, b"ghijkl")]).unwrap();
+        assert_eq!((l.metrics.lent.get(), l.metrics.refused.get()), (2, 3));
+        assert_eq!(ended(&l, Ended::Released), 1);
+    }
+
+    #[test]
+    fn expired_leases_are_gone_swept_or_not() {
+        let l = leases(50, 1 << 20);
+        l.lend("swept", vec![test_block(1, None, b"ab")]).unwrap();
+        l.lend("late", vec![test_block(2, None, b"cd")]).unwrap();
+        let later = Instant::now() + Duration::from_millis(51);
+        // Fetching after expiry, before a sweep: gone, and counted as expired.
+        assert!(l.end("late", later, Ended::Fetched).is_none());
+        assert_eq!(l.expire(later), 1);
+        assert_eq!(l.held(), (0, 0));
+        assert_eq!(ended(&l, Ended::Expired), 2);
+        assert_eq!(ended(&l, Ended::Fetched), 0);
+    }
+}

@@ -1,0 +1,468 @@
+//! The prefill hop (`DESIGN.md`, "Disaggregated request"), a tower layer in front of the
+//! proxy: a request the picker gave a prefill pod (`x-prefiller-host-port`) is first sent
+//! there for its prefill, its KV blocks are brought here when they wait in that pod's
+//! sidecar, and the original request then goes to the local engine with the prefill's
+//! `kv_transfer_params`. Every failure but a 4xx from the prefill pod degrades to local
+//! prefill of the original request, so the answer is always the engine's own.
+
+use std::convert::Infallible;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+
+use axum::body::{Body, Bytes};
+use axum::extract::Request;
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use dynamo_kvcache::SeqHash;
+use dynamo_llm::ApiError;
+use dynamo_llm::disagg::{
+    HopOutcome, KV_TRANSFER_MS_HEADER, KVBLOCKS_TRANSPORT, KvTransferParams, PREFILL_HOP_HEADER,
+    PREFILLER_HEADER, prefill_body,
+};
+use futures::StreamExt;
+use futures::future::BoxFuture;
+use serde_json::{Map, Value};
+use tower::{Layer, Service};
+
+use super::metrics::HopMetrics;
+use super::peers::PrefillPeers;
+use super::transfer::Transfer;
+use crate::blocks::lease::Leases;
+
+/// Paths whose requests take the hop (vLLM's disaggregated proxy serves these two).
+const HOP_PATHS: [&str; 2] = ["/v1/chat/completions", "/v1/completions"];
+/// Largest request body the hop reads whole to rewrite it: a million-token prompt as
+/// JSON text is well under this.
+const MAX_BODY_BYTES: usize = 64 << 20;
+/// Largest prefill answer read: one token and the transfer parameters of a
+/// million-token prompt's block list.
+const MAX_PREFILL_ANSWER_BYTES: usize = 16 << 20;
+/// Most blocks one transfer names (as the block API's chain limit).
+const MAX_BLOCKS: usize = 1 << 16;
+
+/// What the hop needs, shared by every request.
+pub struct Hop {
+    /// HTTP client of the prefill pods' sidecars.
+    pub client: reqwest::Client,
+    pub peers: PrefillPeers,
+    pub transfer: Transfer,
+    pub leases: Leases,
+    /// This sidecar's gRPC port, where its engine takes the fetched blocks.
+    pub grpc_port: u16,
+    pub prefill_timeout: Duration,
+    pub metrics: HopMetrics,
+}
+
+#[derive(Clone)]
+pub struct PrefillHopLayer(Arc<Hop>);
+
+impl PrefillHopLayer {
+    pub fn new(hop: Hop) -> Self {
+        Self(Arc::new(hop))
+    }
+}
+
+impl<S> Layer<S> for PrefillHopLayer {
+    type Service = PrefillHop<S>;
+
+    fn layer(&self, inner: S) -> PrefillHop<S> {
+        PrefillHop {
+            inner,
+            hop: self.0.clone(),
+        }
+    }
+}
+
+/// The proxy `S` behind the prefill hop.
+#[derive(Clone)]
+pub struct PrefillHop<S> {
+    inner: S,
+    hop: Arc<Hop>,
+}
+
+impl<S> Service<Request> for PrefillHop<S>
+where
+    S: Service<Request, Response = Response, Error = Infallible> + Clone + Send + 'static,
+    S::Future: Send,
+{
+    type Response = Response;
+    type Error = Infallible;
+    type Future = BoxFuture<'static, Result<Response, Infallible>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: Request) -> Self::Future {
+        // The clone is ready only if polled; the polled one goes with this call.
+        let clone = self.inner.clone();
+        let mut inner = std::mem::replace(&mut self.inner, clone);
+        if !request.headers().contains_key(PREFILLER_HEADER) {
+            return Box::pin(inner.call(request));
+        }
+        let hop = self.hop.clone();
+        Box::pin(async move { Ok(hop.run(request, inner).await) })
+    }
+}
+
+/// How the prefill leg ended, short of transfer parameters.
+enum Failed {
+    /// The prefill pod's 4xx, for the client.
+    Client(Response),
+    Fallback(HopOutcome, String),
+}
+
+/// The request for the engine, and what the response reports.
+struct Decode {
+    body: Bytes,
+    outcome: HopOutcome,
+    transfer: Option<Duration>,
+    /// The local lease of the fetched blocks, released when the response ends.
+    lease: Option<LeaseGuard>,
+}
+
+impl Hop {
+    async fn run<S>(&self, request: Request, mut inner: S) -> Response
+    where
+        S: Service<Request, Response = Response, Error = Infallible>,
+    {
+        let (mut parts, body) = request.into_parts();
+        let named = parts.headers.remove(PREFILLER_HEADER);
+        if !HOP_PATHS.contains(&parts.uri.path()) {
+            return call(&mut inner, Request::from_parts(parts, body)).await;
+        }
+        let target = named
+            .as_ref()
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.trim().parse::<SocketAddr>().ok());
+        let Some(target) = target else {
+            return self.refuse(format!("{PREFILLER_HEADER} must be one ip:port"));
+        };
+        if !self.peers.allows(target).await {
+            return self.refuse(format!(
+                "prefill pod {target} is not a prefill member of this pool"
+            ));
+        }
+        let bytes = match read_body(body).await {
+            Ok(bytes) => bytes,
+            Err(e) => return e.into_response(),
+        };
+        // Not a JSON object: the engine says what is wrong with it.
+        let Ok(Value::Object(client)) = serde_json::from_slice::<Value>(&bytes) else {
+            return call(&mut inner, Request::from_parts(parts, Body::from(bytes))).await;
+        };
+        let request_id = new_id();
+        let started = Instant::now();
+        let decode = match self.prefill(target, &parts, &client, &request_id).await {
+            Ok(params) => {
+                self.metrics
+                    .prefill_seconds
+                    .observe(started.elapsed().as_secs_f64());
+                self.decode(target, &client, params).await
+            }
+            Err(Failed::Client(response)) => {
+                return self.answered(response, HopOutcome::ClientError, None);
+            }
+            Err(Failed::Fallback(outcome, why)) => {
+                tracing::warn!(prefill = %target, %why, "prefill hop failed; prefilling here");
+                Decode {
+                    body: bytes,
+                    outcome,
+                    transfer: None,
+                    lease: None,
+                }
+            }
+        };
+        parts.headers.insert(
+            header::CONTENT_LENGTH,
+            HeaderValue::from(decode.body.len() as u64),
+        );
+        parts.headers.insert(
+            "x-request-id",
+            HeaderValue::from_str(&request_id).expect("hex"),
+        );
+        let response = call(
+            &mut inner,
+            Request::from_parts(parts, Body::from(decode.body)),
+        )
+        .await;
+        let response = match decode.lease {
+            Some(guard) => response.map(|body| {
+                Body::from_stream(body.into_data_stream().map(move |chunk| {
+                    let _ = &guard;
+                    chunk
+                }))
+            }),
+            None => response,
+        };
+        self.answered(response, decode.outcome, decode.transfer)
+    }
+
+    /// Sends the prefill leg and returns the prefill's transfer parameters.
+    async fn prefill(
+        &self,
+        target: SocketAddr,
+        parts: &axum::http::request::Parts,
+        client: &Map<String, Value>,
+        request_id: &str,
+    ) -> Result<KvTransferParams, Failed> {
+        let body = serde_json::to_vec(&prefill_body(client)).expect("JSON serializes");
+        let mut leg = self
+            .client
+            .post(format!("http://{target}{}", parts.uri.path()))
+            .header(header::CONTENT_TYPE, "application/json")
+            .header("x-request-id", request_id)
+            .body(body);
+        if let Some(credentials) = parts.headers.get(header::AUTHORIZATION) {
+            leg = leg.header(header::AUTHORIZATION, credentials);
+        }
+        let answer = async {
+            let answer = leg.send().await?;
+            let (status, headers) = (answer.status(), answer.headers().clone());
+            let body = read_limited(answer, MAX_PREFILL_ANSWER_BYTES).await?;
+            Ok::<_, reqwest::Error>((status, headers, body))
+        };
+        let (status, headers, body) = match tokio::time::timeout(self.prefill_timeout, answer).await
+        {
+            Err(_) => {
+                let why = format!("no answer within {:?}", self.prefill_timeout);
+                return Err(Failed::Fallback(HopOutcome::FallbackTimeout, why));
+            }
+            Ok(Err(e)) => {
+                return Err(Failed::Fallback(
+                    HopOutcome::FallbackPrefillFailed,
+                    e.to_string(),
+                ));
+            }
+            Ok(Ok(answer)) => answer,
+        };
+        // The request itself is wrong (as llm-d's sidecar, 4xx go to the client); but a
+        // busy prefill pod (429) is no reason to refuse what this pod can prefill.
+        if status.is_client_error() && status != StatusCode::TOO_MANY_REQUESTS {
+            let mut response = Response::new(Body::from(body));
+            *response.status_mut() = status;
+            if let Some(kind) = headers.get(header::CONTENT_TYPE) {
+                response
+                    .headers_mut()
+                    .insert(header::CONTENT_TYPE, kind.clone());
+            }
+            return Err(Failed::Client(response));
+        }
+        if !status.is_success() {
+            let why = format!("the prefill pod answered {status}");
+            return Err(Failed::Fallback(HopOutcome::FallbackPrefillFailed, why));
+        }
+        match serde_json::from_slice::<Value>(&body) {
+            Ok(Value::Object(answer)) => KvTransferParams::of(&answer)
+                .filter(|p| p.do_remote_prefill)
+                .ok_or_else(|| {
+                    let why = "the prefill answer has no kv_transfer_params".to_owned();
+                    Failed::Fallback(HopOutcome::FallbackPrefillFailed, why)
+                }),
+            _ => {
+                let why = "the prefill answer is not a JSON object".to_owned();
+                Err(Failed::Fallback(HopOutcome::FallbackPrefillFailed, why))
+            }
+        }
+    }
+
+    /// The engine's request after a prefill that answered `params`.
+    async fn decode(
+        &self,
+        target: SocketAddr,
+        client: &Map<String, Value>,
+        params: KvTransferParams,
+    ) -> Decode {
+        let with = |params: &KvTransferParams| {
+            let mut body = client.clone();
+            params.put(&mut body);
+            Bytes::from(serde_json::to_vec(&body).expect("JSON serializes"))
+        };
+        if !params.via_sidecars() {
+            // The engines move the blocks themselves (vLLM's NixlConnector).
+            return Decode {
+                body: with(&params),
+                outcome: HopOutcome::Passthrough,
+                transfer: None,
+                lease: None,
+            };
+        }
+        let started = Instant::now();
+        match self.fetch(target, &params).await {
+            Ok((local, hashes)) => {
+                let took = started.elapsed();
+                self.metrics.transfer_seconds.observe(took.as_secs_f64());
+                let ours = KvTransferParams {
+                    do_remote_prefill: true,
+                    remote_block_ids: Some(hashes.iter().map(|h| h.0).collect()),
+                    remote_engine_id: params.remote_engine_id.clone(),
+                    remote_request_id: Some(local.name.clone()),
+                    remote_host: Some(Ipv4Addr::LOCALHOST.to_string()),
+                    remote_port: Some(self.grpc_port),
+                    tp_size: params.tp_size,
+                    remote_transport: Some(KVBLOCKS_TRANSPORT.into()),
+                    ..KvTransferParams::default()
+                };
+                Decode {
+                    body: with(&ours),
+                    outcome: HopOutcome::Remote,
+                    transfer: Some(took),
+                    lease: Some(local),
+                }
+            }
+            Err(why) => {
+                tracing::warn!(prefill = %target, %why, "KV transfer failed; prefilling here");
+                Decode {
+                    body: Bytes::from(serde_json::to_vec(client).expect("JSON serializes")),
+                    outcome: HopOutcome::FallbackTransferFailed,
+                    transfer: None,
+                    lease: None,
+                }
+            }
+        }
+    }
+
+    /// Brings the prefill's blocks here under a fresh local lease. They are fetched
+    /// from the pod the picker named (its IP, whatever `remote_host` says) on the
+    /// prefill's `remote_port`.
+    async fn fetch(
+        &self,
+        target: SocketAddr,
+        params: &KvTransferParams,
+    ) -> Result<(LeaseGuard, Vec<SeqHash>), String> {
+        let (Some(lease), Some(port), Some(ids)) = (
+            &params.remote_request_id,
+            params.remote_port,
+            &params.remote_block_ids,
+        ) else {
+            return Err("the prefill's kv_transfer_params name no lease".into());
+        };
+        if ids.is_empty() || ids.len() > MAX_BLOCKS {
+            return Err(format!("{} blocks to fetch", ids.len()));
+        }
+        let hashes: Vec<SeqHash> = ids.iter().copied().map(SeqHash).collect();
+        let from = SocketAddr::new(peer_ip(target.ip()), port);
+        let blocks = self
+            .transfer
+            .fetch(from, lease, &hashes)
+            .await
+            .map_err(|e| e.to_string())?;
+        if blocks.is_empty() {
+            return Err("the prefill pod had none of the blocks".into());
+        }
+        let bytes: u64 = blocks.iter().map(|b| b.payload.len() as u64).sum();
+        let fetched: Vec<SeqHash> = blocks.iter().map(|b| b.hash).collect();
+        self.metrics.transfer_bytes.inc_by(bytes);
+        self.metrics.transfer_blocks.inc_by(blocks.len() as u64);
+        let name = new_id();
+        self.leases
+            .lend(&name, blocks)
+            .map_err(|e| format!("holding the fetched blocks: {e}"))?;
+        let guard = LeaseGuard {
+            leases: self.leases.clone(),
+            name,
+        };
+        Ok((guard, fetched))
+    }
+
+    fn refuse(&self, message: String) -> Response {
+        let error = ApiError {
+            status: StatusCode::FORBIDDEN,
+            code: Some("prefill_pod_refused"),
+            ..ApiError::bad_request(message, None)
+        };
+        self.answered(error.into_response(), HopOutcome::Refused, None)
+    }
+
+    /// Counts the hop and says how it went in the response's headers.
+    fn answered(
+        &self,
+        mut response: Response,
+        outcome: HopOutcome,
+        transfer: Option<Duration>,
+    ) -> Response {
+        self.metrics.hop(outcome);
+        let headers: &mut HeaderMap = response.headers_mut();
+        headers.insert(
+            PREFILL_HOP_HEADER,
+            HeaderValue::from_static(outcome.as_str()),
+        );
+        if let Some(took) = transfer {
+            let ms = format!("{:.3}", took.as_secs_f64() * 1000.0);
+            headers.insert(
+                KV_TRANSFER_MS_HEADER,
+                HeaderValue::from_str(&ms).expect("digits"),
+            );
+        }
+        response
+    }
+}
+
+/// A prefill pod reached over loopback (the local runner) keeps its loopback address;
+/// an unspecified one (`0.0.0.0`) means this host.
+fn peer_ip(ip: IpAddr) -> IpAddr {
+    if ip.is_unspecified() {
+        IpAddr::V4(Ipv4Addr::LOCALHOST)
+    } else {
+        ip
+    }
+}
+
+/// Releases a local lease (if its engine has not taken it) when dropped: with the
+/// response, whether it ended or the client left.
+struct LeaseGuard {
+    leases: Leases,
+    name: String,
+}
+
+impl Drop for LeaseGuard {
+    fn drop(&mut self) {
+        self.leases.release(&self.name);
+    }
+}
+
+async fn call<S>(inner: &mut S, request: Request) -> Response
+where
+    S: Service<Request, Response = Response, Error = Infallible>,
+{
+    match inner.call(request).await {
+        Ok(response) => response,
+        Err(never) => match never {},
+    }
+}
+
+/// A fresh request id and lease name: 128 random bits in hex, so that no client can
+/// name another request's lease.
+fn new_id() -> String {
+    format!("{:032x}", rand::random::<u128>())
+}
+
+async fn read_body(body: Body) -> Result<Bytes, ApiError> {
+    let mut out = Vec::new();
+    let mut chunks = body.into_data_stream();
+    while let Some(chunk) = chunks.next().await {
+        let chunk = chunk.map_err(|e| {
+            ApiError::bad_request(format!("reading the request body failed: {e}"), None)
+        })?;
+        if out.len() + chunk.len() > MAX_BODY_BYTES {
+            return Err(ApiError::body_too_large(MAX_BODY_BYTES));
+        }
+        out.extend_from_slice(&chunk);
+    }
+    Ok(Bytes::from(out))
+}
+
+async fn read_limited(answer: reqwest::Response, limit: usize) -> Result<Bytes, reqwest::Error> {
+    let mut out = Vec::new();
+    let mut chunks = answer.bytes_stream();
+    while let Some(chunk) = chunks.next().await {
+        let chunk = chunk?;
+        out.extend_from_slice(&chunk[..chunk.len().min(limit - out.len())]);
+        if out.len() >= limit {
+            break;
+        }
+    }
+    Ok(Bytes::from(out))
+}

@@ -1,0 +1,221 @@
+//! The prefill pods a decode pod's sidecar may send a prefill leg to (`--prefill-peers`):
+//! the allowlist that keeps `x-prefiller-host-port` from making the sidecar connect
+//! anywhere a client names (SSRF; llm-d's sidecar keys its list on the IP alone,
+//! llm-d-router#979: ours keys on IP and port).
+//!
+//! Members are re-read when the cached set is older than [`MAX_AGE`], and at once (at
+//! most every [`MIN_REFRESH`]) when a request names an address not in it, so a prefill
+//! pod that just scaled up is accepted on its first request.
+
+use std::collections::HashSet;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use dynamo_server::endpoints_file::EndpointsFile;
+use tokio::sync::Mutex;
+
+/// Oldest a member set is used.
+const MAX_AGE: Duration = Duration::from_secs(10);
+/// Closest two refreshes for an unknown address come: a client naming strangers cannot
+/// make the sidecar resolve on every request.
+const MIN_REFRESH: Duration = Duration::from_secs(1);
+/// The local runner's role name for prefill replicas.
+const PREFILL_ROLE: &str = "prefill";
+
+/// One `--prefill-peers` entry.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum PeerSource {
+    Addr(SocketAddr),
+    /// Every address `name` resolves to, at `port`.
+    Dns {
+        name: String,
+        port: u16,
+    },
+    /// The prefill entries of an endpoints file.
+    File(PathBuf),
+}
+
+impl std::str::FromStr for PeerSource {
+    type Err = String;
+
+    fn from_str(entry: &str) -> Result<Self, String> {
+        let entry = entry.trim();
+        if let Some(path) = entry.strip_prefix("file:") {
+            return Ok(PeerSource::File(path.into()));
+        }
+        if let Some(target) = entry.strip_prefix("dns:") {
+            let (name, port) = target
+                .rsplit_once(':')
+                .and_then(|(name, port)| Some((name, port.parse().ok()?)))
+                .filter(|(name, _)| !name.is_empty())
+                .ok_or_else(|| format!("prefill peer {entry:?}: expected dns:NAME:PORT"))?;
+            return Ok(PeerSource::Dns {
+                name: name.to_owned(),
+                port,
+            });
+        }
+        entry.parse().map(PeerSource::Addr).map_err(|_| {
+            format!("prefill peer {entry:?}: expected ip:port, dns:NAME:PORT or file:PATH")
+        })
+    }
+}
+
+/// The allowlist of prefill pods.
+pub struct PrefillPeers {
+    sources: Vec<PeerSource>,
+    cache: Mutex<Cache>,
+}
+
+#[derive(Default)]
+struct Cache {
+    members: HashSet<SocketAddr>,
+    refreshed: Option<Instant>,
+}
+
+impl PrefillPeers {
+    pub fn new(sources: Vec<PeerSource>) -> Self {
+        Self {
+            sources,
+            cache: Mutex::default(),
+        }
+    }
+
+    /// Parses `--prefill-peers` entries (empty ones are skipped).
+    pub fn parse(entries: &[String]) -> Result<Self, String> {
+        let sources = entries
+            .iter()
+            .filter(|e| !e.trim().is_empty())
+            .map(|e| e.parse())
+            .collect::<Result<_, _>>()?;
+        Ok(Self::new(sources))
+    }
+
+    /// Whether `addr` is a prefill member now.
+    pub async fn allows(&self, addr: SocketAddr) -> bool {
+        if self.sources.is_empty() {
+            return false;
+        }
+        let mut cache = self.cache.lock().await;
+        let age = cache.refreshed.map(|at| at.elapsed());
+        let stale = age.is_none_or(|age| age > MAX_AGE);
+        let retry = age.is_none_or(|age| age > MIN_REFRESH) && !cache.members.contains(&addr);
+        if stale || retry {
+            cache.members = self.resolve().await;
+            cache.refreshed = Some(Instant::now());
+        }
+        cache.members.contains(&addr)
+    }
+
+    async fn resolve(&self) -> HashSet<SocketAddr> {
+        let mut members = HashSet::new();
+        for source in &self.sources {
+            match source {
+                PeerSource::Addr(addr) => {
+                    members.insert(*addr);
+                }
+                PeerSource::Dns { name, port } => {
+                    match tokio::net::lookup_host((name.as_str(), *port)).await {
+                        Ok(addrs) => members.extend(addrs),
+                        // No ready prefill pod: the name has no address.
+                        Err(e) => tracing::debug!(%name, error = %e, "prefill peers: no address"),
+                    }
+                }
+                PeerSource::File(path) => match read_file(path).await {
+                    Ok(addrs) => members.extend(addrs),
+                    Err(e) => {
+                        tracing::warn!(path = %path.display(), error = %e, "prefill peers: cannot read the endpoints file")
+                    }
+                },
+            }
+        }
+        members
+    }
+}
+
+async fn read_file(path: &PathBuf) -> Result<Vec<SocketAddr>, String> {
+    let text = tokio::fs::read_to_string(path)
+        .await
+        .map_err(|e| e.to_string())?;
+    let file = EndpointsFile::parse(&text)?;
+    Ok(file
+        .addresses_of(PREFILL_ROLE)
+        .filter_map(|a| a.parse().ok())
+        .collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use dynamo_server::endpoints_file::EndpointEntry;
+
+    fn addr(s: &str) -> SocketAddr {
+        s.parse().unwrap()
+    }
+
+    #[test]
+    fn entries_parse_or_say_what_is_expected() {
+        assert_eq!(
+            "10.0.0.7:8000".parse(),
+            Ok(PeerSource::Addr(addr("10.0.0.7:8000")))
+        );
+        assert_eq!(
+            "dns:g-prefill-peers.ns.svc.cluster.local:8000".parse(),
+            Ok(PeerSource::Dns {
+                name: "g-prefill-peers.ns.svc.cluster.local".into(),
+                port: 8000
+            })
+        );
+        assert_eq!(
+            "file:/tmp/e.json".parse(),
+            Ok(PeerSource::File("/tmp/e.json".into()))
+        );
+        for bad in ["10.0.0.7", "dns:name", "dns::80", "host:99999"] {
+            let err = bad.parse::<PeerSource>().unwrap_err();
+            assert!(err.contains("expected"), "{bad}: {err}");
+        }
+    }
+
+    #[tokio::test]
+    async fn only_listed_addresses_and_ports_are_members() {
+        let peers =
+            PrefillPeers::parse(&["10.0.0.7:8000".into(), "dns:localhost:8100".into()]).unwrap();
+        assert!(peers.allows(addr("10.0.0.7:8000")).await);
+        assert!(!peers.allows(addr("10.0.0.7:8001")).await, "another port");
+        assert!(!peers.allows(addr("10.0.0.8:8000")).await);
+        assert!(peers.allows(addr("127.0.0.1:8100")).await, "resolved");
+        assert!(
+            !PrefillPeers::parse(&[])
+                .unwrap()
+                .allows(addr("10.0.0.7:8000"))
+                .await
+        );
+    }
+
+    #[tokio::test]
+    async fn a_prefill_replica_added_to_the_file_is_a_member_on_its_first_request() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("endpoints.json");
+        let entry = |address: &str, role: &str| EndpointEntry {
+            address: address.into(),
+            kv_events: None,
+            role: Some(role.into()),
+            sidecar_metrics: None,
+        };
+        let mut file = EndpointsFile {
+            endpoints: vec![
+                entry("127.0.0.1:18000", "prefill"),
+                entry("127.0.0.1:18001", "decode"),
+            ],
+        };
+        file.write(&path).unwrap();
+        let peers = PrefillPeers::new(vec![PeerSource::File(path.clone())]);
+        assert!(peers.allows(addr("127.0.0.1:18000")).await);
+        assert!(!peers.allows(addr("127.0.0.1:18001")).await, "decode");
+        file.endpoints.push(entry("127.0.0.1:18002", "prefill"));
+        file.write(&path).unwrap();
+        // A miss re-reads at most once a second.
+        tokio::time::sleep(MIN_REFRESH + Duration::from_millis(50)).await;
+        assert!(peers.allows(addr("127.0.0.1:18002")).await);
+    }
+}

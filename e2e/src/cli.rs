@@ -16,6 +16,7 @@ use serde_json::json;
 
 use crate::arrivals::{self, Arrivals};
 use crate::client::{Api, Target, Words};
+use crate::disagg::{self, Topology};
 use crate::launch::{self, Launched};
 use crate::report::{self, Report};
 use crate::workload::{Sessions, SharedPrefix, Workload};
@@ -93,9 +94,10 @@ pub struct WorkloadArgs {
     /// Seeds the workload, the Poisson arrivals and the router's random choices.
     #[arg(long, default_value_t = 0, env = "DYNAMO_E2E_SEED")]
     pub seed: u64,
-    /// Requests per second (open loop); with a trace, replaces its timestamps.
-    #[arg(long, env = "DYNAMO_E2E_REQUEST_RATE")]
-    pub request_rate: Option<f64>,
+    /// Requests per second (open loop); with a trace, replaces its timestamps. Several,
+    /// comma-separated (`2,4,8`), sweep: every run is repeated at each rate in turn.
+    #[arg(long, value_delimiter = ',', env = "DYNAMO_E2E_REQUEST_RATE")]
+    pub request_rate: Vec<f64>,
     /// How `--request-rate` spaces requests.
     #[arg(long, value_enum, default_value_t = Pattern::Poisson, env = "DYNAMO_E2E_ARRIVAL")]
     pub arrival: Pattern,
@@ -119,6 +121,14 @@ pub struct OutputArgs {
     /// Write the Markdown tables here too.
     #[arg(long, env = "DYNAMO_E2E_MARKDOWN")]
     pub markdown: Option<PathBuf>,
+    /// Graph runs over several request rates: the TTFT p99 target of the goodput table
+    /// (the highest rate each graph sustains within both targets). Default: the
+    /// planner's default TTFT target (brief, "Planner defaults").
+    #[arg(long, default_value_t = 500.0, env = "DYNAMO_E2E_SLA_TTFT_MS")]
+    pub sla_ttft_ms: f64,
+    /// The goodput table's ITL p99 target; default: the planner's default ITL target.
+    #[arg(long, default_value_t = 50.0, env = "DYNAMO_E2E_SLA_ITL_MS")]
+    pub sla_itl_ms: f64,
 }
 
 #[derive(Args, Debug)]
@@ -225,7 +235,23 @@ pub struct ReplayArgs {
     /// `--block-size`].
     #[arg(long, value_parser = parse_bytes, env = "DYNAMO_E2E_KV_BLOCK_BYTES")]
     pub kv_block_bytes: Option<u64>,
-    /// Model directory whose config.json sizes a KV block (with `--tiers`).
+    /// Graphs to compare (request workloads), each run with every router mode in place
+    /// of `--workers`: `agg:N` (N engines that prefill and decode) or `XpYd` (X prefill
+    /// and Y decode engines, each prompt's KV moving over `--kv-link-bandwidth-gbps`),
+    /// e.g. `agg:4,2p2d,1p3d`.
+    #[arg(long, value_delimiter = ',', value_parser = Topology::parse, env = "DYNAMO_E2E_TOPOLOGY")]
+    pub topology: Vec<Topology>,
+    /// Bandwidth of each engine's link for disaggregated KV transfers, GB/s: InfiniBand's
+    /// 400 Gb/s across nodes; NVLink within a node is 900 GB/s (brief, "Transfer (NIXL)
+    /// transports").
+    #[arg(
+        long,
+        default_value_t = dynamo_mocker::kv_blocks::DEFAULT_LINK_BANDWIDTH_GBPS,
+        env = "DYNAMO_E2E_KV_LINK_BANDWIDTH_GBPS"
+    )]
+    pub kv_link_bandwidth_gbps: f64,
+    /// Model directory whose config.json sizes a KV block (with `--tiers` or a
+    /// disaggregated `--topology`).
     #[arg(
         long,
         default_value = ".cache/models/qwen-mock",
@@ -352,16 +378,26 @@ impl WorkloadArgs {
         }
     }
 
-    /// Open-loop times: `--request-rate` if given, else the trace's own (scaled). For
-    /// conversations: when each session starts (all at 0 without a rate).
-    fn times_ms(&self, workload: &Workload) -> anyhow::Result<Vec<f64>> {
+    /// The request rates to run at: each of `--request-rate`, or none (the trace's own
+    /// times, a concurrency, sessions all at once).
+    fn rates(&self) -> Vec<Option<f64>> {
+        if self.request_rate.is_empty() {
+            vec![None]
+        } else {
+            self.request_rate.iter().copied().map(Some).collect()
+        }
+    }
+
+    /// Open-loop times: `rate` (one of [`Self::rates`]) if given, else the trace's own
+    /// (scaled). For conversations: when each session starts (all at 0 without a rate).
+    fn times_ms(&self, workload: &Workload, rate: Option<f64>) -> anyhow::Result<Vec<f64>> {
         let n = workload
             .conversations()
             .map_or(workload.len(), |s| s.sessions);
-        if workload.conversations().is_some() && self.request_rate.is_none() {
+        if workload.conversations().is_some() && rate.is_none() {
             return Ok(vec![0.0; n]);
         }
-        match (self.request_rate, workload.timestamps_ms()) {
+        match (rate, workload.timestamps_ms()) {
             (Some(rate), _) => {
                 anyhow::ensure!(
                     rate.is_finite() && rate > 0.0,
@@ -386,8 +422,12 @@ impl WorkloadArgs {
     }
 
     fn describe_arrivals(&self, concurrency: Option<usize>) -> String {
+        let rates = (!self.request_rate.is_empty()).then(|| {
+            let list: Vec<String> = self.request_rate.iter().map(f64::to_string).collect();
+            list.join(", ")
+        });
         if self.sessions.is_some() {
-            let starts = match (concurrency, self.request_rate) {
+            let starts = match (concurrency, rates) {
                 (Some(c), _) => format!("{c} sessions at a time"),
                 (None, Some(r)) => {
                     format!("{:?} session starts at {r} sessions/s", self.arrival).to_lowercase()
@@ -396,7 +436,7 @@ impl WorkloadArgs {
             };
             return format!("{starts}, each turn after the previous answer");
         }
-        match (concurrency, self.request_rate) {
+        match (concurrency, rates) {
             (Some(c), _) => format!("{c} requests in flight"),
             (None, Some(r)) => format!("{:?} arrivals at {r} req/s", self.arrival).to_lowercase(),
             (None, None) => format!("trace timestamps x {}", self.time_scale),
@@ -415,7 +455,11 @@ pub async fn main(cli: Cli) -> anyhow::Result<()> {
 fn run_replay(args: ReplayArgs) -> anyhow::Result<()> {
     let w = &args.workload;
     let workload = w.workload()?;
-    let times = w.times_ms(&workload)?;
+    let rates = w.rates();
+    let times: Vec<Vec<f64>> = rates
+        .iter()
+        .map(|&rate| w.times_ms(&workload, rate))
+        .collect::<anyhow::Result<_>>()?;
     anyhow::ensure!(args.workers > 0, "--workers must be at least 1");
     anyhow::ensure!(
         args.approx_ttl_s.is_finite() && args.approx_ttl_s >= 0.0,
@@ -442,8 +486,21 @@ fn run_replay(args: ReplayArgs) -> anyhow::Result<()> {
         args.tiers.is_empty() || workload.conversations().is_some(),
         "--tiers simulates KV block tiers for conversations: give --sessions"
     );
+    let topologies = !args.topology.is_empty();
+    anyhow::ensure!(
+        !topologies || (args.tiers.is_empty() && workload.conversations().is_none()),
+        "--topology simulates request workloads (shared prefix, trace): not with --sessions or --tiers"
+    );
+    anyhow::ensure!(
+        args.kv_link_bandwidth_gbps.is_finite() && args.kv_link_bandwidth_gbps > 0.0,
+        "--kv-link-bandwidth-gbps must be positive"
+    );
     let on = |t: &TierSpec| t.host.is_some() || t.disk.is_some() || t.object.is_some();
-    let block_bytes = match (args.kv_block_bytes, args.tiers.iter().any(on)) {
+    let moves_kv = args
+        .topology
+        .iter()
+        .any(|t| matches!(t, Topology::Disaggregated { .. }));
+    let block_bytes = match (args.kv_block_bytes, args.tiers.iter().any(on) || moves_kv) {
         (Some(b), _) => Some(b),
         (None, true) => Some(kv_block_bytes(&args.model_path, args.block_size)?),
         (None, false) => None,
@@ -461,42 +518,70 @@ fn run_replay(args: ReplayArgs) -> anyhow::Result<()> {
             })
             .collect()
     };
+    let link = disagg::Link {
+        bandwidth_gbps: args.kv_link_bandwidth_gbps,
+        block_bytes: block_bytes.unwrap_or(1),
+    };
     let mut runs = Vec::new();
-    for &mode in &args.modes {
-        let setup = replay::RouterSetup {
-            mode,
-            scheduler,
-            approx,
-            seed: w.seed,
-        };
-        for tiers in &tier_setups {
-            let mut run = replay::run_with_tiers(
-                &workload,
-                &times,
-                &engine,
-                args.workers,
-                setup,
-                tiers.as_ref().map(|(_, t)| t),
-            )?;
-            if let Some((label, _)) = tiers {
-                run.label = if args.modes.len() == 1 {
-                    label.clone()
-                } else {
-                    format!("{mode} {label}")
-                };
+    for (&rate, times) in rates.iter().zip(&times) {
+        let at = rate.map_or_else(String::new, |r| format!(" at {r} req/s"));
+        for &mode in &args.modes {
+            let setup = replay::RouterSetup {
+                mode,
+                scheduler,
+                approx,
+                seed: w.seed,
+            };
+            let mut these = Vec::new();
+            if topologies {
+                for &topology in &args.topology {
+                    let mut run = disagg::run(&workload, times, &engine, topology, setup, &link)?;
+                    if args.modes.len() > 1 {
+                        run.label = format!("{mode} {topology}");
+                    }
+                    these.push(run);
+                }
             }
-            let wall_s = run.replay.map_or(0.0, |d| d.wall_s);
-            eprintln!("replay {}: computed in {wall_s:.2} s", run.label);
-            runs.push(run);
+            for tiers in tier_setups.iter().filter(|_| !topologies) {
+                let mut run = replay::run_with_tiers(
+                    &workload,
+                    times,
+                    &engine,
+                    args.workers,
+                    setup,
+                    tiers.as_ref().map(|(_, t)| t),
+                )?;
+                if let Some((label, _)) = tiers {
+                    run.label = if args.modes.len() == 1 {
+                        label.clone()
+                    } else {
+                        format!("{mode} {label}")
+                    };
+                }
+                these.push(run);
+            }
+            for mut run in these {
+                let wall_s = run.replay.map_or(0.0, |d| d.wall_s);
+                eprintln!("replay {}{at}: computed in {wall_s:.2} s", run.label);
+                run.request_rate = rate;
+                runs.push(run);
+            }
         }
     }
+    let blocks = format!(
+        "{} blocks of {} tokens",
+        args.num_gpu_blocks, args.block_size
+    );
+    let graph = if topologies {
+        let list: Vec<String> = args.topology.iter().map(Topology::to_string).collect();
+        format!("graphs {}, engines of {blocks}", list.join(", "))
+    } else {
+        format!("{} engines x {blocks}", args.workers)
+    };
     let mut title = format!(
-        "Replay: {}; {}; {} engines x {} blocks of {} tokens; router prefill_load_scale {}, temperature {}",
+        "Replay: {}; {}; {graph}; router prefill_load_scale {}, temperature {}",
         workload.describe(),
         w.describe_arrivals(None),
-        args.workers,
-        args.num_gpu_blocks,
-        args.block_size,
         args.prefill_load_scale,
         args.temperature
     );
@@ -506,8 +591,24 @@ fn run_replay(args: ReplayArgs) -> anyhow::Result<()> {
         "router": {"prefill_load_scale": args.prefill_load_scale, "temperature": args.temperature,
                    "approx_ttl_s": args.approx_ttl_s},
     });
-    // Ratios against round-robin, or with tiers against the first tier config.
+    if !w.request_rate.is_empty() {
+        config["request_rates"] = json!(w.request_rate);
+    }
+    // Ratios against round-robin, or with tiers or graphs against the first of them.
     let mut baseline = RouterMode::RoundRobin.as_str().to_owned();
+    if topologies {
+        title.push_str(&format!(
+            "; disaggregated KV over {} GB/s links, blocks of {} bytes",
+            args.kv_link_bandwidth_gbps,
+            block_bytes.unwrap_or(0)
+        ));
+        config["topologies"] = json!({
+            "graphs": args.topology.iter().map(Topology::to_string).collect::<Vec<_>>(),
+            "kv_link_bandwidth_gbps": args.kv_link_bandwidth_gbps,
+            "block_bytes": block_bytes,
+        });
+        baseline = runs.first().map(|r| r.label.clone()).unwrap_or_default();
+    }
     if !args.tiers.is_empty() {
         let kv = KvBlocksConfig::default();
         title.push_str(&format!(
@@ -536,9 +637,14 @@ fn run_replay(args: ReplayArgs) -> anyhow::Result<()> {
 async fn run_bench(args: BenchArgs) -> anyhow::Result<()> {
     let w = &args.workload;
     let workload = Arc::new(w.workload()?);
-    let plan = match args.concurrency {
-        Some(c) => Arrivals::Concurrency(c),
-        None => Arrivals::At(w.times_ms(&workload)?),
+    // One plan per request rate (a sweep), or the concurrency.
+    let plans: Vec<(Option<f64>, Arrivals)> = match args.concurrency {
+        Some(c) => vec![(None, Arrivals::Concurrency(c))],
+        None => w
+            .rates()
+            .into_iter()
+            .map(|rate| Ok((rate, Arrivals::At(w.times_ms(&workload, rate)?))))
+            .collect::<anyhow::Result<_>>()?,
     };
     anyhow::ensure!(
         args.request_timeout_s.is_finite() && args.request_timeout_s > 0.0,
@@ -553,28 +659,62 @@ async fn run_bench(args: BenchArgs) -> anyhow::Result<()> {
     match &args.launch {
         None => {
             let target = target(&http, &args, &args.url, words.clone()).await?;
-            runs.push(bench::run(&http, &target, workload.clone(), &plan, &args.url).await?);
+            for (k, (rate, plan)) in plans.iter().enumerate() {
+                // The graph's caches outlive a rate: each later rate of a sweep sends
+                // prompts of its own (the workload with seed + k).
+                let workload = match k {
+                    0 => workload.clone(),
+                    _ => Arc::new(
+                        WorkloadArgs {
+                            seed: w.seed + k as u64,
+                            ..w.clone()
+                        }
+                        .workload()?,
+                    ),
+                };
+                let mut run = bench::run(&http, &target, workload, plan, &args.url).await?;
+                run.request_rate = *rate;
+                runs.push(run);
+            }
         }
         Some(template) => {
+            // A fresh graph per mode and rate: nothing cached from the run before.
             for mode in &args.modes {
-                let port = launch::free_port()?;
-                let mut graph = Launched::start(launch::expand(template, mode, port))?;
-                eprintln!("bench {mode}: started `{}`", graph.command);
-                let url = format!("http://127.0.0.1:{port}");
-                let run = async {
-                    graph
-                        .wait_healthy(&http, &url, Duration::from_secs_f64(args.health_timeout_s))
-                        .await?;
-                    let target = target(&http, &args, &url, words.clone()).await?;
-                    bench::run(&http, &target, workload.clone(), &plan, mode).await
-                };
-                let result = tokio::select! {
-                    r = run => r,
-                    _ = tokio::signal::ctrl_c() => Err(anyhow::anyhow!("interrupted")),
-                };
-                let stopped = graph.stop(Duration::from_secs(30)).await?;
-                eprintln!("bench {mode}: {stopped:?}");
-                runs.push(result?);
+                for (rate, plan) in &plans {
+                    let at = rate.map_or_else(String::new, |r| format!(" at {r} req/s"));
+                    let port = launch::free_port()?;
+                    let mut graph = Launched::start(launch::expand(template, mode, port))?;
+                    eprintln!("bench {mode}{at}: started `{}`", graph.command);
+                    let url = format!("http://127.0.0.1:{port}");
+                    let run = async {
+                        graph
+                            .wait_healthy(
+                                &http,
+                                &url,
+                                Duration::from_secs_f64(args.health_timeout_s),
+                            )
+                            .await?;
+                        let target = target(&http, &args, &url, words.clone()).await?;
+                        let before = bench::scrape_transfers(&http, &url).await;
+                        let mut run =
+                            bench::run(&http, &target, workload.clone(), plan, mode).await?;
+                        let after = bench::scrape_transfers(&http, &url).await;
+                        run.request_rate = *rate;
+                        // A mode named as a graph (`agg4`, `2p2d`): its engines and KV
+                        // transfers, as the picker counted them.
+                        if let Ok(topology) = Topology::parse(mode) {
+                            run.disagg = Some(bench::live_disagg(&run, topology, before, after));
+                        }
+                        anyhow::Ok(run)
+                    };
+                    let result = tokio::select! {
+                        r = run => r,
+                        _ = tokio::signal::ctrl_c() => Err(anyhow::anyhow!("interrupted")),
+                    };
+                    let stopped = graph.stop(Duration::from_secs(30)).await?;
+                    eprintln!("bench {mode}{at}: {stopped:?}");
+                    runs.push(result?);
+                }
             }
         }
     }
@@ -641,7 +781,8 @@ async fn target(
 }
 
 /// Prints the tables (and ratios against `baseline` when it ran, per turn for
-/// conversations) and writes the files.
+/// conversations; per request rate for a rate sweep, then graph runs across rates) and
+/// writes the files.
 fn publish(
     kind: &str,
     title: &str,
@@ -650,39 +791,72 @@ fn publish(
     baseline: &str,
     output: &OutputArgs,
 ) -> anyhow::Result<()> {
-    let ratios = report::ratios(runs, baseline);
-    let mut md = format!("### {title}\n\n{}", report::markdown_table(runs));
-    if runs.iter().any(|r| r.tiers.is_some()) {
-        md.push_str("\nKV block tiers (hit rates: GPU + onboarded tokens / prompt tokens; vs baseline: its TTFT p50 / the run's):\n\n");
-        md.push_str(&report::tier_table(runs, baseline));
-    }
-    if !ratios.is_empty() {
-        md.push('\n');
-        md.push_str(&report::ratio_table(&ratios));
-    }
-    if runs.iter().any(|r| !r.turns.is_empty()) {
-        md.push_str("\nTTFT per turn (turn 1: nothing cached yet; later turns: the previous turn's prompt can be reused):\n\n");
-        md.push_str(&report::turn_table(runs));
-        let turn_ratios = report::turn_ratio_table(&ratios);
-        if !turn_ratios.is_empty() {
-            md.push('\n');
-            md.push_str(&turn_ratios);
+    // Runs by request rate, in the order they ran.
+    let mut groups: Vec<(Option<f64>, Vec<Report>)> = Vec::new();
+    for r in runs {
+        match groups.iter_mut().find(|(rate, _)| *rate == r.request_rate) {
+            Some((_, group)) => group.push(r.clone()),
+            None => groups.push((r.request_rate, vec![r.clone()])),
         }
     }
-    for r in runs.iter().filter(|r| !r.error_samples.is_empty()) {
+    let mut md = format!("### {title}\n\n");
+    let mut all_ratios = Vec::new();
+    for (rate, runs) in &groups {
+        if let (true, Some(rate)) = (groups.len() > 1, rate) {
+            md.push_str(&format!("#### {rate} req/s\n\n"));
+        }
+        let ratios = report::ratios(runs, baseline);
+        md.push_str(&report::markdown_table(runs));
+        if runs.iter().any(|r| r.tiers.is_some()) {
+            md.push_str("\nKV block tiers (hit rates: GPU + onboarded tokens / prompt tokens; vs baseline: its TTFT p50 / the run's):\n\n");
+            md.push_str(&report::tier_table(runs, baseline));
+        }
+        if !ratios.is_empty() {
+            md.push('\n');
+            md.push_str(&report::ratio_table(&ratios));
+        }
+        if runs.iter().any(|r| !r.turns.is_empty()) {
+            md.push_str("\nTTFT per turn (turn 1: nothing cached yet; later turns: the previous turn's prompt can be reused):\n\n");
+            md.push_str(&report::turn_table(runs));
+            let turn_ratios = report::turn_ratio_table(&ratios);
+            if !turn_ratios.is_empty() {
+                md.push('\n');
+                md.push_str(&turn_ratios);
+            }
+        }
+        for r in runs.iter().filter(|r| !r.error_samples.is_empty()) {
+            md.push_str(&format!(
+                "\n{} errors: {}\n",
+                r.label,
+                r.error_samples.join("; ")
+            ));
+        }
+        if groups.len() > 1 {
+            md.push('\n');
+        }
+        all_ratios.extend(ratios);
+    }
+    if runs.iter().any(|r| r.disagg.is_some()) {
         md.push_str(&format!(
-            "\n{} errors: {}\n",
-            r.label,
-            r.error_samples.join("; ")
+            "\nGraphs (KV transfer: a prefill's end to its KV at the decode engine, ms; per engine: output tok/s / engines; vs baseline ({baseline}) at the same rate: above 1 is better):\n\n"
         ));
+        md.push_str(&report::disagg_table(runs, baseline));
+        if groups.len() > 1 {
+            let sla = report::Sla {
+                ttft_p99_ms: output.sla_ttft_ms,
+                itl_p99_ms: output.sla_itl_ms,
+            };
+            md.push_str("\nGoodput (each graph at the highest swept rate up to which every rate met both targets, with no errors):\n\n");
+            md.push_str(&report::sla_table(runs, baseline, sla));
+        }
     }
     print!("{md}");
     if let Some(path) = &output.markdown {
         write(path, &md)?;
     }
     if let Some(path) = &output.out {
-        let doc =
-            json!({"kind": kind, "title": title, "config": config, "runs": runs, "ratios": ratios});
+        let doc = json!({"kind": kind, "title": title, "config": config, "runs": runs,
+                         "ratios": all_ratios});
         write(path, &serde_json::to_string_pretty(&doc)?)?;
     }
     Ok(())
@@ -777,6 +951,48 @@ mod tests {
     }
 
     #[test]
+    fn request_rates_sweep_and_graphs_parse() {
+        let r = replay(&["--request-rate", "2,4.5", "--topology", "agg:4,2p2d"]).unwrap();
+        assert_eq!(r.workload.rates(), [Some(2.0), Some(4.5)]);
+        assert_eq!(
+            r.topology,
+            [
+                Topology::Aggregated { engines: 4 },
+                Topology::Disaggregated {
+                    prefill: 2,
+                    decode: 2
+                }
+            ]
+        );
+        assert_eq!(r.kv_link_bandwidth_gbps, 50.0);
+        assert_eq!((r.output.sla_ttft_ms, r.output.sla_itl_ms), (500.0, 50.0));
+        assert!(
+            r.workload
+                .describe_arrivals(None)
+                .starts_with("poisson arrivals at 2, 4.5 req/s")
+        );
+        let w = r.workload.workload().unwrap();
+        let (slow, fast) = (
+            r.workload.times_ms(&w, Some(2.0)).unwrap(),
+            r.workload.times_ms(&w, Some(4.0)).unwrap(),
+        );
+        assert_eq!(slow.len(), w.len());
+        assert!(
+            slow.iter()
+                .zip(&fast)
+                .all(|(s, f)| (s - 2.0 * f).abs() < 1e-6)
+        );
+        assert_eq!(replay(&[]).unwrap().workload.rates(), [None]);
+        assert!(replay(&["--topology", "4"]).is_err());
+        // A closed loop is one run, not a sweep.
+        assert!(bench(&["--request-rate", "1,2", "--concurrency", "3"]).is_err());
+        assert_eq!(
+            bench(&["--request-rate", "3"]).unwrap().workload.rates(),
+            [Some(3.0)]
+        );
+    }
+
+    #[test]
     fn conversations_start_all_at_once_or_at_the_session_rate() {
         let b = bench(&["--sessions", "80", "--turns", "10"]).unwrap();
         let w = b.workload.workload().unwrap();
@@ -784,7 +1000,10 @@ mod tests {
             (w.len(), w.conversations().unwrap().session_prefix_tokens),
             (800, 1024)
         );
-        assert_eq!(b.workload.times_ms(&w).unwrap(), vec![0.0; 80]);
+        assert_eq!(
+            b.workload.times_ms(&w, b.workload.rates()[0]).unwrap(),
+            vec![0.0; 80]
+        );
         assert!(
             b.workload
                 .describe_arrivals(None)
@@ -800,7 +1019,10 @@ mod tests {
         ])
         .unwrap();
         let w = b.workload.workload().unwrap();
-        assert_eq!(b.workload.times_ms(&w).unwrap(), [0.0, 500.0, 1000.0]);
+        assert_eq!(
+            b.workload.times_ms(&w, b.workload.rates()[0]).unwrap(),
+            [0.0, 500.0, 1000.0]
+        );
         assert!(
             b.workload
                 .describe_arrivals(Some(4))

@@ -7,6 +7,8 @@
 //! - [`bench`]: the load generator over HTTP;
 //! - [`replay`]: the same workload through simulated mock engines and the router's real
 //!   scheduler, in simulated time;
+//! - [`disagg`]: the replay over an aggregated or a disaggregated (prefill + decode
+//!   engines, KV moving over a link) graph;
 //! - [`launch`]: starting and stopping a graph per router mode for live comparisons;
 //! - [`report`]: the figures of a run, JSON and Markdown tables, ratios to round-robin;
 //! - [`cli`]: the `dynamo-e2e` command line.
@@ -17,6 +19,7 @@ pub mod arrivals;
 pub mod bench;
 pub mod cli;
 pub mod client;
+pub mod disagg;
 pub mod launch;
 pub mod replay;
 pub mod report;

@@ -50,10 +50,25 @@ pub struct RouterSetup {
 pub struct KvRouter {
     setup: RouterSetup,
     scheduler: Scheduler,
+    /// Disaggregated graphs pick prefill pods with a scheduler of their own, so the
+    /// round-robin positions of the two roles do not interfere (as the picker does).
+    prefill_scheduler: Scheduler,
     index: KvIndex,
     approx: ApproxIndex,
     loads: LoadTracker,
     rng: StdRng,
+}
+
+/// What a pick is for, as the endpoint picker tells them apart.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Side {
+    /// An engine that prefills and decodes the request.
+    Aggregated,
+    /// The prefill engine of a disaggregated request: KV overlap and prefill load.
+    Prefill,
+    /// The decode engine of a disaggregated request: decode load only (no overlap
+    /// credit, no prefill work), as Dynamo's PrefillRouter.
+    Decode,
 }
 
 impl KvRouter {
@@ -61,12 +76,104 @@ impl KvRouter {
     pub fn new(setup: RouterSetup, capacity_blocks: usize) -> Self {
         Self {
             scheduler: Scheduler::new(setup.mode, setup.scheduler),
+            prefill_scheduler: Scheduler::new(setup.mode, setup.scheduler),
             index: KvIndex::new(capacity_blocks),
             approx: ApproxIndex::new(setup.approx),
             loads: LoadTracker::new(),
             rng: StdRng::seed_from_u64(setup.seed),
             setup,
         }
+    }
+
+    /// Reads each engine's gauges, as the picker scrapes `/metrics`; `engines` yields
+    /// (engine number, engine).
+    pub fn observe_metrics<'a>(&mut self, engines: impl IntoIterator<Item = (usize, &'a Engine)>) {
+        for (k, e) in engines {
+            let m = e.metrics();
+            self.loads.observe_metrics(
+                worker(k),
+                EngineMetrics {
+                    num_requests_waiting: m.num_requests_waiting as u64,
+                    kv_cache_usage_perc: m.kv_cache_usage,
+                    num_gpu_blocks: Some(m.num_gpu_blocks as u64),
+                },
+            );
+        }
+    }
+
+    /// The prompt's overlap with every engine, from the index of the router's mode.
+    pub fn scores(&self, block_hashes: &[SeqHash], arrival_ms: f64) -> OverlapScores {
+        let now = Duration::from_secs_f64(arrival_ms.max(0.0) / 1000.0);
+        match self.setup.mode {
+            RouterMode::Kv => self.index.find_matches(block_hashes),
+            RouterMode::Approx => self.approx.find_matches(block_hashes, now),
+            RouterMode::RoundRobin | RouterMode::Random => OverlapScores::default(),
+        }
+    }
+
+    /// Picks one of `candidates` (engine numbers) for `side` and accounts the load under
+    /// `request` (unique while in flight), as the endpoint picker's `pick`: a decode
+    /// engine gets no overlap credit and no prefill work.
+    pub fn pick(
+        &mut self,
+        side: Side,
+        candidates: &[usize],
+        request: RequestId,
+        block_hashes: &[SeqHash],
+        arrival_ms: f64,
+    ) -> usize {
+        let scores = match side {
+            Side::Decode => OverlapScores::default(),
+            Side::Aggregated | Side::Prefill => self.scores(block_hashes, arrival_ms),
+        };
+        let loads: Vec<_> = candidates
+            .iter()
+            .map(|&k| self.loads.load(worker(k)))
+            .collect();
+        let blocks = block_hashes.len() as u64;
+        let scheduler = match side {
+            Side::Prefill => &mut self.prefill_scheduler,
+            Side::Aggregated | Side::Decode => &mut self.scheduler,
+        };
+        let d = scheduler
+            .pick(&scores, &loads, blocks, &mut self.rng)
+            .expect("candidates are given and the temperature was checked");
+        let new_blocks = match side {
+            Side::Decode => 0,
+            Side::Aggregated | Side::Prefill => blocks.saturating_sub(u64::from(d.overlap.total())),
+        };
+        self.loads
+            .on_pick(request, d.worker, blocks, new_blocks)
+            .expect("request ids are unique while in flight");
+        if self.setup.mode == RouterMode::Approx && side != Side::Decode {
+            let now = Duration::from_secs_f64(arrival_ms.max(0.0) / 1000.0);
+            self.approx.record(d.worker, block_hashes, now);
+        }
+        d.worker.0 as usize
+    }
+
+    /// Engine `engine`'s KV events, as the picker reads them from its event stream.
+    pub fn observe_kv_events(&mut self, engine: usize, events: &[EngineEvent]) {
+        for e in events {
+            // A full index under-reports overlap until evictions make room; that is
+            // the index's documented behaviour, not an error of the replay.
+            let _ = self.index.apply(worker(engine), &router_event(e));
+        }
+    }
+
+    /// `request` streamed its first token: its prefill load becomes decode load.
+    pub fn first_token(&mut self, request: RequestId) {
+        let _ = self.loads.on_first_token(request);
+    }
+
+    /// `request` finished, failed or was refused: it no longer loads its engine.
+    pub fn finished(&mut self, request: RequestId) {
+        let _ = self.loads.on_finish(request);
+    }
+
+    /// Whether the router reads KV events (the `kv` mode).
+    pub fn reads_kv_events(&self) -> bool {
+        self.setup.mode == RouterMode::Kv
     }
 }
 
@@ -120,58 +227,33 @@ impl KvRouter {
 
 impl Router for KvRouter {
     fn route(&mut self, q: &RouteQuery<'_>, engines: &[Engine]) -> usize {
-        for (k, e) in engines.iter().enumerate() {
-            let m = e.metrics();
-            self.loads.observe_metrics(
-                worker(k),
-                EngineMetrics {
-                    num_requests_waiting: m.num_requests_waiting as u64,
-                    kv_cache_usage_perc: m.kv_cache_usage,
-                    num_gpu_blocks: Some(m.num_gpu_blocks as u64),
-                },
-            );
-        }
-        let now = Duration::from_secs_f64(q.arrival_ms.max(0.0) / 1000.0);
-        let scores = match self.setup.mode {
-            RouterMode::Kv => self.index.find_matches(q.block_hashes),
-            RouterMode::Approx => self.approx.find_matches(q.block_hashes, now),
-            RouterMode::RoundRobin | RouterMode::Random => OverlapScores::default(),
-        };
-        let blocks = q.block_hashes.len() as u64;
-        let d = self
-            .scheduler
-            .pick(&scores, &self.loads.loads(), blocks, &mut self.rng)
-            .expect("every engine is a candidate and the temperature was checked");
-        let new_blocks = blocks.saturating_sub(u64::from(d.overlap.total()));
-        self.loads
-            .on_pick(RequestId(q.index as u64), d.worker, blocks, new_blocks)
-            .expect("request indexes are unique");
-        if self.setup.mode == RouterMode::Approx {
-            self.approx.record(d.worker, q.block_hashes, now);
-        }
-        d.worker.0 as usize
+        self.observe_metrics(engines.iter().enumerate());
+        let all: Vec<usize> = (0..engines.len()).collect();
+        self.pick(
+            Side::Aggregated,
+            &all,
+            RequestId(q.index as u64),
+            q.block_hashes,
+            q.arrival_ms,
+        )
     }
 
     fn observe(&mut self, engine: usize, o: &StepOutcome) {
-        for e in &o.kv_events {
-            // A full index under-reports overlap until evictions make room; that is
-            // the index's documented behaviour, not an error of the replay.
-            let _ = self.index.apply(worker(engine), &router_event(e));
-        }
+        self.observe_kv_events(engine, &o.kv_events);
         for t in o.outputs.iter().filter(|t| t.index == 0) {
-            let _ = self.loads.on_first_token(RequestId(t.id));
+            self.first_token(RequestId(t.id));
         }
         for f in &o.finished {
-            let _ = self.loads.on_finish(RequestId(f.id));
+            self.finished(RequestId(f.id));
         }
     }
 
     fn rejected(&mut self, _engine: usize, index: usize) {
-        let _ = self.loads.on_finish(RequestId(index as u64));
+        self.finished(RequestId(index as u64));
     }
 
     fn wants_kv_events(&self) -> bool {
-        self.setup.mode == RouterMode::Kv
+        self.reads_kv_events()
     }
 }
 
@@ -641,7 +723,7 @@ pub fn run_sessions_with_tiers(
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::arrivals;
     use crate::workload::SharedPrefix;
@@ -649,7 +731,7 @@ mod tests {
 
     /// 4 engines too small to hold every prefix: 16 prefixes of 8 blocks (128 blocks in
     /// all), 64 blocks per engine.
-    fn small_pressure() -> (Workload, Vec<f64>, EngineConfig) {
+    pub(crate) fn small_pressure() -> (Workload, Vec<f64>, EngineConfig) {
         let w = Workload::shared_prefix(SharedPrefix {
             prefixes: 16,
             suffixes: 8,

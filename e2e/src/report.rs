@@ -1,5 +1,6 @@
 //! The figures of one run, from live requests or a replay, and their Markdown tables.
 
+use std::collections::BTreeMap;
 use std::fmt::Write;
 
 use dynamo_mocker::replay::{Percentiles, ReplayReport};
@@ -40,6 +41,42 @@ pub struct Report {
     /// and the turns' hit rates then count onboarded tokens as cached.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub tiers: Option<TierStats>,
+    /// The open-loop request rate of the run, when it had one (rate sweeps).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub request_rate: Option<f64>,
+    /// A topology replay (`--topology`): engines per role, KV transfers.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub disagg: Option<DisaggStats>,
+}
+
+/// A run over an aggregated or a disaggregated graph of simulated engines.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct DisaggStats {
+    /// `agg:N` or `XpYd`.
+    pub topology: String,
+    /// Engines (GPUs) of the graph, and of each role: prefill and decode engines of a
+    /// disaggregated graph; an aggregated graph's engines count as neither.
+    pub engines: usize,
+    pub prefill_engines: usize,
+    pub decode_engines: usize,
+    /// Output tokens per second per engine: what a GPU of the graph delivers.
+    pub output_tokens_per_s_per_engine: f64,
+    /// From the end of a request's prefill to its KV's arrival at the decode engine,
+    /// waiting for a busy link included; empty for an aggregated graph. Live: the
+    /// picker's `dynamo_epp_kv_transfer_seconds` over the run (percentiles interpolated
+    /// in its buckets, as Prometheus's `histogram_quantile`).
+    pub transfer_ms: Percentiles,
+    /// KV bytes moved from prefill to decode engines (real bytes of the model); `None`
+    /// live.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub kv_bytes_moved: Option<u64>,
+    /// Each engine's link, GB/s; `None` for an aggregated graph, and live.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub link_bandwidth_gbps: Option<f64>,
+    /// Live: disaggregated requests by how their prefill hop ended, as the picker
+    /// counted them over the run (`dynamo_epp_prefill_hops_total{outcome}`).
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub prefill_hops: BTreeMap<String, u64>,
 }
 
 /// What went through the simulated KV block tiers of a replay's engines.
@@ -216,6 +253,8 @@ impl Report {
                     .collect::<Vec<_>>(),
             ),
             tiers: None,
+            request_rate: None,
+            disagg: None,
         }
     }
 
@@ -247,6 +286,8 @@ impl Report {
             }),
             turns: Vec::new(),
             tiers: None,
+            request_rate: None,
+            disagg: None,
         }
     }
 }
@@ -294,6 +335,9 @@ pub struct Ratio {
     /// Conversation workloads: the same TTFT ratios on turn 1 and on the later turns.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub turns: Option<TurnRatio>,
+    /// The request rate both ran at, in a rate sweep.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub request_rate: Option<f64>,
 }
 
 /// The baseline's TTFT over the run's, on a conversation's first and later turns.
@@ -332,6 +376,7 @@ pub fn ratios(reports: &[Report], baseline: &str) -> Vec<Ratio> {
                 }),
                 _ => None,
             },
+            request_rate: r.request_rate,
         })
         .collect()
 }
@@ -450,6 +495,147 @@ pub fn tier_table(reports: &[Report], baseline: &str) -> String {
             pct(r.later_turns().and_then(|t| t.kv_hit_rate)),
             pct(gpu),
         )
+        .expect("writing to a String");
+    }
+    out
+}
+
+/// Graph runs (`--topology`, or bench modes named as graphs) across request rates:
+/// latencies, the KV transfers, throughput per engine (GPU), and against the run
+/// labelled `baseline` at the same rate (its throughput per engine over the baseline's,
+/// the baseline's ITL p99 over its own: above 1 is better either way).
+pub fn disagg_table(reports: &[Report], baseline: &str) -> String {
+    let mut out = String::from(
+        "| req/s | run | engines | TTFT p50 | TTFT p99 | ITL p50 | ITL p99 | KV transfer p50 | KV transfer p99 | output tok/s | tok/s per engine | per engine vs baseline | ITL p99 vs baseline |\n\
+         |---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
+    );
+    for r in reports {
+        let Some(d) = &r.disagg else { continue };
+        let base = reports
+            .iter()
+            .find(|b| b.label == baseline && b.request_rate == r.request_rate)
+            .and_then(|b| Some((b, b.disagg.as_ref()?)));
+        let rate = r
+            .request_rate
+            .map_or_else(|| "-".to_owned(), |x| x.to_string());
+        let engines = if d.prefill_engines + d.decode_engines > 0 {
+            format!("{}P + {}D", d.prefill_engines, d.decode_engines)
+        } else {
+            format!("{} agg", d.engines)
+        };
+        let (t50, t99) = if d.transfer_ms.count > 0 {
+            (
+                format!("{:.2}", d.transfer_ms.p50),
+                format!("{:.2}", d.transfer_ms.p99),
+            )
+        } else {
+            ("-".to_owned(), "-".to_owned())
+        };
+        let ratio = |x: f64, y: f64| {
+            if y > 0.0 && x.is_finite() {
+                format!("{:.2}x", x / y)
+            } else {
+                "n/a".to_owned()
+            }
+        };
+        let (per_engine, itl) = base.map_or_else(
+            || ("n/a".to_owned(), "n/a".to_owned()),
+            |(b, bd)| {
+                (
+                    ratio(
+                        d.output_tokens_per_s_per_engine,
+                        bd.output_tokens_per_s_per_engine,
+                    ),
+                    ratio(b.itl_ms.p99, r.itl_ms.p99),
+                )
+            },
+        );
+        writeln!(
+            out,
+            "| {rate} | {} | {engines} | {:.1} | {:.1} | {:.2} | {:.2} | {t50} | {t99} | {:.0} | {:.1} | {per_engine} | {itl} |",
+            r.label,
+            r.ttft_ms.p50,
+            r.ttft_ms.p99,
+            r.itl_ms.p50,
+            r.itl_ms.p99,
+            r.output_tokens_per_s,
+            d.output_tokens_per_s_per_engine,
+        )
+        .expect("writing to a String");
+    }
+    out
+}
+
+/// Latency targets a graph must meet at a request rate.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+pub struct Sla {
+    pub ttft_p99_ms: f64,
+    pub itl_p99_ms: f64,
+}
+
+impl Sla {
+    /// Whether `r` met both targets, with no failed request.
+    pub fn met_by(&self, r: &Report) -> bool {
+        r.errors == 0
+            && r.completed > 0
+            && r.ttft_ms.p99 <= self.ttft_p99_ms
+            && r.itl_ms.p99 <= self.itl_p99_ms
+    }
+}
+
+/// Per graph run of a rate sweep: the highest request rate up to which it met `sla` at
+/// every swept rate (a p99 that dips back under the target at a higher rate, by chance,
+/// does not count), and its throughput per engine there (goodput per GPU), against the
+/// baseline's.
+pub fn sla_table(reports: &[Report], baseline: &str, sla: Sla) -> String {
+    let mut labels: Vec<&str> = Vec::new();
+    for r in reports.iter().filter(|r| r.disagg.is_some()) {
+        if !labels.contains(&r.label.as_str()) {
+            labels.push(&r.label);
+        }
+    }
+    // The run of `label` at the highest rate before the first that misses a target.
+    let best = |label: &str| {
+        let mut runs: Vec<&Report> = reports
+            .iter()
+            .filter(|r| r.label == label && r.request_rate.is_some())
+            .collect();
+        runs.sort_by(|a, b| {
+            a.request_rate
+                .unwrap_or(0.0)
+                .total_cmp(&b.request_rate.unwrap_or(0.0))
+        });
+        runs.into_iter().take_while(|r| sla.met_by(r)).last()
+    };
+    let per_engine = |r: &Report| {
+        r.disagg
+            .as_ref()
+            .map_or(0.0, |d| d.output_tokens_per_s_per_engine)
+    };
+    let base = best(baseline).map(per_engine);
+    let mut out = format!(
+        "| run | highest req/s with TTFT p99 <= {} ms and ITL p99 <= {} ms (and every lower rate) | TTFT p99 | ITL p99 | tok/s per engine | vs baseline |\n\
+         |---|---|---|---|---|---|\n",
+        sla.ttft_p99_ms, sla.itl_p99_ms
+    );
+    for label in labels {
+        match best(label) {
+            Some(r) => {
+                let vs = match base {
+                    Some(b) if b > 0.0 => format!("{:.2}x", per_engine(r) / b),
+                    _ => "n/a".to_owned(),
+                };
+                writeln!(
+                    out,
+                    "| {label} | {} | {:.1} | {:.2} | {:.1} | {vs} |",
+                    r.request_rate.unwrap_or(0.0),
+                    r.ttft_ms.p99,
+                    r.itl_ms.p99,
+                    per_engine(r)
+                )
+            }
+            None => writeln!(out, "| {label} | not the lowest rate | - | - | - | - |"),
+        }
         .expect("writing to a String");
     }
     out
@@ -632,5 +818,65 @@ mod tests {
         let rows = markdown_table(&[kv, rr]);
         assert_eq!(rows.lines().count(), 4);
         assert!(rows.contains("| round-robin | 1 | 0 | 25.0 |"), "{rows}");
+    }
+
+    /// A graph run at `rate` whose TTFT and ITL p99 are `ttft` and `itl`, `tok_s`
+    /// output tokens/s over 4 engines.
+    fn graph(label: &str, rate: f64, ttft: f64, itl: f64, tok_s: f64) -> Report {
+        let mut r = Report::from_records(label, &[record(ttft, &[itl], 10, None)], 1.0);
+        r.ttft_ms.p99 = ttft;
+        r.itl_ms.p99 = itl;
+        r.output_tokens_per_s = tok_s;
+        r.request_rate = Some(rate);
+        r.disagg = Some(DisaggStats {
+            topology: label.into(),
+            engines: 4,
+            prefill_engines: 2,
+            decode_engines: 2,
+            output_tokens_per_s_per_engine: tok_s / 4.0,
+            transfer_ms: Percentiles::default(),
+            kv_bytes_moved: None,
+            link_bandwidth_gbps: None,
+            prefill_hops: BTreeMap::new(),
+        });
+        r
+    }
+
+    #[test]
+    fn goodput_is_the_highest_rate_before_the_first_miss() {
+        let sla = Sla {
+            ttft_p99_ms: 500.0,
+            itl_p99_ms: 50.0,
+        };
+        let runs = [
+            graph("agg:4", 4.0, 100.0, 10.0, 400.0),
+            graph("2p2d", 4.0, 150.0, 20.0, 400.0),
+            // agg:4 misses the ITL target at 8 req/s; its luckier p99 at 12 does not count.
+            graph("agg:4", 8.0, 120.0, 70.0, 800.0),
+            graph("2p2d", 8.0, 160.0, 25.0, 800.0),
+            graph("agg:4", 12.0, 130.0, 45.0, 1200.0),
+            graph("2p2d", 12.0, 501.0, 25.0, 1200.0),
+            graph("1p3d", 4.0, 900.0, 20.0, 400.0),
+        ];
+        let table = sla_table(&runs, "agg:4", sla);
+        for row in [
+            "| agg:4 | 4 | 100.0 | 10.00 | 100.0 | 1.00x |",
+            "| 2p2d | 8 | 160.0 | 25.00 | 200.0 | 2.00x |",
+            "| 1p3d | not the lowest rate | - | - | - | - |",
+        ] {
+            assert!(table.contains(row), "{row}\n{table}");
+        }
+        // A failed request misses the targets whatever the latencies.
+        let mut failed_one = runs[0].clone();
+        failed_one.errors = 1;
+        assert!(!sla.met_by(&failed_one) && sla.met_by(&runs[0]));
+        // The graph table compares each run with the baseline at its own rate.
+        let graphs = disagg_table(&runs, "agg:4");
+        assert!(
+            graphs.contains(
+                "| 8 | 2p2d | 2P + 2D | 160.0 | 160.0 | 25.00 | 25.00 | - | - | 800 | 200.0 | 1.00x | 2.80x |"
+            ),
+            "{graphs}"
+        );
     }
 }

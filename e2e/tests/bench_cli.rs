@@ -194,6 +194,67 @@ async fn bench_finds_the_model_and_reports_a_live_run() {
     let _ = std::fs::remove_file(json);
 }
 
+#[tokio::test]
+async fn a_live_rate_sweep_sends_each_rate_its_own_prompts() {
+    let model_path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../.cache/models/qwen-mock");
+    assert!(
+        model_path.join("tokenizer.json").exists(),
+        "run `make model` first"
+    );
+    let server = start(
+        ServerConfig {
+            model_path,
+            model_name: Some("qwen".into()),
+            listen: "127.0.0.1:0".parse().unwrap(),
+            kv_events_endpoint: None,
+            engine: EngineConfig {
+                speedup_ratio: 10.0,
+                ..EngineConfig::default()
+            },
+            server: Default::default(),
+        },
+        std::future::pending(),
+    )
+    .await
+    .unwrap();
+    let url = format!("http://{}", server.http_addr);
+    let json = scratch("sweep.json");
+    let mut args = vec!["bench", "--url", &url, "--out", json.to_str().unwrap()];
+    args.extend(&SMALL[..10]);
+    args.extend(["--request-rate", "40,80"]);
+    let args: Vec<String> = args.iter().map(|s| s.to_string()).collect();
+    let out = tokio::task::spawn_blocking(move || dynamo_e2e(&args))
+        .await
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let stdout = String::from_utf8(out.stdout).unwrap();
+    assert!(
+        stdout.contains("#### 40 req/s") && stdout.contains("#### 80 req/s"),
+        "{stdout}"
+    );
+    let doc: Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let runs = doc["runs"].as_array().unwrap();
+    assert_eq!(runs.len(), 2);
+    for (run, rate) in runs.iter().zip([40.0, 80.0]) {
+        assert_eq!(run["request_rate"], rate);
+        assert_eq!(
+            (run["completed"].as_u64(), run["errors"].as_u64()),
+            (Some(32), Some(0))
+        );
+        // 8 prefixes of 128 tokens, 4 requests each, 144-token prompts: at most 3 of 4
+        // requests per prefix find its 128 tokens cached (2/3 of all prompt tokens) when
+        // the prompts are new to the engine; the first rate's prompts again would hit
+        // 8/9 of them.
+        let hit = run["kv_hit_rate"].as_f64().unwrap();
+        assert!(hit <= 0.67, "{run}");
+    }
+    let _ = std::fs::remove_file(json);
+}
+
 // KV block tiers in the replay (`--tiers`).
 
 /// 6 conversations of 3 turns (2,048-token first prompts) on one engine of 400 blocks
@@ -353,4 +414,185 @@ fn tier_flags_are_checked() {
     ] {
         assert!(stdout.contains(row), "{row}: {stdout}");
     }
+}
+
+// Aggregated and disaggregated graphs in the replay (`--topology`).
+
+/// 24 prompts of 1,000 tokens that share nothing, 8 tokens out, blocks of 16 tokens.
+const PREFILL_HEAVY: [&str; 15] = [
+    "replay",
+    "--prefixes",
+    "24",
+    "--suffixes",
+    "1",
+    "--prefix-tokens",
+    "0",
+    "--unique-tokens",
+    "1000",
+    "--output-tokens",
+    "8",
+    "--block-size",
+    "16",
+    "--modes",
+    "kv",
+];
+
+#[test]
+fn topologies_are_compared_across_a_rate_sweep() {
+    // Qwen2.5-0.5B's KV: 12,288 bytes a token, 196,608 a block of 16.
+    let model = scratch("disagg-model");
+    std::fs::create_dir_all(&model).unwrap();
+    std::fs::write(
+        model.join("config.json"),
+        r#"{"hidden_size": 896, "num_hidden_layers": 24, "num_attention_heads": 14,
+            "num_key_value_heads": 2, "torch_dtype": "bfloat16"}"#,
+    )
+    .unwrap();
+    let (json, md) = (scratch("disagg.json"), scratch("disagg.md"));
+    let mut args = PREFILL_HEAVY.to_vec();
+    let (model_arg, json_arg, md_arg) = (
+        model.display().to_string(),
+        json.display().to_string(),
+        md.display().to_string(),
+    );
+    args.extend([
+        "--topology",
+        "agg:2,1p1d",
+        "--request-rate",
+        "5,20",
+        "--kv-link-bandwidth-gbps",
+        "10",
+        "--model-path",
+        &model_arg,
+        "--out",
+        &json_arg,
+        "--markdown",
+        &md_arg,
+    ]);
+    let out = dynamo_e2e(&args);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let stdout = String::from_utf8(out.stdout).unwrap();
+    for row in [
+        "poisson arrivals at 5, 20 req/s",
+        "graphs agg:2, 1p1d, engines of 16384 blocks of 16 tokens",
+        "disaggregated KV over 10 GB/s links, blocks of 196608 bytes",
+        "#### 5 req/s",
+        "#### 20 req/s",
+        "| agg:2 | 24 | 0 |",
+        "| 1p1d | 24 | 0 |",
+        "| 1p1d vs agg:2 |",
+        "| 5 | agg:2 | 2 agg |",
+        "| 20 | 1p1d | 1P + 1D |",
+        "highest req/s with TTFT p99 <= 500 ms and ITL p99 <= 50 ms",
+    ] {
+        assert!(stdout.contains(row), "{row}: {stdout}");
+    }
+    assert_eq!(std::fs::read_to_string(&md).unwrap(), stdout);
+    let doc: Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    assert_eq!(doc["config"]["topologies"]["block_bytes"], 196_608);
+    assert_eq!(
+        doc["config"]["request_rates"],
+        serde_json::json!([5.0, 20.0])
+    );
+    let runs = doc["runs"].as_array().unwrap();
+    let shape: Vec<(&str, f64)> = runs
+        .iter()
+        .map(|r| {
+            (
+                r["label"].as_str().unwrap(),
+                r["request_rate"].as_f64().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        shape,
+        [
+            ("agg:2", 5.0),
+            ("1p1d", 5.0),
+            ("agg:2", 20.0),
+            ("1p1d", 20.0)
+        ]
+    );
+    for r in runs {
+        assert_eq!(
+            (r["completed"].as_u64(), r["errors"].as_u64()),
+            (Some(24), Some(0))
+        );
+        let d = &r["disagg"];
+        assert_eq!(d["engines"], 2);
+        let per_engine = d["output_tokens_per_s_per_engine"].as_f64().unwrap();
+        assert!((per_engine * 2.0 - r["output_tokens_per_s"].as_f64().unwrap()).abs() < 1e-6);
+    }
+    // Every prompt's 62 full blocks cross a 10 GB/s link: 1.2 ms each, or longer when
+    // a link is busy.
+    let dis = &runs[1]["disagg"];
+    assert_eq!(dis["kv_bytes_moved"], 24 * 62 * 196_608);
+    assert_eq!(dis["link_bandwidth_gbps"], 10.0);
+    assert_eq!(dis["transfer_ms"]["count"], 24);
+    let wire = 62.0 * 196_608.0 / 1e7;
+    assert!(
+        (dis["transfer_ms"]["p50"].as_f64().unwrap() - wire).abs() < 1e-6,
+        "{dis}"
+    );
+    assert!(runs[0]["disagg"].get("link_bandwidth_gbps").is_none());
+    // Ratios are per rate, against the first graph.
+    let ratios = doc["ratios"].as_array().unwrap();
+    assert_eq!(ratios.len(), 2);
+    assert!(
+        ratios
+            .iter()
+            .all(|r| r["baseline"] == "agg:2" && r["label"] == "1p1d")
+    );
+    assert_eq!(ratios[1]["request_rate"], 20.0);
+    std::fs::remove_dir_all(&model).ok();
+    std::fs::remove_file(&json).ok();
+    std::fs::remove_file(&md).ok();
+}
+
+#[test]
+fn topology_flags_are_checked() {
+    let refused = |extra: &[&str], why: &str| {
+        let mut args = PREFILL_HEAVY.to_vec();
+        args.extend(["--request-rate", "5"]);
+        args.extend(extra);
+        let out = dynamo_e2e(&args);
+        assert!(!out.status.success(), "{extra:?}");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(stderr.contains(why), "{extra:?}: {stderr}");
+    };
+    refused(&["--topology", "2x2"], "a topology is agg:N");
+    refused(&["--topology", "agg:0"], "at least 1");
+    refused(
+        &["--topology", "1p1d", "--kv-link-bandwidth-gbps", "0"],
+        "--kv-link-bandwidth-gbps must be positive",
+    );
+    // A disaggregated graph sizes the KV it moves from the model; aggregated ones
+    // move none.
+    refused(
+        &["--topology", "1p1d", "--model-path", "/nonexistent/model"],
+        "/nonexistent/model/config.json",
+    );
+    let mut args = PREFILL_HEAVY.to_vec();
+    args.extend([
+        "--request-rate",
+        "5",
+        "--topology",
+        "agg:2",
+        "--model-path",
+        "/nonexistent/model",
+    ]);
+    let out = dynamo_e2e(&args);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // Conversations are replayed by their own driver.
+    let out = dynamo_e2e(&["replay", "--sessions", "2", "--topology", "1p1d"]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("not with --sessions"));
 }

@@ -7,7 +7,8 @@ use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
 use clap::Parser;
-use dynamo_crds::{BackendFramework, DynamoGraphDeployment};
+use dynamo_crds::{BackendFramework, DynamoGraphDeployment, EngineRole};
+use dynamo_e2e::disagg::Topology;
 use dynamo_operator::local::plan::{Caps, Graph, ReplicaPorts, RunOptions};
 use dynamo_operator::reconcile::{Observed, OperatorConfig, reconcile};
 use dynamo_operator::wiring::{EPP_BINARY, MOCKER_BINARY, SIDECAR_BINARY};
@@ -117,16 +118,20 @@ const TIER_FLAGS: [&str; 4] = [
     "--kv-blocks-url",
 ];
 
+/// One replica's ports, as the local runner hands them out.
+const PORTS: ReplicaPorts = ReplicaPorts {
+    engine: 41001,
+    engine_kv_events: 41002,
+    engine_kv_replay: 41003,
+    sidecar: 41004,
+    sidecar_grpc: 41005,
+    sidecar_metrics: 41006,
+    kv_side_channel: 41007,
+};
+
 #[test]
 fn every_process_the_local_runner_starts_parses() {
-    let ports = ReplicaPorts {
-        engine: 41001,
-        engine_kv_events: 41002,
-        engine_kv_replay: 41003,
-        sidecar: 41004,
-        sidecar_grpc: 41005,
-        sidecar_metrics: 41006,
-    };
+    let ports = PORTS;
     let mut ran = 0;
     for (path, dgd) in samples() {
         let options = RunOptions {
@@ -152,7 +157,12 @@ fn every_process_the_local_runner_starts_parses() {
         for service in graph.workers.keys() {
             let engine = argv(graph.engine_command(service, ports));
             assert_eq!(parse(&engine, &context), Some(MOCKER_BINARY));
-            let sidecar = argv(graph.sidecar_command(service, ports, Path::new("/tmp/kv")));
+            let sidecar = argv(graph.sidecar_command(
+                service,
+                ports,
+                Path::new("/tmp/kv"),
+                Path::new("/tmp/e.json"),
+            ));
             assert_eq!(parse(&sidecar, &context), Some(SIDECAR_BINARY));
         }
         ran += 1;
@@ -161,4 +171,98 @@ fn every_process_the_local_runner_starts_parses() {
         ran >= 6,
         "most samples run locally on the mock engine ({ran})"
     );
+}
+
+/// The disaggregation benchmark's graphs (`e2e/configs/disagg-{agg4,2p2d,1p3d}.yaml`)
+/// are the graphs their names say: `dynamo-e2e bench --modes agg4,2p2d,1p3d` reads the
+/// names as topologies for its per-engine figures, and `replay --topology` simulates
+/// the same shapes. Every engine is a mocker worker, and a disaggregated graph's workers
+/// are wired for the prefill hop (block API, no tiers, a decode sidecar's prefill peers).
+#[test]
+fn the_disaggregation_benchmark_graphs_are_the_topologies_they_are_named_after() {
+    let ports = PORTS;
+    let options = RunOptions {
+        model_path: Some(PathBuf::from("/models/m")),
+        backend: None,
+        router_mode: None,
+        replicas: Default::default(),
+        caps: Caps {
+            replicas_per_service: 8,
+            processes: 64,
+        },
+    };
+    let argv = |c: dynamo_operator::local::plan::CommandSpec| {
+        std::iter::once(c.program).chain(c.args).collect::<Vec<_>>()
+    };
+    let mut found = Vec::new();
+    for (path, dgd) in samples() {
+        let Some(mode) = path
+            .file_stem()
+            .and_then(|s| s.to_str())
+            .and_then(|s| s.strip_prefix("disagg-"))
+            .filter(|_| path.parent().is_some_and(|d| d.ends_with("configs")))
+        else {
+            continue;
+        };
+        let context = path.display().to_string();
+        let topology = Topology::parse(mode).unwrap_or_else(|e| panic!("{context}: {e}"));
+        let graph = Graph::from_dgd(&dgd, &options).unwrap_or_else(|e| panic!("{context}: {e}"));
+        let count = |role: EngineRole| -> usize {
+            graph
+                .workers
+                .values()
+                .filter(|w| w.role == role)
+                .map(|w| w.replicas as usize)
+                .sum()
+        };
+        let shape = (
+            count(EngineRole::Aggregated),
+            count(EngineRole::Prefill),
+            count(EngineRole::Decode),
+        );
+        let expected = match topology {
+            Topology::Aggregated { engines } => (engines, 0, 0),
+            Topology::Disaggregated { prefill, decode } => (0, prefill, decode),
+        };
+        assert_eq!(shape, expected, "{context}");
+        assert_eq!(
+            topology.engines(),
+            4,
+            "{context}: the same 4 engines in each graph"
+        );
+        for (service, worker) in &graph.workers {
+            let engine = argv(graph.engine_command(service, ports));
+            assert_eq!(parse(&engine, &context), Some(MOCKER_BINARY));
+            let sidecar = argv(graph.sidecar_command(
+                service,
+                ports,
+                Path::new("/tmp/kv"),
+                Path::new("/tmp/e.json"),
+            ));
+            assert_eq!(parse(&sidecar, &context), Some(SIDECAR_BINARY));
+            let has = |argv: &[String], flag: &str| argv.iter().any(|w| w == flag);
+            let disaggregated = worker.role != EngineRole::Aggregated;
+            assert_eq!(
+                has(&engine, "--kv-blocks-url"),
+                disaggregated,
+                "{context}: {engine:?}"
+            );
+            if disaggregated {
+                let offload = engine.iter().position(|w| w == "--kv-offload");
+                assert_eq!(
+                    offload.map(|i| engine[i + 1].as_str()),
+                    Some("none"),
+                    "{context}: {engine:?}"
+                );
+            }
+            assert_eq!(
+                has(&sidecar, "--prefill-peers"),
+                worker.role == EngineRole::Decode,
+                "{context}: {sidecar:?}"
+            );
+        }
+        found.push(topology.to_string());
+    }
+    found.sort();
+    assert_eq!(found, ["1p3d", "2p2d", "agg:4"]);
 }

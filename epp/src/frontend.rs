@@ -255,6 +255,7 @@ impl Frontend {
     ) -> Result<Response, ApiError> {
         let model = self.model.get()?.model.clone();
         let prepared = request::prepare_async(model, api, body.clone()).await?;
+        let body = request::without_transfer_params(body);
         let mut route = request::route_request(&prepared);
         let mut attempt = 0;
         loop {

@@ -65,6 +65,23 @@ const INLINE_BODY_BYTES: usize = 1024;
 /// [`prepare`] without holding an async worker for long: a long prompt's template and
 /// tokenization take milliseconds (3 ms for 5k tokens), so larger bodies go to the
 /// blocking pool.
+/// The body without the client's `kv_transfer_params`: only the prefill hop may hand
+/// an engine transfer parameters (vLLM's NixlConnector connects to the `remote_host`
+/// they name, so a client's own would make the engine connect where the client says).
+pub fn without_transfer_params(body: Bytes) -> Bytes {
+    const FIELD: &[u8] = b"\"kv_transfer_params\"";
+    if !body.windows(FIELD.len()).any(|w| w == FIELD) {
+        return body;
+    }
+    let Ok(serde_json::Value::Object(mut object)) = serde_json::from_slice(&body) else {
+        return body;
+    };
+    match object.remove("kv_transfer_params") {
+        Some(_) => Bytes::from(serde_json::to_vec(&object).expect("JSON serializes")),
+        None => body,
+    }
+}
+
 pub async fn prepare_async(
     model: Arc<ModelDir>,
     api: Api,
@@ -101,5 +118,22 @@ mod tests {
         );
         assert_eq!(Api::from_path("/v1/completions/"), Some(Api::Completions));
         assert_eq!(Api::from_path("/v1/models"), None);
+    }
+
+    #[test]
+    fn a_clients_transfer_parameters_are_removed_and_other_bodies_kept_byte_for_byte() {
+        let forged =
+            br#"{"model":"m","prompt":"p","kv_transfer_params":{"remote_host":"10.0.0.1"}}"#;
+        let cleaned = without_transfer_params(Bytes::from_static(forged));
+        let value: serde_json::Value = serde_json::from_slice(&cleaned).unwrap();
+        assert_eq!(value, serde_json::json!({"model": "m", "prompt": "p"}));
+        for kept in [
+            &br#"{"model":"m",  "prompt":"kv_transfer_params"}"#[..],
+            br#"{"prompt": "\"kv_transfer_params\""}"#,
+            b"not json \"kv_transfer_params\"",
+        ] {
+            let body = Bytes::copy_from_slice(kept);
+            assert_eq!(without_transfer_params(body.clone()), body);
+        }
     }
 }

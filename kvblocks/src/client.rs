@@ -14,7 +14,10 @@ use crate::pb::{
     self, LendReply, LendRequest, LookupRequest, OffloadReply, OnboardRequest, OpenRegionRequest,
 };
 use crate::region::Region;
-use crate::{Block, BlockError, HTTP2_WINDOW_BYTES, MAX_MESSAGE_BYTES, from_region, tier_of};
+use crate::{
+    Block, BlockError, HTTP2_FRAME_BYTES, HTTP2_WINDOW_BYTES, MAX_MESSAGE_BYTES, from_region,
+    tier_of,
+};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ClientError {
@@ -89,6 +92,7 @@ impl BlockClient {
             .tcp_nodelay(true)
             .initial_stream_window_size(HTTP2_WINDOW_BYTES)
             .initial_connection_window_size(HTTP2_WINDOW_BYTES)
+            .max_frame_size(HTTP2_FRAME_BYTES)
             .connect_lazy();
         let inner = KvBlocksClient::new(channel)
             .max_decoding_message_size(MAX_MESSAGE_BYTES)

@@ -29,6 +29,11 @@ pub const MAX_MESSAGE_BYTES: usize = 64 << 20;
 /// at best; a window of several blocks keeps the stream moving.
 pub const HTTP2_WINDOW_BYTES: u32 = 32 << 20;
 
+/// Largest HTTP/2 frame either side of a block API connection accepts. The default,
+/// 16 KiB (RFC 9113, 6.5.2), cuts a 2 MiB block into 128 frames, each with its own
+/// header and wake-up; 1 MiB frames carry a block in two.
+pub const HTTP2_FRAME_BYTES: u32 = 1 << 20;
+
 /// A byte size as tier flags take it: a plain number of bytes, or one with a unit: `K`, `M`, `G`, `T`
 /// (powers of 1000) or `Ki`, `Mi`, `Gi`, `Ti` (powers of 1024), each with an optional `B`.
 pub fn parse_bytes(s: &str) -> Result<u64, String> {

@@ -85,7 +85,8 @@ impl<C: Clock> Engine<C> {
             None => BlockHasher::unsalted(config.block_size),
         };
         let mut pool = BlockPool::new(config.num_gpu_blocks, config.block_size);
-        pool.set_offload(config.kv_blocks.as_ref().map(|kv| kv.offload));
+        let tiers = config.kv_blocks.as_ref().filter(|kv| kv.uses_tiers());
+        pool.set_offload(tiers.map(|kv| kv.offload));
         let limits = Limits {
             max_num_seqs: config.max_num_seqs,
             max_num_batched_tokens: config.max_num_batched_tokens,

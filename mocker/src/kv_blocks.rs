@@ -20,6 +20,10 @@ pub const DEFAULT_HOST_BANDWIDTH_GBPS: f64 = 200.0;
 pub const DEFAULT_DISK_BANDWIDTH_GBPS: f64 = 7.0;
 /// G4 (remote storage): 10-100 Gb/s; the low end, 10 Gb/s = 1.25 GB/s (brief, "Memory tiers").
 pub const DEFAULT_OBJECT_BANDWIDTH_GBPS: f64 = 1.25;
+/// A disaggregated prefill's KV, prefill GPU to decode GPU: InfiniBand, 400 Gb/s = 50 GB/s,
+/// across nodes (brief, "Transfer (NIXL) transports"). Within one node NVLink carries
+/// it at 900 GB/s (NVL72), which `--kv-link-bandwidth-gbps 900` models.
+pub const DEFAULT_LINK_BANDWIDTH_GBPS: f64 = 50.0;
 
 /// Limit of one lookup + onboard: a healthy loopback lookup and onboard take
 /// milliseconds; a second is far past that, yet short of what most long-prompt
@@ -35,6 +39,9 @@ pub enum OffloadMode {
     Evicted,
     /// Every block as soon as it is full and registered (write-through).
     All,
+    /// None, and no lookups in the tiers either: only the leases of disaggregated
+    /// serving (a disaggregated graph without KVBM).
+    None,
 }
 
 /// The sidecar's block API as the engine's offload tier (the role of vLLM's
@@ -53,9 +60,15 @@ pub struct KvBlocksConfig {
     pub host_bandwidth_gbps: f64,
     pub disk_bandwidth_gbps: f64,
     pub object_bandwidth_gbps: f64,
-    /// Limit of one lookup + onboard (and of one offload call); past it the request
-    /// recomputes its prefix.
+    /// Bandwidth of the link a disaggregated prefill's KV crosses, GB/s.
+    pub link_bandwidth_gbps: f64,
+    /// Limit of one lookup + onboard (and of one offload, lend or lease fetch); past it
+    /// the request recomputes its prefix.
     pub timeout_ms: u64,
+    /// Names this engine in the `kv_transfer_params` it answers a prefill with
+    /// (`remote_engine_id`; vLLM's `kv_transfer_config.engine_id`); `None`: a random id
+    /// made at start, as vLLM's default uuid.
+    pub engine_id: Option<String>,
 }
 
 impl Default for KvBlocksConfig {
@@ -68,7 +81,9 @@ impl Default for KvBlocksConfig {
             host_bandwidth_gbps: DEFAULT_HOST_BANDWIDTH_GBPS,
             disk_bandwidth_gbps: DEFAULT_DISK_BANDWIDTH_GBPS,
             object_bandwidth_gbps: DEFAULT_OBJECT_BANDWIDTH_GBPS,
+            link_bandwidth_gbps: DEFAULT_LINK_BANDWIDTH_GBPS,
             timeout_ms: DEFAULT_TIMEOUT_MS,
+            engine_id: None,
         }
     }
 }
@@ -84,6 +99,17 @@ impl KvBlocksConfig {
             Tier::Object => self.object_bandwidth_gbps,
         };
         bytes as f64 / (gbps * 1e6)
+    }
+
+    /// Modelled milliseconds to move `bytes` from a prefill engine's GPU (before the
+    /// speedup ratio).
+    pub fn link_ms(&self, bytes: u64) -> f64 {
+        bytes as f64 / (self.link_bandwidth_gbps * 1e6)
+    }
+
+    /// Whether blocks go to and come back from the sidecar's tiers.
+    pub fn uses_tiers(&self) -> bool {
+        self.offload != OffloadMode::None
     }
 
     /// Payload bytes of a block whose real KV is `real_bytes`.
@@ -106,6 +132,10 @@ impl KvBlocksConfig {
             (
                 positive(self.object_bandwidth_gbps),
                 "kv_blocks.object_bandwidth_gbps",
+            ),
+            (
+                positive(self.link_bandwidth_gbps),
+                "kv_blocks.link_bandwidth_gbps",
             ),
             (self.timeout_ms > 0, "kv_blocks.timeout_ms"),
         ]
@@ -281,6 +311,8 @@ mod tests {
         // 2 GB: 10 ms from host memory, 1.6 s from the object store.
         assert_eq!(c.transfer_ms(2_000_000_000, Tier::Host), 10.0);
         assert_eq!(c.transfer_ms(2_000_000_000, Tier::Object), 1600.0);
+        // Over InfiniBand (50 GB/s): 40 ms.
+        assert_eq!(c.link_ms(2_000_000_000), 40.0);
         assert_eq!(
             KvBlocksConfig { timeout_ms: 0, ..c }.invalid_field(),
             Some("kv_blocks.timeout_ms")

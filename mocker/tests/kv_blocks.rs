@@ -9,8 +9,8 @@ use std::time::{Duration, Instant};
 use common::{metric, serve};
 use dynamo_kvblocks::pb::kv_blocks_server::{KvBlocks, KvBlocksServer};
 use dynamo_kvblocks::pb::{
-    self, Held, LookupReply, LookupRequest, OffloadReply, OnboardRequest, OpenRegionReply,
-    OpenRegionRequest,
+    self, Held, LendReply, LendRequest, LookupReply, LookupRequest, OffloadReply, OnboardRequest,
+    OpenRegionReply, OpenRegionRequest,
 };
 use dynamo_kvblocks::{Layout, MAX_MESSAGE_BYTES, checksum};
 use dynamo_kvcache::{BlockHasher, SeqHash};
@@ -35,6 +35,8 @@ struct FakeState {
     lookup_delay: Duration,
     /// Where the fake says every block is.
     tier: pb::Tier,
+    /// `Lookup` and `Onboard` calls so far.
+    lookups: usize,
 }
 
 impl Default for FakeState {
@@ -43,6 +45,7 @@ impl Default for FakeState {
             blocks: HashMap::new(),
             lookup_delay: Duration::ZERO,
             tier: pb::Tier::Host,
+            lookups: 0,
         }
     }
 }
@@ -91,7 +94,11 @@ impl KvBlocks for Fake {
         &self,
         request: Request<LookupRequest>,
     ) -> Result<Response<LookupReply>, Status> {
-        let delay = self.0.lock().unwrap().lookup_delay;
+        let delay = {
+            let mut state = self.0.lock().unwrap();
+            state.lookups += 1;
+            state.lookup_delay
+        };
         tokio::time::sleep(delay).await;
         let state = self.0.lock().unwrap();
         let held = request
@@ -113,7 +120,8 @@ impl KvBlocks for Fake {
         &self,
         request: Request<OnboardRequest>,
     ) -> Result<Response<Self::OnboardStream>, Status> {
-        let held = self.0.lock().unwrap();
+        let mut held = self.0.lock().unwrap();
+        held.lookups += 1;
         let blocks: Vec<_> = request
             .into_inner()
             .hashes
@@ -128,6 +136,15 @@ impl KvBlocks for Fake {
         _: Request<OpenRegionRequest>,
     ) -> Result<Response<OpenRegionReply>, Status> {
         Err(Status::unimplemented("payloads stay inline"))
+    }
+
+    async fn lend(
+        &self,
+        _: Request<Streaming<LendRequest>>,
+    ) -> Result<Response<LendReply>, Status> {
+        Err(Status::unimplemented(
+            "no leases here (tests/disagg.rs has a real sidecar)",
+        ))
     }
 }
 
@@ -391,4 +408,27 @@ async fn a_hung_sidecar_costs_one_timeout_then_is_skipped() {
         metric(&server, &format!("{fallbacks}\"backoff\"}}")).await,
         1.0
     );
+}
+
+#[tokio::test]
+async fn offload_none_neither_offloads_nor_looks_up() {
+    let fake = Fake::default();
+    let server = engine(KvBlocksConfig {
+        url: sidecar(fake.clone()).await,
+        offload: OffloadMode::None,
+        ..KvBlocksConfig::default()
+    })
+    .await;
+    complete(&server, &prompt(1)).await;
+    complete(&server, &prompt(1000)).await; // evicts A's blocks 1..6
+    let usage = complete(&server, &prompt(1)).await;
+    assert_eq!(
+        usage["prompt_tokens_details"]["cached_tokens"], 16,
+        "GPU only"
+    );
+    // Offloads are asynchronous: give a wrong one time to arrive.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let state = fake.0.lock().unwrap();
+    assert!(state.blocks.is_empty(), "nothing offloaded");
+    assert_eq!(state.lookups, 0, "no lookups or onboards");
 }

@@ -285,24 +285,14 @@ async fn children_no_longer_desired_are_deleted_with_their_uid() {
 
     api.edit(&graph_path("disagg-mocker"), |g| {
         g["metadata"]["generation"] = json!(2);
-        g["spec"]["services"]
-            .as_object_mut()
-            .unwrap()
-            .remove("prefill");
         g["spec"]["services"]["decode"]["replicas"] = json!(1);
     });
     pass(&client, &api, "disagg-mocker").await.unwrap();
     let requests = api.take_requests();
-
-    let gone = deleted(&requests);
-    for name in [
-        "disagg-mocker-prefill-0",
-        "disagg-mocker-decode-1",
-        "disagg-mocker-prefill",
-    ] {
-        assert!(gone.contains(name), "{name} not in {gone:?}");
-    }
-    assert!(!gone.contains("disagg-mocker-decode-0"));
+    assert_eq!(
+        deleted(&requests),
+        BTreeSet::from(["disagg-mocker-decode-1".to_string()])
+    );
     let delete = requests
         .iter()
         .find(|r| r.method == "DELETE" && r.path == pod_path("disagg-mocker-decode-1"))
@@ -313,6 +303,25 @@ async fn children_no_longer_desired_are_deleted_with_their_uid() {
     );
     assert!(api.object(&pod_path("disagg-mocker-decode-1")).is_none());
     assert!(events(&requests).contains(&"ScaledDown".to_string()));
+
+    api.edit(&graph_path("disagg-mocker"), |g| {
+        g["metadata"]["generation"] = json!(3);
+        g["spec"]["services"]
+            .as_object_mut()
+            .unwrap()
+            .remove("prefill");
+    });
+    pass(&client, &api, "disagg-mocker").await.unwrap();
+    let gone = deleted(&api.take_requests());
+    for name in [
+        "disagg-mocker-prefill-0",
+        "disagg-mocker-prefill",
+        "disagg-mocker-prefill-peers",
+        // Its sidecar has no prefill peers left: the decode pod rolls.
+        "disagg-mocker-decode-0",
+    ] {
+        assert!(gone.contains(name), "{name} not in {gone:?}");
+    }
     api.assert_rbac_allows_all();
 }
 

@@ -413,18 +413,33 @@ fn scaling_down_and_removing_services_deletes_their_objects() {
     let mut dgd = sample("disagg-mocker");
     let first = run(&dgd, &observed(vec![], cluster()));
     let obs = converged(&first);
+    let deleted = |step: &Desired| -> BTreeSet<(ObjectKind, String)> {
+        step.deletions
+            .iter()
+            .map(|k| (k.kind, k.name.clone()))
+            .collect()
+    };
+    let pod = |name: &str| (ObjectKind::Pod, name.to_string());
+    let service = |name: &str| (ObjectKind::Service, name.to_string());
+
     dgd.spec.services.get_mut("decode").unwrap().replicas = Some(1);
-    dgd.spec.services.remove("prefill");
     let step = run(&dgd, &obs);
-    let deleted: BTreeSet<(ObjectKind, &str)> = step
-        .deletions
-        .iter()
-        .map(|k| (k.kind, k.name.as_str()))
-        .collect();
-    assert!(deleted.contains(&(ObjectKind::Pod, "disagg-mocker-decode-1")));
-    assert!(deleted.contains(&(ObjectKind::Pod, "disagg-mocker-prefill-0")));
-    assert!(deleted.contains(&(ObjectKind::Service, "disagg-mocker-prefill")));
-    assert!(!deleted.contains(&(ObjectKind::Pod, "disagg-mocker-decode-0")));
+    assert_eq!(
+        deleted(&step),
+        BTreeSet::from([pod("disagg-mocker-decode-1")])
+    );
+
+    dgd.spec.services.remove("prefill");
+    let gone = deleted(&run(&dgd, &obs));
+    for object in [
+        pod("disagg-mocker-prefill-0"),
+        service("disagg-mocker-prefill"),
+        service("disagg-mocker-prefill-peers"),
+        // Its sidecar has no prefill peers left: the decode pod rolls.
+        pod("disagg-mocker-decode-0"),
+    ] {
+        assert!(gone.contains(&object), "{object:?} not in {gone:?}");
+    }
 }
 
 #[test]

@@ -32,6 +32,7 @@ pub async fn serve(
         .http2_keepalive_timeout(Some(Duration::from_secs(20)))
         .initial_stream_window_size(dynamo_kvblocks::HTTP2_WINDOW_BYTES)
         .initial_connection_window_size(dynamo_kvblocks::HTTP2_WINDOW_BYTES)
+        .max_frame_size(dynamo_kvblocks::HTTP2_FRAME_BYTES)
         .add_service(KvEventStreamServer::new(subscriptions))
         .add_service(blocks)
         .serve_with_incoming_shutdown(incoming, stop.cancelled_owned())

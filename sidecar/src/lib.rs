@@ -226,7 +226,7 @@ impl Sidecar {
 /// unmaps it when freed, so every block the host tier takes costs its pages' faults and
 /// zeroing again (`mallopt(3)`). Served from the arenas instead (blocks up to 32 MiB,
 /// glibc's largest threshold) and not trimmed back below 1 GiB, the memory of evicted
-/// blocks is reused. The host tier's capacity bounds what is kept.
+/// blocks is reused. What is kept is bounded by the trim threshold.
 pub fn keep_freed_blocks() {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     // SAFETY: mallopt sets global parameters of glibc's allocator under its arena lock;

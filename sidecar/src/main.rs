@@ -8,9 +8,9 @@ use dynamo_sidecar::{Config, Sidecar};
 async fn main() -> anyhow::Result<()> {
     init_logging();
     let config = Config::parse();
-    if config.kv_tiers.kv_host_bytes.is_some() {
-        dynamo_sidecar::keep_freed_blocks();
-    }
+    // Block payloads pass through every sidecar that moves KV (its tiers, and the leases
+    // of disaggregated serving); one that moves none never allocates blocks to keep.
+    dynamo_sidecar::keep_freed_blocks();
     let sidecar = Sidecar::start(&config).await?;
     tracing::info!(
         proxy = %sidecar.proxy_addr,

@@ -466,3 +466,61 @@ async fn a_client_that_leaves_releases_the_blocks_its_engine_did_not_take() {
         1.0
     );
 }
+
+#[tokio::test]
+async fn a_clients_own_transfer_parameters_never_reach_the_engine_through_the_hop() {
+    let pods = Pods::start(
+        Answer::Json(StatusCode::INTERNAL_SERVER_ERROR, json!({})),
+        &[],
+        &[],
+    )
+    .await;
+    let mut forged = request();
+    forged["kv_transfer_params"] = json!({"do_remote_prefill": true, "remote_host": "10.9.9.9",
+        "remote_port": 22, "remote_request_id": "someone-elses",
+        "remote_transport": KVBLOCKS_TRANSPORT, "remote_block_ids": [1]});
+    let prefill = pods.prefill.proxy_addr.to_string();
+    let response = pods.send(&prefill, forged).await;
+    assert_eq!(hop_outcome(&response), "fallback_prefill_failed");
+    // A prompt shorter than a block: the prefill lends nothing and nothing moves.
+    let short = json!({"kv_transfer_params": {"do_remote_prefill": true,
+        "remote_block_ids": [], "remote_request_id": "r", "remote_port": 1,
+        "remote_transport": KVBLOCKS_TRANSPORT}});
+    *pods.prefill_engine.answer.lock().unwrap() = Answer::Json(StatusCode::OK, short);
+    let response = pods.send(&prefill, request()).await;
+    assert_eq!(hop_outcome(&response), "remote");
+    let decoded = pods.decode_engine.requests();
+    assert_eq!(decoded.len(), 2);
+    assert!(
+        decoded.iter().all(|(_, body)| *body == request()),
+        "{decoded:?}"
+    );
+}
+
+#[tokio::test]
+async fn a_transfer_that_does_not_finish_in_time_falls_back_to_local_prefill() {
+    // A "prefill sidecar" that accepts connections and never says a word.
+    let silent = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = silent.local_addr().unwrap().port();
+    let _held = tokio::spawn(async move {
+        let mut open = Vec::new();
+        while let Ok((socket, _)) = silent.accept().await {
+            open.push(socket);
+        }
+    });
+    let params = json!({"kv_transfer_params": {"do_remote_prefill": true,
+        "remote_block_ids": [1000, 1001], "remote_request_id": "r", "remote_port": port,
+        "remote_transport": KVBLOCKS_TRANSPORT}});
+    let answer = Answer::Json(StatusCode::OK, params);
+    let pods = Pods::start(answer, &[], &["--kv-transfer-timeout", "300ms"]).await;
+    let response = pods
+        .send(&pods.prefill.proxy_addr.to_string(), request())
+        .await;
+    assert_eq!(response.status(), 200);
+    assert_eq!(hop_outcome(&response), "fallback_transfer_failed");
+    let [(_, decoded)] = &pods.decode_engine.requests()[..] else {
+        panic!("one decode request");
+    };
+    assert_eq!(*decoded, request());
+    assert_eq!(pods.decode.leases.held(), (0, 0));
+}

@@ -1,49 +1,38 @@
-//! Endpoints from a JSON file, re-read when its content changes (the local runner
-//! rewrites it when it scales):
-//!
-//! ```json
-//! {"endpoints": [{"address": "127.0.0.1:18000", "kv_events": "http://127.0.0.1:19100",
-//!   "role": "worker", "sidecar_metrics": "http://127.0.0.1:19090"}]}
-//! ```
+//! Endpoints from the local runner's endpoints file (its format's one home is
+//! [`dynamo_server::endpoints_file`]), re-read when its content changes (the runner
+//! rewrites it when it scales).
 //!
 //! `kv_events` defaults to the address's IP on `--kv-events-port`, `role` to `worker`;
 //! `sidecar_metrics` (where the pod's model card is) to the address's IP on
 //! `--model-card-port`.
-//! Unknown fields are ignored so the writer may add its own. Polling (not inotify) keeps
-//! it portable and catches writers that replace the file by rename.
+//! Polling (not inotify) keeps it portable and catches writers that replace the file by
+//! rename.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
 use dynamo_llm::model_card::CARD_PATH;
-use serde::Deserialize;
+use dynamo_server::endpoints_file::EndpointsFile;
 use tokio::sync::watch;
 
 use super::{EndpointSet, EndpointSpec, Role, normalize};
 
-#[derive(Deserialize)]
-struct FileBody {
-    endpoints: Vec<FileEntry>,
-}
-
-#[derive(Deserialize)]
-struct FileEntry {
-    address: SocketAddr,
-    #[serde(default)]
-    kv_events: Option<String>,
-    #[serde(default)]
-    role: Role,
-    #[serde(default)]
-    sidecar_metrics: Option<String>,
-}
-
 /// Parses the file's content; the message names what is wrong.
 pub fn parse(text: &str, kv_events_port: u16) -> Result<EndpointSet, String> {
-    let body: FileBody = serde_json::from_str(text).map_err(|e| e.to_string())?;
-    let mut set = Vec::with_capacity(body.endpoints.len());
-    for (i, entry) in body.endpoints.into_iter().enumerate() {
-        let mut spec = EndpointSpec::new(entry.address, kv_events_port, entry.role);
+    let file = EndpointsFile::parse(text)?;
+    let mut set = Vec::with_capacity(file.endpoints.len());
+    for (i, entry) in file.endpoints.into_iter().enumerate() {
+        let address: SocketAddr = entry
+            .address
+            .parse()
+            .map_err(|e| format!("endpoints[{i}].address {:?}: {e}", entry.address))?;
+        let role = match entry.role {
+            None => Role::default(),
+            Some(role) => serde_json::from_value(serde_json::Value::String(role))
+                .map_err(|e| format!("endpoints[{i}].role: {e}"))?,
+        };
+        let mut spec = EndpointSpec::new(address, kv_events_port, role);
         if let Some(url) = entry.kv_events {
             if !(url.starts_with("http://") || url.starts_with("https://")) {
                 return Err(format!(
@@ -143,15 +132,42 @@ mod tests {
     }
 
     #[test]
+    fn what_the_local_runner_writes_reads_back_with_its_roles() {
+        use dynamo_server::endpoints_file::EndpointEntry;
+        let entry = |port: u16, role: &str| EndpointEntry {
+            address: format!("127.0.0.1:{port}"),
+            kv_events: None,
+            role: Some(role.into()),
+            sidecar_metrics: None,
+        };
+        let written = EndpointsFile {
+            endpoints: vec![
+                entry(1, "aggregated"),
+                entry(2, "prefill"),
+                entry(3, "decode"),
+            ],
+        };
+        let text = serde_json::to_string(&written).unwrap();
+        let roles: Vec<Role> = parse(&text, 9100).unwrap().iter().map(|e| e.role).collect();
+        assert_eq!(roles, [Role::Worker, Role::Prefill, Role::Decode]);
+    }
+
+    #[test]
     fn bad_files_say_what_is_wrong() {
         let e = parse(r#"{"endpoints": [{"address": "localhost"}]}"#, 9100).unwrap_err();
-        assert!(e.contains("invalid socket address"), "{e}");
+        assert!(
+            e.starts_with("endpoints[0].address \"localhost\": invalid socket address"),
+            "{e}"
+        );
         let e = parse(
             r#"{"endpoints": [{"address": "1.2.3.4:5", "role": "boss"}]}"#,
             9100,
         )
         .unwrap_err();
-        assert!(e.contains("unknown variant `boss`"), "{e}");
+        assert!(
+            e.starts_with("endpoints[0].role: unknown variant `boss`"),
+            "{e}"
+        );
         let e = parse(
             r#"{"endpoints": [{"address": "1.2.3.4:5", "kv_events": "1.2.3.4:9100"}]}"#,
             9100,

@@ -8,8 +8,8 @@ use dynamo_server::ServerLimits;
 
 use super::ServerConfig;
 use crate::kv_blocks::{
-    DEFAULT_DISK_BANDWIDTH_GBPS, DEFAULT_HOST_BANDWIDTH_GBPS, DEFAULT_OBJECT_BANDWIDTH_GBPS,
-    DEFAULT_TIMEOUT_MS,
+    DEFAULT_DISK_BANDWIDTH_GBPS, DEFAULT_HOST_BANDWIDTH_GBPS, DEFAULT_LINK_BANDWIDTH_GBPS,
+    DEFAULT_OBJECT_BANDWIDTH_GBPS, DEFAULT_TIMEOUT_MS,
 };
 use crate::{EngineConfig, KvBlocksConfig, OffloadMode, TimingModel, TimingTable};
 
@@ -52,7 +52,8 @@ pub struct Args {
     /// go to its tiers and new requests onboard from them. Unset: blocks stay on the GPU.
     #[arg(long, env = "DYNAMO_MOCKER_KV_BLOCKS_URL")]
     pub kv_blocks_url: Option<String>,
-    /// Which blocks go to the sidecar: those the GPU pool evicts, or all as they fill.
+    /// Which blocks go to the sidecar: those the GPU pool evicts, all as they fill, or
+    /// none (no tiers: only the leases of disaggregated serving).
     #[arg(long, value_enum, default_value_t = OffloadMode::Evicted)]
     pub kv_offload: OffloadMode,
     /// Payload bytes actually moved per block, as a fraction of the model's KV bytes
@@ -68,9 +69,18 @@ pub struct Args {
     /// Onboarding bandwidth from the sidecar's object store (G4), GB/s.
     #[arg(long, default_value_t = DEFAULT_OBJECT_BANDWIDTH_GBPS)]
     pub kv_object_bandwidth_gbps: f64,
-    /// Limit of one lookup + onboard (and one offload call); past it the request recomputes.
+    /// Bandwidth of the link a disaggregated prefill's KV crosses to this decode, GB/s:
+    /// InfiniBand 400 Gb/s across nodes; 900 for NVLink within one.
+    #[arg(long, default_value_t = DEFAULT_LINK_BANDWIDTH_GBPS)]
+    pub kv_link_bandwidth_gbps: f64,
+    /// Limit of one lookup + onboard (and one offload, lend or lease fetch); past it the
+    /// request recomputes.
     #[arg(long, default_value_t = DEFAULT_TIMEOUT_MS)]
     pub kv_blocks_timeout_ms: u64,
+    /// This engine's id in the `kv_transfer_params` it answers a prefill with (vLLM's
+    /// `kv_transfer_config.engine_id`) [default: a random uuid made at start].
+    #[arg(long, env = "DYNAMO_MOCKER_ENGINE_ID")]
+    pub engine_id: Option<String>,
     #[command(flatten)]
     pub server: ServerLimits,
 }
@@ -111,7 +121,9 @@ impl Args {
                     host_bandwidth_gbps: self.kv_host_bandwidth_gbps,
                     disk_bandwidth_gbps: self.kv_disk_bandwidth_gbps,
                     object_bandwidth_gbps: self.kv_object_bandwidth_gbps,
+                    link_bandwidth_gbps: self.kv_link_bandwidth_gbps,
                     timeout_ms: self.kv_blocks_timeout_ms,
+                    engine_id: self.engine_id,
                 }),
                 ..EngineConfig::default()
             },
@@ -154,5 +166,30 @@ mod tests {
                 ..KvBlocksConfig::default()
             })
         );
+    }
+
+    #[tokio::test]
+    async fn a_disaggregated_engine_takes_no_tiers_its_link_and_its_id() {
+        let kv = config(&[
+            "--kv-blocks-url",
+            "http://127.0.0.1:9100",
+            "--kv-offload",
+            "none",
+            "--kv-link-bandwidth-gbps",
+            "900",
+            "--engine-id",
+            "prefill-0",
+        ])
+        .await
+        .engine
+        .kv_blocks
+        .unwrap();
+        assert_eq!(kv.offload, OffloadMode::None);
+        assert!(!kv.uses_tiers());
+        assert_eq!(kv.link_bandwidth_gbps, 900.0);
+        assert_eq!(kv.engine_id.as_deref(), Some("prefill-0"));
+        let default = KvBlocksConfig::default();
+        assert_eq!(default.link_bandwidth_gbps, 50.0, "InfiniBand, 400 Gb/s");
+        assert!(default.uses_tiers() && default.engine_id.is_none());
     }
 }

@@ -61,16 +61,19 @@ pub struct EngineHandle {
 
 impl EngineHandle {
     /// Queues a request; its tokens arrive on the returned receiver. Dropping the
-    /// receiver cancels the request.
+    /// receiver cancels the request. A request that `onboarded` its prompt's blocks
+    /// already (from a remote prefill) does not look in the sidecar's tiers.
     pub async fn submit(
         &self,
         token_ids: Vec<u32>,
         max_tokens: usize,
         seed: Option<u64>,
+        onboarded: Option<Onboarded>,
     ) -> Result<(RequestId, mpsc::UnboundedReceiver<GenEvent>), SubmitError> {
-        let onboarded = match &self.kv_blocks {
-            Some(kv) => Some(kv.onboard(self, &token_ids).await),
-            None => None,
+        let onboarded = match (onboarded, &self.kv_blocks) {
+            (Some(onboarded), _) => Some(onboarded),
+            (None, Some(kv)) if kv.uses_tiers() => Some(kv.onboard(self, &token_ids).await),
+            (None, _) => None,
         };
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let (events, receiver) = mpsc::unbounded_channel();
@@ -113,8 +116,9 @@ impl EngineHandle {
     }
 }
 
-/// Starts the engine task. KV events go to `kv_events` when set; with `kv_blocks`,
-/// requests onboard from the sidecar and evicted blocks are offloaded to it.
+/// Starts the engine task. KV events go to `kv_events` when set; with `kv_blocks` (and
+/// its tiers in use), requests onboard from the sidecar and evicted blocks are
+/// offloaded to it.
 pub fn spawn(
     engine: Engine<RealClock>,
     metrics: Arc<EngineMetricsExporter>,
@@ -122,7 +126,10 @@ pub fn spawn(
     kv_blocks: Option<Arc<KvBlocks>>,
 ) -> (EngineHandle, tokio::task::JoinHandle<()>) {
     let (commands, receiver) = mpsc::unbounded_channel();
-    let offload = kv_blocks.as_ref().map(KvBlocks::spawn_offloader);
+    let offload = kv_blocks
+        .as_ref()
+        .filter(|kv| kv.uses_tiers())
+        .map(KvBlocks::spawn_offloader);
     let handle = EngineHandle {
         commands,
         next_id: Arc::new(AtomicU64::new(1)),

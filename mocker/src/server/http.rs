@@ -1,6 +1,6 @@
 //! vLLM's OpenAI-compatible HTTP surface: `/v1/chat/completions`, `/v1/completions`
 //! (whole or streamed as SSE), `/v1/models`, `/health`, `/metrics`, and
-//! `/reset_prefix_cache`.
+//! `/reset_prefix_cache`; either role of a disaggregated request (`super::disagg`).
 
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -9,7 +9,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use axum::Router;
 use axum::body::{Body, Bytes};
 use axum::extract::State;
-use axum::http::{StatusCode, header};
+use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Json, Response};
 use axum::routing::{get, post};
 use dynamo_llm::openai::{
@@ -18,10 +18,12 @@ use dynamo_llm::openai::{
     ModelList, SSE_DONE, Usage, parse_body, sse_data,
 };
 use dynamo_llm::{ApiError, Endpoint, ModelDir, PreparedRequest};
+use serde_json::Value;
 use tokio::sync::mpsc;
 use tokio_stream::StreamExt;
 use tokio_stream::wrappers::UnboundedReceiverStream;
 
+use super::disagg::{Asked, Disagg};
 use super::engine_loop::{EngineHandle, GenEvent, SubmitError};
 use super::metrics::EngineMetricsExporter;
 use super::output_vocab::OutputVocab;
@@ -36,6 +38,7 @@ pub struct AppState {
     pub model: ModelDir,
     pub vocab: OutputVocab,
     pub engine: EngineHandle,
+    pub disagg: Disagg,
     pub metrics: Arc<EngineMetricsExporter>,
     pub created: u64,
 }
@@ -80,20 +83,36 @@ async fn reset_prefix_cache(State(state): State<Arc<AppState>>) -> Result<Status
     }
 }
 
-async fn chat(State(state): State<Arc<AppState>>, body: Bytes) -> Result<Response, ApiError> {
+/// The request id vLLM's disaggregation proxies send to both legs.
+const REQUEST_ID_HEADER: &str = "x-request-id";
+
+/// What a request's `kv_transfer_params` ask, its lease named by its `x-request-id`.
+fn asked(state: &AppState, params: Option<&Value>, headers: &HeaderMap) -> Asked {
+    let request_id = headers.get(REQUEST_ID_HEADER).and_then(|v| v.to_str().ok());
+    state.disagg.asked(params, request_id)
+}
+
+async fn chat(
+    State(state): State<Arc<AppState>>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Result<Response, ApiError> {
     let req: ChatCompletionRequest = parse_body(&body)?;
     let prepared = state.model.prepare_chat(&req)?;
     let limited = req.params.max_tokens.is_some() || req.params.max_completion_tokens.is_some();
-    generate(state, prepared, limited).await
+    let asked = asked(&state, req.params.kv_transfer_params.as_ref(), &headers);
+    generate(state, prepared, limited, asked).await
 }
 
 async fn completions(
     State(state): State<Arc<AppState>>,
+    headers: HeaderMap,
     body: Bytes,
 ) -> Result<Response, ApiError> {
     let req: CompletionRequest = parse_body(&body)?;
     let prepared = state.model.prepare_completion(&req)?;
-    generate(state, prepared, req.params.max_tokens.is_some()).await
+    let asked = asked(&state, req.params.kv_transfer_params.as_ref(), &headers);
+    generate(state, prepared, req.params.max_tokens.is_some(), asked).await
 }
 
 /// Runs a prepared request; `limited` says whether the client set a token limit.
@@ -101,6 +120,7 @@ async fn generate(
     state: Arc<AppState>,
     req: PreparedRequest,
     limited: bool,
+    asked: Asked,
 ) -> Result<Response, ApiError> {
     let seed = req.seed;
     // Without a limit (and unless told to ignore EOS) the answer ends "naturally" after a
@@ -111,9 +131,23 @@ async fn generate(
         NATURAL_LENGTH.start() + key % span
     });
     let max_tokens = natural.map_or(req.max_tokens, |n| n.min(req.max_tokens));
+    let onboarded = match &asked.remote_prefill {
+        Some(lease) => Some(
+            state
+                .disagg
+                .onboard(&state.engine, lease, &req.token_ids)
+                .await,
+        ),
+        None => None,
+    };
+    // Only a whole answer can wait for the lend: vLLM's proxies ask `stream: false`.
+    let lend = match asked.lend_as {
+        Some(lease) if !req.stream => Some((lease, req.token_ids.clone())),
+        _ => None,
+    };
     let (id, events) = state
         .engine
-        .submit(req.token_ids.clone(), max_tokens as usize, seed)
+        .submit(req.token_ids, max_tokens as usize, seed, onboarded)
         .await
         .map_err(|e| match e {
             SubmitError::Rejected(r @ Rejected::TooLong { .. }) => ApiError {
@@ -137,6 +171,7 @@ async fn generate(
         natural_stop: natural.is_some(),
         include_usage: req.include_usage,
         sent_role: false,
+        lend,
     };
     if req.stream {
         Ok(answer.stream(events))
@@ -154,6 +189,8 @@ struct Answer {
     natural_stop: bool,
     include_usage: bool,
     sent_role: bool,
+    /// The lease to lend the prompt's blocks under once prefilled, and the prompt.
+    lend: Option<(String, Vec<u32>)>,
 }
 
 impl Answer {
@@ -183,6 +220,14 @@ impl Answer {
                 GenEvent::Finished(done) => {
                     let model = self.state.model.name.clone();
                     let (reason, usage) = (self.finish_reason(&done), Self::usage(&done));
+                    // Answered only once the blocks wait in the sidecar (or will not).
+                    let kv_transfer_params = match &self.lend {
+                        Some((lease, tokens)) if done.reason == crate::FinishReason::Length => {
+                            Some(self.state.disagg.lend(lease, tokens).await)
+                        }
+                        Some(_) => Some(Value::Null),
+                        None => None,
+                    };
                     let body = match self.endpoint {
                         Endpoint::Chat => serde_json::to_value(ChatCompletion {
                             id: self.id,
@@ -198,7 +243,7 @@ impl Answer {
                                 finish_reason: Some(reason),
                             }],
                             usage,
-                            kv_transfer_params: None,
+                            kv_transfer_params,
                         }),
                         Endpoint::Completions => serde_json::to_value(Completion {
                             id: self.id,
@@ -211,7 +256,7 @@ impl Answer {
                                 finish_reason: Some(reason),
                             }],
                             usage: Some(usage),
-                            kv_transfer_params: None,
+                            kv_transfer_params,
                         }),
                     }
                     .expect("answers serialize");

@@ -8,6 +8,11 @@
 //! KV load, under a timeout; on any failure the request recomputes (counted) and new
 //! requests leave the sidecar alone for [`BACKOFF`], so a sidecar that is down or hung
 //! costs a timeout now and then rather than one per request.
+//!
+//! The leases of disaggregated serving (lend a prefill's blocks, take a remote
+//! prefill's) are in [`lease`].
+
+pub mod lease;
 
 use std::ops::Range;
 use std::sync::{Arc, Mutex};
@@ -92,6 +97,24 @@ impl KvBlocks {
         }))
     }
 
+    /// Whether blocks go to and come back from the sidecar's tiers (`--kv-offload`
+    /// other than `none`).
+    pub fn uses_tiers(&self) -> bool {
+        self.config.uses_tiers()
+    }
+
+    pub fn config(&self) -> &KvBlocksConfig {
+        &self.config
+    }
+
+    /// The sequence hashes of `tokens`' full prompt blocks: as on admission, the last
+    /// prompt token is always computed, so `(len - 1) / block_size` of them.
+    pub fn prompt_chain(&self, tokens: &[u32]) -> Vec<SeqHash> {
+        let full = tokens.len().saturating_sub(1) / self.hasher.block_size();
+        self.hasher
+            .seq_hashes(&tokens[..full * self.hasher.block_size()])
+    }
+
     /// Starts the offload task; it ends when the returned queue is dropped.
     pub fn spawn_offloader(self: &Arc<Self>) -> OffloadQueue {
         let (sender, receiver) = mpsc::channel(OFFLOAD_QUEUE_BLOCKS);
@@ -160,10 +183,7 @@ impl KvBlocks {
             arrived,
             blocks: 0..0,
         };
-        let bs = self.hasher.block_size();
-        // As on admission: the last prompt token is always computed.
-        let max_blocks = tokens.len().saturating_sub(1) / bs;
-        if max_blocks == 0 {
+        if tokens.len().saturating_sub(1) < self.hasher.block_size() {
             return nothing;
         }
         if self
@@ -175,7 +195,7 @@ impl KvBlocks {
             self.metrics.fallback("backoff");
             return nothing;
         }
-        let hashes = self.hasher.seq_hashes(&tokens[..max_blocks * bs]);
+        let hashes = self.prompt_chain(tokens);
         let Some(on_gpu) = engine.cached_prefix_blocks(hashes.clone()).await else {
             return nothing;
         };
@@ -185,7 +205,7 @@ impl KvBlocks {
         // asks at arrival). Offloading only evictions, it holds what the GPU does not.
         let from = match self.config.offload {
             OffloadMode::All => 0,
-            OffloadMode::Evicted => on_gpu,
+            OffloadMode::Evicted | OffloadMode::None => on_gpu,
         };
         if from == hashes.len() {
             return nothing;
@@ -241,9 +261,29 @@ impl KvBlocks {
         self.metrics
             .missing
             .inc_by((held.len() - blocks.len()) as u64);
+        let good = self.check(blocks, hashes, parent).await;
+        let mut modelled_ms = 0.0;
+        let used = good.iter().take_while(|(ok, _)| *ok).count();
+        for (&(_, tier), &(_, bytes)) in held.iter().zip(&good).take(used) {
+            self.metrics.onboarded(tier).inc();
+            self.metrics.onboarded_bytes.inc_by(bytes);
+            modelled_ms += self.config.transfer_ms(self.real_block_bytes, tier);
+        }
+        Ok((used, modelled_ms))
+    }
+
+    /// Whether each of `blocks`, delivered for the chain `hashes` (whose first block
+    /// follows `parent`), is exactly the block this engine would compute, with its
+    /// payload bytes; those that are not are counted as corrupt.
+    async fn check(
+        &self,
+        blocks: Vec<Block>,
+        hashes: Vec<SeqHash>,
+        parent: Option<SeqHash>,
+    ) -> Vec<(bool, u64)> {
         let layout = self.layout.clone();
         // Comparing megabytes of payload with what the hash derives is CPU work.
-        let good = tokio::task::spawn_blocking(move || {
+        let checked = tokio::task::spawn_blocking(move || {
             let parents = std::iter::once(parent).chain(hashes.iter().copied().map(Some));
             blocks
                 .iter()
@@ -261,16 +301,9 @@ impl KvBlocks {
         })
         .await
         .expect("verifying payloads does not panic");
-        let corrupt = good.iter().filter(|(ok, _)| !ok).count();
+        let corrupt = checked.iter().filter(|(ok, _)| !ok).count();
         self.metrics.corrupt.inc_by(corrupt as u64);
-        let mut modelled_ms = 0.0;
-        let used = good.iter().take_while(|(ok, _)| *ok).count();
-        for (&(_, tier), &(_, bytes)) in held.iter().zip(&good).take(used) {
-            self.metrics.onboarded(tier).inc();
-            self.metrics.onboarded_bytes.inc_by(bytes);
-            modelled_ms += self.config.transfer_ms(self.real_block_bytes, tier);
-        }
-        Ok((used, modelled_ms))
+        checked
     }
 }
 

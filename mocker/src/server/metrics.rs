@@ -7,6 +7,11 @@
 //! `vllm:prefix_cache_queries_total` by both.
 //!
 //! The KV block API's metrics have no vLLM counterpart; they are ours, `dynamo_mocker_*`.
+//! Disaggregated serving's are in [`disagg`].
+
+mod disagg;
+
+pub use disagg::DisaggMetrics;
 
 use std::sync::Mutex;
 use std::sync::atomic::AtomicU64;

@@ -2,6 +2,7 @@
 //! engine core, on wall-clock time.
 
 mod args;
+mod disagg;
 mod engine_loop;
 mod http;
 mod kv_blocks;
@@ -111,6 +112,7 @@ pub async fn start(
         }
         None => None,
     };
+    let disagg = disagg::Disagg::new(kv_blocks.clone(), metrics.register_disagg())?;
     let metrics = Arc::new(metrics);
     let (engine, _engine_task) = engine_loop::spawn(engine, metrics.clone(), kv_sink, kv_blocks);
 
@@ -119,6 +121,7 @@ pub async fn start(
         model,
         vocab,
         engine,
+        disagg,
         metrics,
         created: http::unix_now(),
     });

@@ -5,7 +5,6 @@
 //! started, and nothing else.
 
 mod admin;
-mod endpoints;
 pub mod plan;
 mod process;
 
@@ -17,12 +16,12 @@ use std::time::Duration;
 
 use anyhow::{Context, bail};
 use dynamo_crds::BackendFramework;
+use dynamo_server::endpoints_file::{EndpointEntry, EndpointsFile};
 use dynamo_server::parse_duration;
 use serde::Serialize;
 use tokio::sync::Mutex;
 
 use admin::Admin;
-use endpoints::Endpoint;
 use plan::{Caps, CommandSpec, Graph, PlanError, ReplicaPorts, RunOptions};
 use process::{Program, Supervised};
 
@@ -159,6 +158,7 @@ async fn run_async(args: RunArgs) -> anyhow::Result<()> {
         replicas: BTreeMap::new(),
         epp: None,
         ready: HashSet::new(),
+        complete: false,
         used_ports: HashSet::new(),
     }));
     let result = serve(&runner, &args, admin).await;
@@ -217,6 +217,11 @@ pub(crate) struct Runner {
     /// Replicas whose sidecar answered `/ready` at the last probe; only they are in the
     /// picker's list, as only Ready pods are in a cluster's.
     ready: HashSet<(String, u32)>,
+    /// Every service had a ready replica at some point. Until then the picker gets no
+    /// pods: a disaggregated graph whose decode pods are up before its prefill pods
+    /// would otherwise start out serving aggregated, and a graph of several services
+    /// would start out on some of them.
+    complete: bool,
     /// Ports handed out in this run, so a port the OS offers twice is not used twice.
     used_ports: HashSet<u16>,
 }
@@ -286,6 +291,7 @@ impl Runner {
             sidecar: self.free_port()?,
             sidecar_grpc: self.free_port()?,
             sidecar_metrics: self.free_port()?,
+            kv_side_channel: self.free_port()?,
         };
         let index = self
             .replicas
@@ -299,7 +305,9 @@ impl Runner {
             .state_dir
             .join("kv-disk")
             .join(format!("{service}-{index}"));
-        let sidecar = self.graph.sidecar_command(service, ports, &kv_disk);
+        let sidecar = self
+            .graph
+            .sidecar_command(service, ports, &kv_disk, &self.endpoints_file);
         for dir in &sidecar.dirs {
             std::fs::create_dir_all(dir)
                 .with_context(|| format!("cannot create {}", dir.display()))?;
@@ -318,26 +326,47 @@ impl Runner {
         Ok(())
     }
 
-    fn endpoints(&self) -> Vec<Endpoint> {
-        self.replicas
+    /// The ready replicas, for the picker (its pods) and the decode sidecars (their
+    /// prefill peers).
+    fn endpoints(&self) -> EndpointsFile {
+        if !self.complete {
+            return EndpointsFile::default();
+        }
+        let endpoints = self
+            .replicas
             .iter()
             .flat_map(|(service, replicas)| {
                 let role = self.graph.workers[service].role.as_str();
                 replicas
                     .iter()
                     .filter(|r| self.ready.contains(&(service.clone(), r.index)))
-                    .map(move |r| Endpoint {
+                    .map(move |r| EndpointEntry {
                         address: format!("127.0.0.1:{}", r.ports.sidecar),
-                        kv_events: format!("http://127.0.0.1:{}", r.ports.sidecar_grpc),
-                        role,
-                        sidecar_metrics: format!("http://127.0.0.1:{}", r.ports.sidecar_metrics),
+                        kv_events: Some(format!("http://127.0.0.1:{}", r.ports.sidecar_grpc)),
+                        role: Some(role.into()),
+                        sidecar_metrics: Some(format!(
+                            "http://127.0.0.1:{}",
+                            r.ports.sidecar_metrics
+                        )),
                     })
             })
-            .collect()
+            .collect();
+        EndpointsFile { endpoints }
+    }
+
+    /// Whether every service that has replicas has a ready one.
+    fn every_service_ready(&self) -> bool {
+        self.replicas.iter().all(|(service, replicas)| {
+            replicas.is_empty()
+                || replicas
+                    .iter()
+                    .any(|r| self.ready.contains(&(service.clone(), r.index)))
+        })
     }
 
     fn write_endpoints(&self) -> anyhow::Result<()> {
-        endpoints::write(&self.endpoints_file, &self.endpoints())
+        self.endpoints()
+            .write(&self.endpoints_file)
             .with_context(|| format!("cannot write {}", self.endpoints_file.display()))
     }
 
@@ -485,6 +514,7 @@ async fn probe_readiness(runner: Arc<Mutex<Runner>>) {
         failures.retain(|key, _| r.replicas.contains_key(&key.0));
         if ready != r.ready {
             r.ready = ready;
+            r.complete |= r.every_service_ready();
             if let Err(err) = r.write_endpoints() {
                 eprintln!("{err:#}");
             }

@@ -10,8 +10,8 @@ use std::path::{Path, PathBuf};
 use dynamo_crds::{BackendFramework, DynamoGraphDeployment, EngineRole, ServiceRole};
 
 use crate::wiring::{
-    self, Addresses, Defaults, EPP_BINARY, EngineService, GraphWiring, HF_HOME, Picker, PickerPods,
-    SIDECAR_BINARY, WiringError, kvbm,
+    self, Addresses, Defaults, EPP_BINARY, EngineService, EnvValue, GraphWiring, HF_HOME, Picker,
+    PickerPods, PrefillPeers, SIDECAR_BINARY, WiringError, kvbm,
 };
 
 /// How the user asked to run the graph.
@@ -118,6 +118,9 @@ pub struct ReplicaPorts {
     pub sidecar: u16,
     pub sidecar_grpc: u16,
     pub sidecar_metrics: u16,
+    /// A disaggregated engine's KV side channel (vLLM's NIXL, SGLang's bootstrap
+    /// server): every replica shares 127.0.0.1, so each needs its own port.
+    pub kv_side_channel: u16,
 }
 
 impl ReplicaPorts {
@@ -130,6 +133,7 @@ impl ReplicaPorts {
             sidecar_http: self.sidecar,
             sidecar_grpc: self.sidecar_grpc,
             sidecar_metrics: self.sidecar_metrics,
+            kv_side_channel: Some(self.kv_side_channel),
         }
     }
 }
@@ -281,20 +285,30 @@ impl Graph {
     /// The engine of one replica of `service`.
     pub fn engine_command(&self, service: &str, ports: ReplicaPorts) -> CommandSpec {
         let worker = &self.workers[service];
-        CommandSpec::from_argv(
-            worker.engine.engine_argv(&ports.addresses()),
-            worker.env.clone(),
-        )
+        let at = ports.addresses();
+        let mut env = worker.env.clone();
+        for (name, value) in worker.engine.engine_env(&at) {
+            if !env.iter().any(|(n, _)| n == name) {
+                let value = match value {
+                    EnvValue::Literal(value) => value,
+                    EnvValue::PodIp => at.sidecar_host.to_string(),
+                };
+                env.push((name.into(), value));
+            }
+        }
+        CommandSpec::from_argv(worker.engine.engine_argv(&at), env)
     }
 
     /// The sidecar of one replica of `service`, beside its engine. `kv_disk_dir` is the
     /// replica's own directory for a disk tier: `DYN_KVBM_DISK_CACHE_DIR` names a path in
-    /// a pod, and the replicas of one machine must not share one.
+    /// a pod, and the replicas of one machine must not share one. A decode sidecar takes
+    /// its prefill peers from the run's `endpoints_file` (its ready prefill replicas).
     pub fn sidecar_command(
         &self,
         service: &str,
         ports: ReplicaPorts,
         kv_disk_dir: &Path,
+        endpoints_file: &Path,
     ) -> CommandSpec {
         let worker = &self.workers[service];
         let hf_home = worker
@@ -303,7 +317,10 @@ impl Graph {
             .rev()
             .find(|(name, _)| name == HF_HOME)
             .map(|(_, value)| value.as_str());
-        let mut args = worker.engine.sidecar_args(&ports.addresses(), hf_home);
+        let peers = [PrefillPeers::File(endpoints_file.to_owned())];
+        let mut args = worker
+            .engine
+            .sidecar_args(&ports.addresses(), hf_home, &peers);
         if self.wiring.served_model.is_none() {
             args.extend(["--model-name".into(), self.model_name.clone()]);
         }
@@ -417,7 +434,10 @@ mod tests {
         sidecar: 41003,
         sidecar_grpc: 41004,
         sidecar_metrics: 41005,
+        kv_side_channel: 41007,
     };
+
+    const ENDPOINTS: &str = "/run/dynamo-run-1/endpoints.json";
 
     #[test]
     fn the_aggregated_mocker_sample_runs_two_mocker_replicas() {
@@ -441,7 +461,8 @@ mod tests {
             args.contains("--kv-events-endpoint tcp://127.0.0.1:41002"),
             "{args}"
         );
-        let sidecar = graph.sidecar_command("worker", PORTS, Path::new("/run/kv"));
+        let sidecar =
+            graph.sidecar_command("worker", PORTS, Path::new("/run/kv"), Path::new(ENDPOINTS));
         assert!(sidecar.dirs.is_empty(), "no disk tier, no directory");
         let sidecar = sidecar.args.join(" ");
         assert!(
@@ -471,7 +492,7 @@ mod tests {
             "{engine}"
         );
         let dir = Path::new("/run/dynamo-run-1/kv-disk/worker-0");
-        let sidecar = graph.sidecar_command("worker", PORTS, dir);
+        let sidecar = graph.sidecar_command("worker", PORTS, dir, Path::new(ENDPOINTS));
         assert!(
             sidecar.args.join(" ").ends_with(
                 "--kv-host-bytes 2000000000 --kv-disk-dir /run/dynamo-run-1/kv-disk/worker-0 \
@@ -501,7 +522,8 @@ mod tests {
             var("DYN_KVBM_OBJECT_ENDPOINT", "https://s3.example.com"),
         ]);
         let graph = Graph::from_dgd(&dgd, &options()).unwrap();
-        let sidecar = graph.sidecar_command("worker", PORTS, Path::new("/kv"));
+        let sidecar =
+            graph.sidecar_command("worker", PORTS, Path::new("/kv"), Path::new(ENDPOINTS));
         assert_eq!(
             sidecar.args[sidecar.args.len() - 4..],
             [
@@ -549,6 +571,52 @@ mod tests {
                 ("prefill", EngineRole::Prefill, 1)
             ]
         );
+    }
+
+    #[test]
+    fn disaggregated_mockers_lease_through_their_sidecars_and_decodes_know_their_peers() {
+        let graph = Graph::from_dgd(&sample("disagg-mocker.yaml"), &options()).unwrap();
+        for service in ["prefill", "decode"] {
+            let engine = graph.engine_command(service, PORTS).args.join(" ");
+            assert!(
+                engine.ends_with("--kv-blocks-url http://127.0.0.1:41004 --kv-offload none"),
+                "{service}: {engine}"
+            );
+        }
+        let sidecar = |service| {
+            graph
+                .sidecar_command(service, PORTS, Path::new("/kv"), Path::new(ENDPOINTS))
+                .args
+        };
+        let decode = sidecar("decode");
+        let at = decode.iter().position(|w| w == "--prefill-peers").unwrap();
+        assert_eq!(decode[at + 1], format!("file:{ENDPOINTS}"));
+        assert!(!sidecar("prefill").contains(&"--prefill-peers".to_string()));
+    }
+
+    #[test]
+    fn disaggregated_vllm_workers_get_a_side_channel_of_their_own() {
+        let graph = Graph::from_dgd(&sample("dynamo/vllm-disagg.yaml"), &options()).unwrap();
+        for service in ["VllmPrefillWorker", "VllmDecodeWorker"] {
+            let engine = graph.engine_command(service, PORTS);
+            let side_channel: Vec<_> = engine
+                .env
+                .iter()
+                .filter(|(name, _)| name.starts_with("VLLM_NIXL_SIDE_CHANNEL_"))
+                .map(|(n, v)| (n.as_str(), v.as_str()))
+                .collect();
+            assert_eq!(
+                side_channel,
+                [
+                    ("VLLM_NIXL_SIDE_CHANNEL_HOST", "127.0.0.1"),
+                    ("VLLM_NIXL_SIDE_CHANNEL_PORT", "41007")
+                ],
+                "{service}"
+            );
+        }
+        let agg = Graph::from_dgd(&sample("agg-vllm.yaml"), &options()).unwrap();
+        let env = agg.engine_command("VllmWorker", PORTS).env;
+        assert!(env.iter().all(|(n, _)| !n.starts_with("VLLM_NIXL")));
     }
 
     #[test]

@@ -11,10 +11,10 @@ use dynamo_crds::common::NameRule;
 use dynamo_crds::validate::validate_manifest_with;
 use dynamo_crds::{DynamoGraphDeploymentSpec, DynamoObject, Validated, ValidationError};
 
-use dynamo_crds::ServiceRole;
+use dynamo_crds::{EngineRole, ServiceRole};
 
 use super::labels;
-use crate::wiring::kvbm;
+use crate::wiring::{self, kvbm};
 
 /// Service names are compared case-insensitively (Dynamo uses `VllmDecodeWorker`); object
 /// names use the lower-cased form.
@@ -53,6 +53,12 @@ pub fn service(dgd: &str, service: &str) -> String {
     replica_base(dgd, service)
 }
 
+/// Headless Service of a prefill service's ready pods, which its graph's decode sidecars
+/// resolve to know their prefill peers.
+pub fn prefill_peers(dgd: &str, service: &str) -> String {
+    format!("{}-peers", replica_base(dgd, service))
+}
+
 /// Scaling adapter of one graph service.
 pub fn scaling_adapter(dgd: &str, service: &str) -> String {
     replica_base(dgd, service)
@@ -87,7 +93,8 @@ pub struct NameProblem {
 ///
 /// Checked: the graph label's value (the graph's name, on every object: at most 63), the
 /// Services (DNS-1035 labels: the EPP's `{dgd}-epp`, each engine's and frontend's
-/// `{dgd}-{service}`, each gang's headless `{dgd}-{service}-{replica}`), gang pod
+/// `{dgd}-{service}`, each gang's headless `{dgd}-{service}-{replica}`, each prefill
+/// service's headless `{dgd}-{service}-peers`), gang pod
 /// hostnames (`...-ldr`, `...-wkr-{rank}`, DNS-1123 labels), label values taken from the
 /// spec, and the labels and annotations copied onto generated objects. Names held only
 /// to the 253-character subdomain rule (pods without a hostname of their own, the EPP
@@ -163,6 +170,14 @@ pub fn problems(dgd: &str, spec: &DynamoGraphDeploymentSpec) -> Vec<NameProblem>
         // Gang names extend the Service's, and would only repeat its problem.
         if !matches!(kind, ServiceRole::Engine(_)) || found.0.len() > before {
             continue;
+        }
+        if wiring::engine_role(component) == Some(EngineRole::Prefill) {
+            found.check(
+                &path,
+                "the prefill peers' headless Service name",
+                NameRule::Dns1035Label,
+                &prefill_peers(dgd, service),
+            );
         }
         if let Some(sub) = &component.sub_component_type {
             found.check(
@@ -373,6 +388,33 @@ mod tests {
                     format!("the Service name \"ab-{long}\" is not a valid DNS-1035 label: it has 64 characters (at most 63 lower-case letters, digits and '-', starting with a letter and ending with a letter or digit)")
                 ),
             ]
+        );
+    }
+
+    #[test]
+    fn a_prefill_service_is_checked_for_its_peers_service_too() {
+        // g-{56}-peers has 64 characters; g-{56} itself fits.
+        let long = "p".repeat(56);
+        let graph = |service: Value| spec(json!({"services": {long.clone(): service}}));
+        let expected = vec![(
+            format!("spec.services.{long}"),
+            format!(
+                "the prefill peers' headless Service name \"g-{long}-peers\" is not a valid DNS-1035 label: it has 64 characters (at most 63 lower-case letters, digits and '-', starting with a letter and ending with a letter or digit)"
+            ),
+        )];
+        assert_eq!(
+            found("g", &graph(json!({"componentType": "prefill"}))),
+            expected
+        );
+        // Dynamo's vLLM wrapper says it with a flag.
+        let wrapper = json!({"extraPodSpec": {"mainContainer": {
+            "command": ["python3", "-m", "dynamo.vllm"],
+            "args": ["--model", "m", "--is-prefill-worker"]}}});
+        assert_eq!(found("g", &graph(wrapper)), expected);
+        // Other engines have none.
+        assert_eq!(
+            found("g", &graph(json!({"componentType": "decode"}))),
+            vec![]
         );
     }
 

@@ -23,9 +23,9 @@ use super::gang::DEFAULT_GPU_RESOURCE;
 use dynamo_crds::EngineRole;
 
 use super::graph::Graph;
-use super::{labels, names};
+use super::{labels, names, services};
 use crate::wiring::kvbm::{self, DiskTier};
-use crate::wiring::{Addresses, EngineService, HF_HOME, SIDECAR_BINARY};
+use crate::wiring::{Addresses, EngineService, EnvValue, HF_HOME, SIDECAR_BINARY};
 
 /// Sidecar inference port; Services and the InferencePool target it.
 pub const HTTP_PORT: i32 = Addresses::POD.sidecar_http as i32;
@@ -342,6 +342,17 @@ pub(crate) fn main_container(
     if engine.is_some() && !env.iter().any(|e| e.name == HF_HOME) {
         env.push(plain_env(HF_HOME, DEFAULT_HF_HOME));
     }
+    for (name, value) in engine
+        .map(|e| e.engine_env(&Addresses::POD))
+        .unwrap_or_default()
+    {
+        if !env.iter().any(|e| e.name == name) {
+            env.push(match value {
+                EnvValue::Literal(value) => plain_env(name, &value),
+                EnvValue::PodIp => field_env(name, "status.podIP"),
+            });
+        }
+    }
     main.env = (!env.is_empty()).then_some(env);
 
     if let Some(secret) = &spec.env_from_secret {
@@ -460,18 +471,6 @@ fn sidecar_container(
         container_port: number,
         ..ContainerPort::default()
     };
-    let field = |path: &str| EnvVarSource {
-        field_ref: Some(ObjectFieldSelector {
-            api_version: None,
-            field_path: path.into(),
-        }),
-        ..EnvVarSource::default()
-    };
-    let from_field = |name: &str, path: &str| EnvVar {
-        name: name.into(),
-        value: None,
-        value_from: Some(field(path)),
-    };
     let hf_home = main
         .env
         .iter()
@@ -479,7 +478,7 @@ fn sidecar_container(
         .find(|e| e.name == HF_HOME)
         .and_then(|e| e.value.as_deref());
     let mut command = vec![SIDECAR_BINARY.to_string()];
-    command.extend(engine.sidecar_args(&Addresses::POD, hf_home));
+    command.extend(engine.sidecar_args(&Addresses::POD, hf_home, &services::prefill_peers(g)));
     let mut mounts: Vec<VolumeMount> = main
         .volume_mounts
         .iter()
@@ -494,8 +493,8 @@ fn sidecar_container(
         plain_env("DYNAMO_GRAPH", g.name),
         plain_env("DYNAMO_COMPONENT", service),
         plain_env("DYNAMO_ROLE", engine.role.as_str()),
-        from_field("POD_NAME", "metadata.name"),
-        from_field("POD_IP", "status.podIP"),
+        field_env("POD_NAME", "metadata.name"),
+        field_env("POD_IP", "status.podIP"),
     ];
     let mut env_from = None;
     let mut requests = BTreeMap::from([
@@ -754,6 +753,21 @@ pub(crate) fn plain_env(name: &str, value: &str) -> EnvVar {
         name: name.into(),
         value: Some(value.into()),
         value_from: None,
+    }
+}
+
+/// A variable from a field of the pod (the downward API).
+fn field_env(name: &str, path: &str) -> EnvVar {
+    EnvVar {
+        name: name.into(),
+        value: None,
+        value_from: Some(EnvVarSource {
+            field_ref: Some(ObjectFieldSelector {
+                api_version: None,
+                field_path: path.into(),
+            }),
+            ..EnvVarSource::default()
+        }),
     }
 }
 

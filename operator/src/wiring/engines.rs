@@ -53,6 +53,29 @@ pub(super) fn replays_kv_events(backend: BackendFramework) -> bool {
     matches!(backend, BackendFramework::Vllm)
 }
 
+/// The port where a disaggregated engine's peers first reach it to set up a KV transfer,
+/// by default: vLLM NixlConnector's side channel (`VLLM_NIXL_SIDE_CHANNEL_PORT`, 5600,
+/// vllm/envs.py; each data-parallel rank listens on it plus its rank), SGLang's
+/// bootstrap server (`--disaggregation-bootstrap-port`, 8998,
+/// python/sglang/srt/server_args.py). The mock engine has none: its blocks move through
+/// the sidecars' block API.
+pub(super) fn kv_side_channel_port(backend: BackendFramework) -> Option<u16> {
+    match backend {
+        BackendFramework::Vllm => Some(5600),
+        BackendFramework::Sglang => Some(8998),
+        BackendFramework::Trtllm | BackendFramework::Mocker => None,
+    }
+}
+
+/// vLLM NixlConnector's side channel: the address it binds and hands to decode engines in
+/// `kv_transfer_params` (`remote_host`, `remote_port`); its host defaults to
+/// `localhost`, which no other pod reaches (vllm/envs.py,
+/// docs/features/nixl_connector_usage.md).
+pub(super) const VLLM_SIDE_CHANNEL_HOST: &str = "VLLM_NIXL_SIDE_CHANNEL_HOST";
+pub(super) const VLLM_SIDE_CHANNEL_PORT: &str = "VLLM_NIXL_SIDE_CHANNEL_PORT";
+/// SGLang's flag for its bootstrap server's port.
+pub(super) const SGLANG_BOOTSTRAP_PORT: &str = "--disaggregation-bootstrap-port";
+
 /// Flags the plan sets itself, so the user's are dropped: the engine's address and its KV
 /// event publisher are the pod's contract with the sidecar (`DESIGN.md`, "Pod anatomy").
 pub(super) fn owned_flags(backend: BackendFramework) -> &'static [(&'static str, Arity)] {

@@ -1,12 +1,14 @@
 //! The wiring plan: one pure place that turns a graph's services into what runs: each
-//! engine's command and flags per backend (address, KV event publisher, model, block
-//! size, disaggregation role), its sidecar's flags (with the KV block tiers its env asks
-//! for, `kvbm`), and the endpoint picker's flags.
+//! engine's command, flags and environment per backend (address, KV event publisher,
+//! model, block size, disaggregation role and KV side channel), its sidecar's flags (with
+//! the KV block tiers its env asks for, `kvbm`, and a decode pod's prefill peers), and the
+//! endpoint picker's flags.
 //!
 //! The operator's pods ([`crate::reconcile`]) and the local runner's processes
 //! ([`crate::local`]) are two renderings of it: they differ only in [`Addresses`] (the
-//! fixed pod ports of `DESIGN.md` "Pod anatomy" or free loopback ports) and in how the
-//! picker finds its pods and its model.
+//! fixed pod ports of `DESIGN.md` "Pod anatomy" or free loopback ports), in where decode
+//! sidecars find the prefill pods ([`PrefillPeers`]: a headless Service or the runner's
+//! endpoints file) and in how the picker finds its pods and its model.
 //!
 //! Engine commands are ours to write when the service runs a launcher we know (the
 //! engines' own servers, Dynamo's worker wrappers, the mock engine): Dynamo's wrappers
@@ -18,6 +20,7 @@ mod engines;
 pub mod kvbm;
 
 use std::collections::BTreeMap;
+use std::fmt;
 use std::net::{IpAddr, Ipv4Addr};
 use std::path::PathBuf;
 
@@ -40,6 +43,9 @@ pub struct Addresses {
     pub sidecar_http: u16,
     pub sidecar_grpc: u16,
     pub sidecar_metrics: u16,
+    /// Where a disaggregated engine's peers set up KV transfers with it (vLLM's NIXL
+    /// side channel, SGLang's bootstrap server); `None`: the engine's default port.
+    pub kv_side_channel: Option<u16>,
 }
 
 impl Addresses {
@@ -52,7 +58,14 @@ impl Addresses {
         sidecar_http: 8000,
         sidecar_grpc: 9100,
         sidecar_metrics: 9090,
+        kv_side_channel: None,
     };
+
+    /// The engine's KV side channel port here, if it has one.
+    fn kv_side_channel(&self, backend: BackendFramework) -> Option<u16> {
+        self.kv_side_channel
+            .or_else(|| engines::kv_side_channel_port(backend))
+    }
 }
 
 const LOOPBACK: &str = "127.0.0.1";
@@ -88,6 +101,34 @@ pub enum WiringError {
     BlockSizeMismatch(u32, u32),
     #[error(transparent)]
     Kvbm(#[from] KvbmError),
+}
+
+/// Where a decode pod's sidecar finds the prefill pods it may send a request's prefill
+/// to (one entry of its `--prefill-peers`; `DESIGN.md`, "Disaggregated request").
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum PrefillPeers {
+    /// Every address `name` resolves to, at `port`: a headless Service of prefill pods.
+    Dns { name: String, port: u16 },
+    /// The prefill entries of the local runner's endpoints file.
+    File(PathBuf),
+}
+
+impl fmt::Display for PrefillPeers {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            PrefillPeers::Dns { name, port } => write!(f, "dns:{name}:{port}"),
+            PrefillPeers::File(path) => write!(f, "file:{}", path.display()),
+        }
+    }
+}
+
+/// The value of a variable the plan sets in an engine's environment.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum EnvValue {
+    Literal(String),
+    /// The address other pods reach this one at: the pod's IP (the downward API's
+    /// `status.podIP`), loopback in a local run.
+    PodIp,
 }
 
 /// How an engine service's main container starts.
@@ -154,12 +195,7 @@ impl EngineService {
                 });
             }
         };
-        let dynamo_wrapper = command.iter().any(|w| w.starts_with("dynamo."));
-        let role = if dynamo_wrapper {
-            engines::dynamo_role(&user_args).unwrap_or(role)
-        } else {
-            role
-        };
+        let dynamo_wrapper = is_dynamo_wrapper(&command);
         let args = if dynamo_wrapper {
             engines::from_dynamo(backend, &user_args)
         } else {
@@ -262,10 +298,12 @@ impl EngineService {
                     format!("tcp://{LOOPBACK}:{}", at.kv_events),
                 ]);
                 // The mock engine offloads evicted blocks to its sidecar's tiers and
-                // onboards them back. Real engines would need a connector to the block
-                // API (vLLM's `kv_connector`), which does not exist yet: their sidecars
-                // hold only what a client offloads through the API.
-                if self.kvbm.is_some() {
+                // onboards them back; disaggregated, it lends its prompt blocks to its
+                // sidecar and takes fetched ones from it (leases). Real engines would
+                // need a connector to the block API (vLLM's `kv_connector`), which does
+                // not exist yet: their sidecars hold only what a client offloads through
+                // the API.
+                if self.kvbm.is_some() || self.role != EngineRole::Aggregated {
                     out.extend([
                         "--kv-blocks-url".into(),
                         format!("http://{LOOPBACK}:{}", at.sidecar_grpc),
@@ -286,32 +324,66 @@ impl EngineService {
             }
             BackendFramework::Trtllm => {}
         }
-        self.disaggregation_flags(&mut out);
+        self.disaggregation_flags(at, &mut out);
         out
     }
 
     /// The flags that make a prefill or decode worker one, unless the user set their own.
-    fn disaggregation_flags(&self, out: &mut Vec<String>) {
+    fn disaggregation_flags(&self, at: &Addresses, out: &mut Vec<String>) {
         if self.role == EngineRole::Aggregated {
             return;
         }
         match self.backend {
             // vLLM's NixlConnector moves the blocks itself; both sides are `kv_both`
-            // (vllm docs/features/nixl_connector_usage.md).
+            // (vllm docs/features/nixl_connector_usage.md). Its side channel is in the
+            // environment ([`Self::engine_env`]).
             BackendFramework::Vllm if !argv::has(out, "--kv-transfer-config") => out.extend([
                 "--kv-transfer-config".into(),
                 r#"{"kv_connector":"NixlConnector","kv_role":"kv_both"}"#.into(),
             ]),
-            BackendFramework::Sglang if !argv::has(out, "--disaggregation-mode") => {
-                out.extend(["--disaggregation-mode".into(), self.role.as_str().into()])
+            BackendFramework::Sglang => {
+                if !argv::has(out, "--disaggregation-mode") {
+                    out.extend(["--disaggregation-mode".into(), self.role.as_str().into()]);
+                }
+                if let Some(port) = at.kv_side_channel(self.backend)
+                    && !argv::has(out, engines::SGLANG_BOOTSTRAP_PORT)
+                {
+                    out.extend([engines::SGLANG_BOOTSTRAP_PORT.into(), port.to_string()]);
+                }
+            }
+            // Without tiers its sidecar only holds the leases: nothing to offload to.
+            BackendFramework::Mocker if self.kvbm.is_none() && !argv::has(out, "--kv-offload") => {
+                out.extend(["--kv-offload".into(), "none".into()])
             }
             _ => {}
         }
     }
 
+    /// Variables the engine needs in its environment at `at` (each unless the user set
+    /// it): a disaggregated vLLM's NIXL side channel, on an address decode pods reach.
+    pub fn engine_env(&self, at: &Addresses) -> Vec<(&'static str, EnvValue)> {
+        match (self.backend, at.kv_side_channel(self.backend)) {
+            (BackendFramework::Vllm, Some(port)) if self.role != EngineRole::Aggregated => vec![
+                (engines::VLLM_SIDE_CHANNEL_HOST, EnvValue::PodIp),
+                (
+                    engines::VLLM_SIDE_CHANNEL_PORT,
+                    EnvValue::Literal(port.to_string()),
+                ),
+            ],
+            _ => Vec::new(),
+        }
+    }
+
     /// The sidecar's flags, beside this engine at `at`; `hf_home` is the engine's
-    /// Hugging Face home, where the sidecar finds a downloaded model's files.
-    pub fn sidecar_args(&self, at: &Addresses, hf_home: Option<&str>) -> Vec<String> {
+    /// Hugging Face home, where the sidecar finds a downloaded model's files;
+    /// `prefill_peers` are the graph's prefill pods, which only a decode sidecar sends
+    /// requests to.
+    pub fn sidecar_args(
+        &self,
+        at: &Addresses,
+        hf_home: Option<&str>,
+        prefill_peers: &[PrefillPeers],
+    ) -> Vec<String> {
         let kv_events = match self.publishes_kv_events() {
             true => format!("tcp://{LOOPBACK}:{}", at.kv_events),
             false => "none".into(),
@@ -347,8 +419,31 @@ impl EngineService {
         if let Some(home) = hf_home {
             args.extend(["--hf-home".into(), home.into()]);
         }
+        if self.role == EngineRole::Decode && !prefill_peers.is_empty() {
+            let peers: Vec<String> = prefill_peers.iter().map(ToString::to_string).collect();
+            args.extend(["--prefill-peers".into(), peers.join(",")]);
+        }
         args
     }
+}
+
+/// An engine service's role: its `componentType` (or `subComponentType`), unless Dynamo's
+/// worker wrapper flags say otherwise (`--is-prefill-worker`); `None` for a service that
+/// is no engine.
+pub fn engine_role(spec: &ComponentSpec) -> Option<EngineRole> {
+    let ServiceRole::Engine(role) = spec.role() else {
+        return None;
+    };
+    let command = spec.main_command();
+    if spec.launched_backend().is_none() || !is_dynamo_wrapper(&command) {
+        return Some(role);
+    }
+    Some(engines::dynamo_role(&launcher_args(&command)).unwrap_or(role))
+}
+
+/// Whether a command runs one of Dynamo's worker wrappers (`python3 -m dynamo.vllm`).
+fn is_dynamo_wrapper(command: &[String]) -> bool {
+    command.iter().any(|w| w.starts_with("dynamo."))
 }
 
 /// The words after the launcher: after `-m MODULE` for a Python module, after `serve`
@@ -411,10 +506,7 @@ impl GraphWiring {
         let engine_services: Vec<_> = spec
             .services
             .iter()
-            .filter_map(|(name, s)| match s.role() {
-                ServiceRole::Engine(role) => Some((name, s, role)),
-                _ => None,
-            })
+            .filter_map(|(name, s)| Some((name, s, engine_role(s)?)))
             .collect();
         if engine_services.is_empty() {
             return Ok(None);

@@ -58,7 +58,7 @@ fn dynamos_vllm_workers_become_vllms_own_server_with_kv_events_and_nixl() {
     assert_eq!(prefill.engine_argv(&Addresses::POD), expected);
 
     let sidecar = prefill
-        .sidecar_args(&Addresses::POD, Some("/model-cache/huggingface"))
+        .sidecar_args(&Addresses::POD, Some("/model-cache/huggingface"), &[])
         .join(" ");
     assert_eq!(
         sidecar,
@@ -87,15 +87,17 @@ fn the_same_graph_on_the_mock_engine_keeps_its_model_name_and_drops_vllms_flags(
         sidecar_http: 41004,
         sidecar_grpc: 41005,
         sidecar_metrics: 41006,
+        kv_side_channel: Some(41007),
     };
     assert_eq!(
         wiring.engines["VllmPrefillWorker"].engine_argv(&local),
         words(
             "dynamo-mocker --model-path /models/model --model-name Qwen/Qwen3-0.6B \
-             --host 127.0.0.1 --port 41001 --kv-events-endpoint tcp://127.0.0.1:41002"
+             --host 127.0.0.1 --port 41001 --kv-events-endpoint tcp://127.0.0.1:41002 \
+             --kv-blocks-url http://127.0.0.1:41005 --kv-offload none"
         )
     );
-    let sidecar = wiring.engines["VllmPrefillWorker"].sidecar_args(&local, None);
+    let sidecar = wiring.engines["VllmPrefillWorker"].sidecar_args(&local, None, &[]);
     assert!(
         sidecar.join(" ").ends_with(
             "--engine-kv-replay none --block-size 64 --model-name Qwen/Qwen3-0.6B \
@@ -136,7 +138,13 @@ fn sglang_and_trtllm_workers_keep_their_own_flags_and_lose_dynamos() {
     );
     assert_eq!(argv[19], "--kv-events-config");
     assert!(!argv[20].contains("replay"), "SGLang answers no replays");
-    assert_eq!((argv.len(), engine.block_size), (21, 16));
+    assert_eq!(
+        argv[21..],
+        words("--disaggregation-bootstrap-port 8998")[..],
+        "its bootstrap server on SGLang's default port"
+    );
+    assert_eq!(engine.block_size, 16);
+    assert!(engine.engine_env(&Addresses::POD).is_empty());
 
     let trtllm = wire(
         "services:
@@ -160,7 +168,7 @@ fn sglang_and_trtllm_workers_keep_their_own_flags_and_lose_dynamos() {
     assert_eq!(engine.block_size, 32);
     assert!(
         engine
-            .sidecar_args(&Addresses::POD, None)
+            .sidecar_args(&Addresses::POD, None, &[])
             .join(" ")
             .contains("--engine-kv-events none")
     );
@@ -299,4 +307,145 @@ services:
             .engine_argv(&at)
             .contains(&"--kv-blocks-url".to_string())
     );
+}
+
+/// A disaggregated graph on the mock engine, with an aggregated worker beside it and
+/// `prefill_env` as its prefill service's env.
+fn mocker_disagg(prefill_env: &str) -> GraphWiring {
+    wire(&format!(
+        "
+backendFramework: mocker
+services:
+  prefill: {{componentType: prefill, envs: {prefill_env}}}
+  decode:
+    componentType: decode
+    extraPodSpec: {{mainContainer: {{command: [dynamo-mocker, --kv-offload, all]}}}}
+  worker: {{componentType: worker}}
+"
+    ))
+    .unwrap()
+    .unwrap()
+}
+
+#[test]
+fn disaggregated_mock_engines_lease_through_their_sidecar_and_offload_only_to_tiers() {
+    let wiring = mocker_disagg("[]");
+    let argv = |service: &str| {
+        wiring.engines[service]
+            .engine_argv(&Addresses::POD)
+            .join(" ")
+    };
+    assert!(
+        argv("prefill").ends_with("--kv-blocks-url http://127.0.0.1:9100 --kv-offload none"),
+        "{}",
+        argv("prefill")
+    );
+    // The user's own choice stays.
+    let decode = argv("decode");
+    assert!(
+        decode.contains("--kv-offload all") && !decode.contains("--kv-offload none"),
+        "{decode}"
+    );
+    assert!(
+        decode.ends_with("--kv-blocks-url http://127.0.0.1:9100"),
+        "{decode}"
+    );
+    let worker = argv("worker");
+    assert!(
+        !worker.contains("--kv-blocks-url") && !worker.contains("--kv-offload"),
+        "{worker}"
+    );
+    // With tiers the engine offloads to them as an aggregated one does.
+    let tiered = mocker_disagg("[{name: DYN_KVBM_CPU_CACHE_GB, value: '1'}]");
+    let prefill = tiered.engines["prefill"]
+        .engine_argv(&Addresses::POD)
+        .join(" ");
+    assert!(
+        prefill.ends_with("--kv-blocks-url http://127.0.0.1:9100"),
+        "{prefill}"
+    );
+}
+
+#[test]
+fn only_decode_sidecars_get_the_prefill_peers() {
+    let wiring = mocker_disagg("[]");
+    let peers = [
+        PrefillPeers::Dns {
+            name: "g-prefill-peers.ns.svc.cluster.local".into(),
+            port: 8000,
+        },
+        PrefillPeers::File("/run/endpoints.json".into()),
+    ];
+    let args = |service: &str| wiring.engines[service].sidecar_args(&Addresses::POD, None, &peers);
+    let decode = args("decode");
+    assert_eq!(
+        decode[decode.len() - 2..],
+        [
+            "--prefill-peers",
+            "dns:g-prefill-peers.ns.svc.cluster.local:8000,file:/run/endpoints.json"
+        ]
+    );
+    for service in ["prefill", "worker"] {
+        assert!(
+            !args(service).contains(&"--prefill-peers".to_string()),
+            "{service}"
+        );
+    }
+    // No prefill service, no flag: the sidecar then refuses every prefiller header.
+    assert!(
+        !wiring.engines["decode"]
+            .sidecar_args(&Addresses::POD, None, &[])
+            .contains(&"--prefill-peers".to_string())
+    );
+}
+
+#[test]
+fn disaggregated_vllm_gets_nixls_side_channel_on_the_pod_ip_unless_the_user_set_it() {
+    let wiring = wire(DYNAMO_DISAGG).unwrap().unwrap();
+    let expected = [
+        ("VLLM_NIXL_SIDE_CHANNEL_HOST", EnvValue::PodIp),
+        (
+            "VLLM_NIXL_SIDE_CHANNEL_PORT",
+            EnvValue::Literal("5600".into()),
+        ),
+    ];
+    for service in ["VllmPrefillWorker", "VllmDecodeWorker"] {
+        assert_eq!(
+            wiring.engines[service].engine_env(&Addresses::POD),
+            expected,
+            "{service}"
+        );
+    }
+    let local = Addresses {
+        kv_side_channel: Some(41007),
+        ..Addresses::POD
+    };
+    assert_eq!(
+        wiring.engines["VllmDecodeWorker"].engine_env(&local)[1],
+        (
+            "VLLM_NIXL_SIDE_CHANNEL_PORT",
+            EnvValue::Literal("41007".into())
+        )
+    );
+    let agg = wire(
+        "backendFramework: vllm\nservices: {w: {extraPodSpec: {mainContainer: {command: [vllm, serve, m]}}}}",
+    )
+    .unwrap()
+    .unwrap();
+    assert!(agg.engines["w"].engine_env(&Addresses::POD).is_empty());
+}
+
+#[test]
+fn dynamos_wrapper_flags_decide_an_engines_role() {
+    let spec = |yaml: &str| -> ComponentSpec { serde_saphyr::from_str(yaml).unwrap() };
+    let prefill = spec(
+        "{extraPodSpec: {mainContainer: {command: [python3, -m, dynamo.vllm, --model, m, --is-prefill-worker]}}}",
+    );
+    assert_eq!(engine_role(&prefill), Some(EngineRole::Prefill));
+    // Only Dynamo's wrappers take the flag.
+    let own = spec(
+        "{componentType: decode, extraPodSpec: {mainContainer: {command: [vllm, serve, m, --is-prefill-worker]}}}",
+    );
+    assert_eq!(engine_role(&own), Some(EngineRole::Decode));
+    assert_eq!(engine_role(&spec("componentType: epp")), None);
 }

@@ -168,7 +168,7 @@ impl Hop {
             Err(Failed::Fallback(outcome, why)) => {
                 tracing::warn!(prefill = %target, %why, "prefill hop failed; prefilling here");
                 Decode {
-                    body: bytes,
+                    body: with_none(&client),
                     outcome,
                     transfer: None,
                     lease: None,
@@ -289,6 +289,15 @@ impl Hop {
                 lease: None,
             };
         }
+        if params.remote_block_ids.as_ref().is_some_and(Vec::is_empty) {
+            // A prompt shorter than a block: nothing to move, the engine computes it.
+            return Decode {
+                body: with_none(client),
+                outcome: HopOutcome::Remote,
+                transfer: None,
+                lease: None,
+            };
+        }
         let started = Instant::now();
         match self.fetch(target, &params).await {
             Ok((local, hashes)) => {
@@ -315,7 +324,7 @@ impl Hop {
             Err(why) => {
                 tracing::warn!(prefill = %target, %why, "KV transfer failed; prefilling here");
                 Decode {
-                    body: Bytes::from(serde_json::to_vec(client).expect("JSON serializes")),
+                    body: with_none(client),
                     outcome: HopOutcome::FallbackTransferFailed,
                     transfer: None,
                     lease: None,
@@ -339,7 +348,7 @@ impl Hop {
         ) else {
             return Err("the prefill's kv_transfer_params name no lease".into());
         };
-        if ids.is_empty() || ids.len() > MAX_BLOCKS {
+        if ids.len() > MAX_BLOCKS {
             return Err(format!("{} blocks to fetch", ids.len()));
         }
         let hashes: Vec<SeqHash> = ids.iter().copied().map(SeqHash).collect();
@@ -398,6 +407,14 @@ impl Hop {
         }
         response
     }
+}
+
+/// The client's body as it came (without transfer parameters of its own: a client
+/// cannot hand the engine a lease).
+fn with_none(client: &Map<String, Value>) -> Bytes {
+    let mut body = client.clone();
+    body.remove("kv_transfer_params");
+    Bytes::from(serde_json::to_vec(&body).expect("JSON serializes"))
 }
 
 /// A prefill pod reached over loopback (the local runner) keeps its loopback address;

@@ -1,0 +1,222 @@
+//! Disaggregated serving end to end (`DESIGN.md`, "Disaggregated request"): `dynamo run`
+//! starts `config/samples/disagg-mocker.yaml` (prefill and decode mocker workers, their
+//! sidecars, the picker) as real processes. Requests are prefilled on the prefill pod,
+//! their KV blocks move between the two sidecars over gRPC, and the decode pod answers;
+//! a killed prefill engine degrades to local prefill with the same answer, scaling
+//! either side works under traffic, and no lease is left behind.
+
+mod support;
+
+use std::time::Duration;
+
+use rustix::process::Signal;
+use serde_json::{Value, json};
+use support::{LocalGraph, get_text, metric_sum, signal};
+
+/// A prompt of about `words` tokens, different for each `id`.
+fn prompt(id: usize, words: usize) -> String {
+    (0..words)
+        .map(|i| format!("w{}", (i * 7 + id * 13) % 97))
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+/// A whole completion: its text and finish reason.
+async fn complete(graph: &LocalGraph, id: usize) -> (String, String) {
+    let response = reqwest::Client::new()
+        .post(graph.url("/v1/completions"))
+        .json(
+            &json!({"model": graph.model, "prompt": prompt(id, 300), "max_tokens": 12,
+                      "seed": id, "ignore_eos": true}),
+        )
+        .send()
+        .await
+        .unwrap();
+    let status = response.status();
+    let body: Value = response.json().await.unwrap();
+    assert!(
+        status.is_success(),
+        "{status}: {body}\n{}",
+        graph.log_text()
+    );
+    let choice = &body["choices"][0];
+    (
+        choice["text"].as_str().unwrap().to_owned(),
+        choice["finish_reason"].as_str().unwrap().to_owned(),
+    )
+}
+
+async fn picker_hops(graph: &LocalGraph, outcome: &str) -> f64 {
+    let text = get_text(&graph.url("/metrics")).await;
+    metric_sum(
+        &text,
+        "dynamo_epp_prefill_hops_total",
+        &[("outcome", outcome)],
+    )
+}
+
+/// The sum of `name` over the sidecars of `service`'s replicas; `None` while one of
+/// them does not answer (a killed one the runner is restarting).
+async fn sidecars_sum(
+    graph: &LocalGraph,
+    service: &str,
+    name: &str,
+    filter: &[(&str, &str)],
+) -> Option<f64> {
+    let mut sum = 0.0;
+    for replica in graph.graph().await["services"][service].as_array()? {
+        let url = replica["sidecar_metrics"].as_str()?;
+        let text = reqwest::get(url).await.ok()?.text().await.ok()?;
+        sum += metric_sum(&text, name, filter);
+    }
+    Some(sum)
+}
+
+/// Waits until every sidecar of the graph answers and none holds a lease.
+async fn no_lease_left(graph: &LocalGraph) {
+    for _ in 0..300 {
+        let prefill = sidecars_sum(graph, "prefill", "dynamo_sidecar_kv_leases", &[]).await;
+        let decode = sidecars_sum(graph, "decode", "dynamo_sidecar_kv_leases", &[]).await;
+        if prefill == Some(0.0) && decode == Some(0.0) {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("leases left on the sidecars\n{}", graph.log_text());
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn prefill_on_one_pod_decode_on_another_and_the_same_answer_without_it() {
+    let graph = LocalGraph::start("disagg-mocker.yaml", &[]).await;
+    let mut answers = Vec::new();
+    for id in 0..6 {
+        let (text, finish) = complete(&graph, id).await;
+        assert_eq!(finish, "length");
+        answers.push(text);
+    }
+    assert_eq!(
+        picker_hops(&graph, "remote").await,
+        6.0,
+        "{}",
+        graph.log_text()
+    );
+    let fetched = [("how", "fetched")];
+    let ended = "dynamo_sidecar_kv_leases_ended_total";
+    let prefill_fetched = sidecars_sum(&graph, "prefill", ended, &fetched).await;
+    assert_eq!(prefill_fetched, Some(6.0));
+    let decode_fetched = sidecars_sum(&graph, "decode", ended, &fetched).await;
+    assert_eq!(decode_fetched, Some(6.0));
+    let moved = sidecars_sum(
+        &graph,
+        "decode",
+        "dynamo_sidecar_kv_transfer_blocks_total",
+        &[],
+    )
+    .await
+    .unwrap();
+    assert!(moved >= 6.0, "{moved} blocks moved");
+    no_lease_left(&graph).await;
+
+    // The prefill engine dies: its sidecar answers 503, the decode pods prefill.
+    let pid = graph.graph().await["services"]["prefill"][0]["engine_pid"]
+        .as_u64()
+        .expect("the prefill engine runs");
+    signal(pid, Signal::KILL);
+    for (id, before) in answers.iter().enumerate() {
+        let (text, _) = complete(&graph, id).await;
+        assert_eq!(
+            &text, before,
+            "request {id}: the same answer, prefilled locally"
+        );
+    }
+    let fallbacks = picker_hops(&graph, "fallback_prefill_failed").await
+        + picker_hops(&graph, "fallback_timeout").await;
+    // The runner restarts the engine; requests after that go remote again.
+    assert!(fallbacks >= 1.0, "no fallback seen\n{}", graph.log_text());
+    no_lease_left(&graph).await;
+}
+
+/// Sends `n` small requests one after another; returns how many failed.
+fn steady_load(graph: &LocalGraph, n: usize) -> tokio::task::JoinHandle<usize> {
+    let (url, model) = (graph.url("/v1/completions"), graph.model.clone());
+    tokio::spawn(async move {
+        let client = reqwest::Client::new();
+        let mut failed = 0;
+        for id in 0..n {
+            let body = json!({"model": model, "prompt": prompt(id, 200), "max_tokens": 4});
+            let ok = client
+                .post(&url)
+                .json(&body)
+                .send()
+                .await
+                .is_ok_and(|r| r.status().is_success());
+            failed += usize::from(!ok);
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        failed
+    })
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_prefill_pod_killed_under_load_fails_no_request() {
+    let graph = LocalGraph::start("disagg-mocker.yaml", &[]).await;
+    let load = steady_load(&graph, 60);
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    // The whole prefill pod: its sidecar, which serves the leases and the prefill leg.
+    let pid = graph.graph().await["services"]["prefill"][0]["sidecar_pid"]
+        .as_u64()
+        .expect("the prefill sidecar runs");
+    signal(pid, Signal::KILL);
+    assert_eq!(
+        load.await.unwrap(),
+        0,
+        "requests failed\n{}",
+        graph.log_text()
+    );
+    assert!(picker_hops(&graph, "remote").await > 0.0);
+    no_lease_left(&graph).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn prefill_and_decode_scale_separately_under_traffic() {
+    let graph = LocalGraph::start("disagg-mocker.yaml", &[]).await;
+    let load = steady_load(&graph, 60);
+    let scale = |service: &'static str, replicas: u32| {
+        let url = graph.admin("/scale");
+        async move {
+            let response = reqwest::Client::new()
+                .post(url)
+                .json(&json!({"service": service, "replicas": replicas}))
+                .send()
+                .await
+                .unwrap();
+            assert!(response.status().is_success(), "scale {service}");
+        }
+    };
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    scale("prefill", 2).await;
+    scale("decode", 1).await;
+    assert_eq!(load.await.unwrap(), 0, "requests failed while scaling");
+    // The new prefill replica is a member its decode peers accept.
+    for id in 100..110 {
+        complete(&graph, id).await;
+    }
+    let refused = picker_hops(&graph, "refused").await;
+    assert_eq!(
+        refused,
+        0.0,
+        "a prefill replica was refused\n{}",
+        graph.log_text()
+    );
+    let served = sidecars_sum(
+        &graph,
+        "prefill",
+        "dynamo_sidecar_kv_leases_lent_total",
+        &[],
+    )
+    .await
+    .unwrap();
+    assert!(served > 0.0);
+    assert_eq!(graph.engines("prefill").await.len(), 2);
+    no_lease_left(&graph).await;
+}

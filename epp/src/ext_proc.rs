@@ -10,7 +10,7 @@
 //! - it answers the headers phase with header `x-gateway-destination-endpoint: ip:port`
 //!   and the same value in dynamic metadata under `envoy.lb`, removes a client's
 //!   `x-prefiller-host-port` (only the picker names a prefill pod), then hands the body
-//!   back unchanged;
+//!   back unchanged but for a client's own `kv_transfer_params`, which it drops;
 //! - it honours the subset hint: `x-gateway-destination-endpoint-subset` (a list of
 //!   `ip:port`) under the `envoy.lb.subset_hint` namespace of the request's
 //!   `metadata_context`; an empty subset or one with no known pod gets a 503;
@@ -317,6 +317,11 @@ impl Session {
         };
         let destination = assignment.address.to_string();
         let mut set_headers = vec![set_header(DESTINATION_KEY, &destination)];
+        let sent = request::without_transfer_params(body.clone());
+        if sent.len() != body.len() {
+            set_headers.push(set_header("content-length", &sent.len().to_string()));
+        }
+        let body = sent;
         if let Some(prefill) = assignment.prefill {
             set_headers.push(set_header(PREFILLER_HEADER, &prefill.to_string()));
         }

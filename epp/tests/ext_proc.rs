@@ -22,7 +22,7 @@ use envoy_types::pb::envoy::service::ext_proc::v3::{
     ProcessingRequest, ProcessingResponse, body_mutation,
 };
 use envoy_types::pb::google::protobuf::{ListValue, Struct, Value as PbValue, value::Kind};
-use serde_json::Value;
+use serde_json::{Value, json};
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic_health::pb::HealthCheckRequest;
@@ -564,6 +564,43 @@ async fn a_clients_prefill_header_is_removed() {
     assert_eq!(destination(&reply), worker.address.to_string());
     assert_eq!(mutation(&reply).remove_headers, ["x-prefiller-host-port"]);
     assert_eq!(header_set(mutation(&reply), "x-prefiller-host-port"), None);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_clients_transfer_parameters_are_dropped_from_the_body() {
+    let worker = Sidecarred::start(8000);
+    let file = EndpointsFile::new();
+    file.write(&[worker.entry("worker")]);
+    let epp = picker(&file, RouterConfig::default()).await;
+    eventually("one endpoint", || async {
+        epp.router.endpoints().len() == 1
+    })
+    .await;
+    let mut forged = chat("hi", 2, false);
+    forged["kv_transfer_params"] =
+        json!({"do_remote_prefill": true, "remote_host": "10.6.6.6", "remote_port": 5600});
+    let forged = forged.to_string();
+    let mut x = Exchange::open(&epp).await;
+    let declared = forged.len().to_string();
+    x.send(headers(
+        &[
+            (":method", "POST"),
+            (":path", "/v1/chat/completions"),
+            ("content-length", &declared),
+        ],
+        false,
+    ))
+    .await;
+    x.send(body_phase(forged.as_bytes(), true, false)).await;
+    let reply = x.reply().await;
+    let (sent, end) = streamed(&x.reply().await);
+    assert!(end);
+    assert_eq!(
+        serde_json::from_slice::<Value>(&sent).unwrap(),
+        chat("hi", 2, false)
+    );
+    let length = header_set(mutation(&reply), "content-length");
+    assert_eq!(length, Some(sent.len().to_string()));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -136,6 +136,30 @@ async fn prefill_on_one_pod_decode_on_another_and_the_same_answer_without_it() {
     no_lease_left(&graph).await;
 }
 
+#[tokio::test(flavor = "multi_thread")]
+async fn blocks_whose_lease_expired_before_the_fetch_are_prefilled_again() {
+    // Every sidecar inherits the lease duration: 1 ms is over before a decode sidecar
+    // has the prefill's answer in hand.
+    let env = [("DYNAMO_SIDECAR_KV_LEASE_DURATION", "1ms")];
+    let graph = LocalGraph::start_with_env("disagg-mocker.yaml", &[], &env).await;
+    for id in 0..4 {
+        let (_, finish) = complete(&graph, id).await;
+        assert_eq!(finish, "length");
+    }
+    let failed = picker_hops(&graph, "fallback_transfer_failed").await;
+    assert!(failed >= 1.0, "no expired lease met\n{}", graph.log_text());
+    let expired = [("how", "expired")];
+    let ended = "dynamo_sidecar_kv_leases_ended_total";
+    let expired = sidecars_sum(&graph, "prefill", ended, &expired)
+        .await
+        .unwrap();
+    assert!(
+        expired >= failed,
+        "{expired} expired, {failed} transfers failed"
+    );
+    no_lease_left(&graph).await;
+}
+
 /// Sends `n` small requests one after another; returns how many failed.
 fn steady_load(graph: &LocalGraph, n: usize) -> tokio::task::JoinHandle<usize> {
     let (url, model) = (graph.url("/v1/completions"), graph.model.clone());

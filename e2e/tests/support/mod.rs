@@ -47,6 +47,12 @@ impl LocalGraph {
     /// Runs `graph` (a file under `e2e/tests/graphs/` or `config/samples/`) with extra
     /// `dynamo run` arguments and waits until its frontend is healthy.
     pub async fn start(graph: &str, extra: &[&str]) -> Self {
+        Self::start_with_env(graph, extra, &[]).await
+    }
+
+    /// [`Self::start`] with variables in the environment of `dynamo run`, which every
+    /// process it starts inherits (e.g. a sidecar flag's `DYNAMO_SIDECAR_*` twin).
+    pub async fn start_with_env(graph: &str, extra: &[&str], env: &[(&str, &str)]) -> Self {
         let bin = bin_dir();
         let dynamo = bin.join("dynamo");
         assert!(
@@ -68,6 +74,7 @@ impl LocalGraph {
             .args(["--grace", "5"])
             .args(extra)
             .env("RUST_LOG", "info")
+            .envs(env.iter().copied())
             .stdin(Stdio::null())
             .stdout(out.try_clone().unwrap())
             .stderr(out)

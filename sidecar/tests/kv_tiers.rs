@@ -416,7 +416,9 @@ async fn an_engine_offloading_faster_than_the_disk_absorbs_is_never_held_up() {
         "reason=\"disk_busy\"",
     )
     .await;
-    assert!(busy > 0.0, "a full write buffer drops instead of waiting");
+    // How many find the buffer full depends on how fast this disk is; that a full one
+    // drops rather than waits is the store's unit test
+    // (`a_burst_past_the_write_buffer_is_dropped_without_waiting_for_the_disk`).
     let written = 64.0 - busy;
     eventually("the writes in flight land", || async {
         metric(&sidecar, "kvbm_offload_blocks_d2d_total", "").await == written

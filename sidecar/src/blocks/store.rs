@@ -630,3 +630,63 @@ impl OffloadCounts {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use bytes::Bytes;
+    use dynamo_kvblocks::Layout;
+    use dynamo_kvblocks::placement::TierLimits;
+    use dynamo_kvstream::HubConfig;
+
+    const KIB_64: usize = 64 << 10;
+
+    fn block(i: u64) -> Block {
+        let layout = Layout {
+            block_bytes: KIB_64 as u64,
+            block_size: 16,
+            layers: 1,
+            dtype: "bfloat16".into(),
+        };
+        let parent = i.checked_sub(1).map(|p| SeqHash(p + 1));
+        let payload = Bytes::from(vec![i as u8; KIB_64]);
+        Block::new(SeqHash(i + 1), parent, 16, layout, payload)
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_burst_past_the_write_buffer_is_dropped_without_waiting_for_the_disk() {
+        let dir = tempfile::tempdir().unwrap();
+        let disk = DiskTier::open(dir.path(), 1 << 20).unwrap();
+        let placement = PlacementConfig {
+            host: None,
+            disk: Some(TierLimits {
+                capacity_bytes: 64 << 20,
+                min_reuse: 2,
+            }),
+            object: None,
+        };
+        let metrics = Arc::new(BlockMetrics::default());
+        let hub = KvEventHub::new(HubConfig::default());
+        // Room for four 64 KiB writes (and their record headers) in flight.
+        let buffer = 4 * (KIB_64 as u64 + SLOT_UNIT);
+        let store = BlockStore::open(placement, Some(disk), None, buffer, hub, metrics.clone());
+        // No await between offloads: on this one thread no write can finish and give its
+        // room back, so exactly the buffer's worth is written and the rest dropped.
+        for i in 0..16 {
+            store.offload_verified(block(i));
+        }
+        let busy = metrics.dropped.get_or_create(&[("reason", "disk_busy")]);
+        assert_eq!(busy.get(), 12);
+        for _ in 0..1000 {
+            if metrics.offload_d2d.get() == 4 {
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+        assert_eq!(metrics.offload_d2d.get(), 4, "the writes in flight land");
+        for i in 0..16 {
+            let back = store.onboard(SeqHash(i + 1)).await;
+            assert_eq!(back.is_some(), i < 4, "block {i}");
+        }
+    }
+}

@@ -3,9 +3,10 @@
 //! anywhere a client names (SSRF; llm-d's sidecar keys its list on the IP alone,
 //! llm-d-router#979: ours keys on IP and port).
 //!
-//! Members are re-read when the cached set is older than [`MAX_AGE`], and at once (at
-//! most every [`MIN_REFRESH`]) when a request names an address not in it, so a prefill
-//! pod that just scaled up is accepted on its first request.
+//! Members are re-read when the cached set is older than [`MAX_AGE`], and (at most every
+//! [`MIN_REFRESH`]) when a request names an address not in it, so a prefill pod that
+//! just scaled up is accepted on its first request; one that left is refused at most
+//! [`MAX_AGE`] later.
 
 use std::collections::HashSet;
 use std::net::SocketAddr;
@@ -17,9 +18,9 @@ use tokio::sync::Mutex;
 
 /// Oldest a member set is used.
 const MAX_AGE: Duration = Duration::from_secs(10);
-/// Closest two refreshes for an unknown address come: a client naming strangers cannot
-/// make the sidecar resolve on every request.
-const MIN_REFRESH: Duration = Duration::from_secs(1);
+/// Closest two refreshes come: a client naming strangers cannot make the sidecar
+/// resolve on every request.
+const MIN_REFRESH: Duration = Duration::from_millis(250);
 /// The local runner's role name for prefill replicas.
 const PREFILL_ROLE: &str = "prefill";
 
@@ -91,20 +92,33 @@ impl PrefillPeers {
         Ok(Self::new(sources))
     }
 
-    /// Whether `addr` is a prefill member now.
+    /// Whether `addr` is a prefill member now. An address not in the set waits for the
+    /// next refresh the rate limit allows (at most [`MIN_REFRESH`]), so a prefill pod the
+    /// picker learnt of a moment before this sidecar did is not refused.
     pub async fn allows(&self, addr: SocketAddr) -> bool {
         if self.sources.is_empty() {
             return false;
         }
-        let mut cache = self.cache.lock().await;
-        let age = cache.refreshed.map(|at| at.elapsed());
-        let stale = age.is_none_or(|age| age > MAX_AGE);
-        let retry = age.is_none_or(|age| age > MIN_REFRESH) && !cache.members.contains(&addr);
-        if stale || retry {
-            cache.members = self.resolve().await;
-            cache.refreshed = Some(Instant::now());
+        loop {
+            let mut cache = self.cache.lock().await;
+            let age = cache.refreshed.map(|at| at.elapsed());
+            let known = cache.members.contains(&addr);
+            let stale = age.is_none_or(|age| age > MAX_AGE);
+            if known && !stale {
+                return true;
+            }
+            match age {
+                Some(age) if !stale && age < MIN_REFRESH => {
+                    drop(cache);
+                    tokio::time::sleep(MIN_REFRESH - age).await;
+                }
+                _ => {
+                    cache.members = self.resolve().await;
+                    cache.refreshed = Some(Instant::now());
+                    return cache.members.contains(&addr);
+                }
+            }
         }
-        cache.members.contains(&addr)
     }
 
     async fn resolve(&self) -> HashSet<SocketAddr> {
@@ -212,10 +226,9 @@ mod tests {
         let peers = PrefillPeers::new(vec![PeerSource::File(path.clone())]);
         assert!(peers.allows(addr("127.0.0.1:18000")).await);
         assert!(!peers.allows(addr("127.0.0.1:18001")).await, "decode");
+        // Added right after a refresh: the miss waits for the next one allowed.
         file.endpoints.push(entry("127.0.0.1:18002", "prefill"));
         file.write(&path).unwrap();
-        // A miss re-reads at most once a second.
-        tokio::time::sleep(MIN_REFRESH + Duration::from_millis(50)).await;
         assert!(peers.allows(addr("127.0.0.1:18002")).await);
     }
 }

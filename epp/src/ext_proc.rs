@@ -311,7 +311,10 @@ impl Session {
             }
         }
         route.subset = self.subset.clone();
-        let assignment = match self.shared.router.route(route).await {
+        let queued = self.shared.metrics.queued(self.shared.model.name());
+        let routed = self.shared.router.route(route).await;
+        drop(queued);
+        let assignment = match routed {
             Ok(a) => a,
             Err(e) => return (vec![self.refuse(route_error(e))], true),
         };

@@ -260,11 +260,13 @@ impl Frontend {
         let mut attempt = 0;
         loop {
             attempt += 1;
+            let queued = self.metrics.queued(self.model.name());
             let assignment = self
                 .router
                 .route(route.clone())
                 .await
                 .map_err(route_error)?;
+            drop(queued);
             let address = assignment.address;
             let failure = match self.attempt(api, headers, &body, &assignment).await {
                 Ok(answer) => {

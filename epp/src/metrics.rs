@@ -51,12 +51,24 @@ fn tokens() -> Histogram {
     Histogram::new(TOKEN_BUCKETS)
 }
 
+/// A request waiting for a pod, until dropped.
+pub struct Queued(Gauge);
+
+impl Drop for Queued {
+    fn drop(&mut self) {
+        self.0.dec();
+    }
+}
+
 /// Every metric of the process, cheap to clone into tasks.
 pub struct Metrics {
     registry: Registry,
     // Frontend, per model.
     pub requests: Family<Labels, Counter>,
     pub inflight: Family<Labels, Gauge>,
+    /// Requests accepted and waiting for a pod (the router's queue when every pod is
+    /// saturated), per model.
+    pub queued: Family<Labels, Gauge>,
     pub ttft: Histograms,
     pub itl: Histograms,
     pub isl: Histograms,
@@ -108,11 +120,22 @@ impl Metrics {
         }
     }
 
+    /// Counts a request of `model` as queued until the returned guard is dropped.
+    pub fn queued(&self, model: &str) -> Queued {
+        let gauge = self
+            .queued
+            .get_or_create(&vec![("model", model.to_owned())])
+            .clone();
+        gauge.inc();
+        Queued(gauge)
+    }
+
     pub fn new() -> Self {
         let mut r = Registry::default();
         let m = Self {
             requests: Family::default(),
             inflight: Family::default(),
+            queued: Family::default(),
             ttft: Family::new_with_constructor(latency),
             itl: Family::new_with_constructor(itl),
             isl: Family::new_with_constructor(tokens),
@@ -149,6 +172,11 @@ impl Metrics {
             "dynamo_frontend_inflight_requests",
             "Requests being served",
             m.inflight.clone(),
+        );
+        r.register(
+            "dynamo_frontend_queued_requests",
+            "Requests accepted and waiting for a pod",
+            m.queued.clone(),
         );
         r.register(
             "dynamo_frontend_time_to_first_token_seconds",
@@ -284,6 +312,17 @@ impl Metrics {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_request_is_queued_until_its_guard_drops() {
+        let m = Metrics::new();
+        let line = |n: u32| format!("dynamo_frontend_queued_requests{{model=\"m\"}} {n}");
+        let (a, b) = (m.queued("m"), m.queued("m"));
+        assert!(m.encode().contains(&line(2)));
+        drop(a);
+        drop(b);
+        assert!(m.encode().contains(&line(0)));
+    }
 
     #[test]
     fn a_decode_pods_hop_report_is_counted_and_others_are_not() {

@@ -699,6 +699,50 @@ async fn saturated_pods_with_a_full_queue_shed_with_429() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_waiting_for_a_pod_is_counted_as_queued() {
+    let pod = Pod::start_with_speedup(1.0).await;
+    let file = EndpointsFile::new();
+    file.write(&[pod.entry()]);
+    let picker = Picker::start(
+        &file,
+        RouterConfig {
+            queue_capacity: 4,
+            saturation: SaturationThreshold {
+                max_blocks_in_flight: Some(0),
+                ..SaturationThreshold::default()
+            },
+            ..kv()
+        },
+    )
+    .await;
+    picker.wait_endpoints(1).await;
+    let queued = |n: u32| {
+        let text = picker.epp.metrics.encode();
+        text.lines().any(|l| {
+            l.starts_with("dynamo_frontend_queued_requests{") && l.ends_with(&format!(" {n}"))
+        })
+    };
+    let mut long = picker.chat(&chat(&text(50, 1), 4000, true)).await;
+    long.chunk().await.unwrap();
+    let waiting = tokio::spawn({
+        let url = format!("http://{}/v1/chat/completions", picker.epp.http_addr);
+        async move {
+            let response = reqwest::Client::new()
+                .post(url)
+                .json(&chat("hi", 2, false))
+                .send()
+                .await
+                .unwrap();
+            response.status()
+        }
+    });
+    eventually("one request queued", || async { queued(1) }).await;
+    drop(long);
+    assert_eq!(waiting.await.unwrap(), 200);
+    assert!(queued(0), "{}", picker.epp.metrics.encode());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn engine_metrics_are_polled_for_load_correction() {
     let pod = Pod::start_with_speedup(1.0).await;
     let file = EndpointsFile::new();

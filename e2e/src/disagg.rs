@@ -40,7 +40,7 @@ use dynamo_kvcache::{RequestId, SeqHash};
 use dynamo_mocker::replay::{Collector, Percentiles, ReplayReport, Router};
 use dynamo_mocker::{Clock, Engine, EngineConfig, Request};
 
-use crate::replay::{KvRouter, RouterSetup, Side};
+use crate::replay::{KvRouter, RouterSetup, Side, furthest_behind};
 use crate::report::{DisaggStats, Report};
 use crate::workload::Workload;
 
@@ -291,13 +291,9 @@ pub fn simulate(
                 .copied()
                 .unwrap_or(f64::INFINITY);
             let next_ms = arrival.min(first_ms(&ended)).min(first_ms(&transfers));
-            let behind = engines
-                .iter()
-                .enumerate()
-                .filter(|(_, e)| e.has_work() && e.clock().now_ms() < next_ms)
-                .min_by(|a, b| a.1.clock().now_ms().total_cmp(&b.1.clock().now_ms()))
-                .map(|(k, _)| k);
-            let Some(k) = behind else { break };
+            let Some(k) = furthest_behind(&engines, next_ms) else {
+                break;
+            };
             let o = engines[k].step();
             match roles[k] {
                 Role::Aggregated => {

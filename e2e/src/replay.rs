@@ -177,6 +177,17 @@ impl KvRouter {
     }
 }
 
+/// The engine with work whose clock is furthest behind, if any is before `next_ms`:
+/// the next to step, so that simulated engines advance together up to the next event.
+pub(crate) fn furthest_behind(engines: &[Engine], next_ms: f64) -> Option<usize> {
+    engines
+        .iter()
+        .enumerate()
+        .filter(|(_, e)| e.has_work() && e.clock().now_ms() < next_ms)
+        .min_by(|a, b| a.1.clock().now_ms().total_cmp(&b.1.clock().now_ms()))
+        .map(|(k, _)| k)
+}
+
 fn worker(engine: usize) -> WorkerId {
     WorkerId(engine as u64)
 }
@@ -590,13 +601,9 @@ pub fn run_sessions_with_tiers(
         // past the next arrival; finishes may bring arrivals forward.
         loop {
             let next_ms = next_event(&ready, &onboarding);
-            let behind = engines
-                .iter()
-                .enumerate()
-                .filter(|(_, e)| e.has_work() && e.clock().now_ms() < next_ms)
-                .min_by(|a, b| a.1.clock().now_ms().total_cmp(&b.1.clock().now_ms()))
-                .map(|(k, _)| k);
-            let Some(k) = behind else { break };
+            let Some(k) = furthest_behind(&engines, next_ms) else {
+                break;
+            };
             let o = engines[k].step();
             c.take(&o);
             router.observe(k, &o);

@@ -5,6 +5,7 @@
 use std::sync::Arc;
 
 use bytes::Bytes;
+use dynamo_llm::disagg::KvTransferParams;
 use dynamo_llm::openai::{ChatCompletionRequest, CompletionRequest, parse_body};
 use dynamo_llm::{ApiError, ModelDir, PreparedRequest};
 
@@ -65,23 +66,6 @@ const INLINE_BODY_BYTES: usize = 1024;
 /// [`prepare`] without holding an async worker for long: a long prompt's template and
 /// tokenization take milliseconds (3 ms for 5k tokens), so larger bodies go to the
 /// blocking pool.
-/// The body without the client's `kv_transfer_params`: only the prefill hop may hand
-/// an engine transfer parameters (vLLM's NixlConnector connects to the `remote_host`
-/// they name, so a client's own would make the engine connect where the client says).
-pub fn without_transfer_params(body: Bytes) -> Bytes {
-    const FIELD: &[u8] = b"\"kv_transfer_params\"";
-    if !body.windows(FIELD.len()).any(|w| w == FIELD) {
-        return body;
-    }
-    let Ok(serde_json::Value::Object(mut object)) = serde_json::from_slice(&body) else {
-        return body;
-    };
-    match object.remove("kv_transfer_params") {
-        Some(_) => Bytes::from(serde_json::to_vec(&object).expect("JSON serializes")),
-        None => body,
-    }
-}
-
 pub async fn prepare_async(
     model: Arc<ModelDir>,
     api: Api,
@@ -93,6 +77,23 @@ pub async fn prepare_async(
     tokio::task::spawn_blocking(move || prepare(&model, api, &body))
         .await
         .unwrap_or_else(|e| Err(ApiError::internal(format!("tokenization failed: {e}"))))
+}
+
+/// The body without the client's `kv_transfer_params`: only the prefill hop may hand
+/// an engine transfer parameters (vLLM's NixlConnector connects to the `remote_host`
+/// they name, so a client's own would make the engine connect where the client says).
+pub fn without_transfer_params(body: Bytes) -> Bytes {
+    let quoted = format!("\"{}\"", KvTransferParams::FIELD);
+    if !body.windows(quoted.len()).any(|w| w == quoted.as_bytes()) {
+        return body;
+    }
+    let Ok(serde_json::Value::Object(mut object)) = serde_json::from_slice(&body) else {
+        return body;
+    };
+    match object.remove(KvTransferParams::FIELD) {
+        Some(_) => Bytes::from(serde_json::to_vec(&object).expect("JSON serializes")),
+        None => body,
+    }
 }
 
 /// The routing inputs of a prepared request.

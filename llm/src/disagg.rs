@@ -116,6 +116,9 @@ pub struct KvTransferParams {
 }
 
 impl KvTransferParams {
+    /// The field of a request or answer body that holds them.
+    pub const FIELD: &str = "kv_transfer_params";
+
     /// What the prefill leg asks for: prefill, keep the blocks for a remote decode (the
     /// null template of vLLM's `toy_proxy_server.py` and llm-d's `nixlv2` connector).
     pub fn remote_decode() -> Self {
@@ -132,7 +135,7 @@ impl KvTransferParams {
 
     /// `kv_transfer_params` of a request or answer body, if it has well-formed ones.
     pub fn of(body: &Map<String, Value>) -> Option<Self> {
-        body.get("kv_transfer_params")
+        body.get(Self::FIELD)
             .filter(|v| !v.is_null())
             .and_then(|v| serde_json::from_value(v.clone()).ok())
     }
@@ -140,7 +143,7 @@ impl KvTransferParams {
     /// Sets them as `body`'s `kv_transfer_params`.
     pub fn put(&self, body: &mut Map<String, Value>) {
         let value = serde_json::to_value(self).expect("parameters serialize");
-        body.insert("kv_transfer_params".into(), value);
+        body.insert(Self::FIELD.into(), value);
     }
 }
 

@@ -413,7 +413,7 @@ impl Hop {
 /// cannot hand the engine a lease).
 fn with_none(client: &Map<String, Value>) -> Bytes {
     let mut body = client.clone();
-    body.remove("kv_transfer_params");
+    body.remove(KvTransferParams::FIELD);
     Bytes::from(serde_json::to_vec(&body).expect("JSON serializes"))
 }
 

@@ -1,8 +1,9 @@
 //! Library side of the `dynamo` binary: the pure reconcile function with gang placement,
-//! the controllers that apply it to a cluster, and the local runner.
+//! the controllers that apply it to a cluster, the local runner and the planner service.
 
 pub mod controller;
 pub mod local;
+pub mod planner;
 pub mod reconcile;
 pub mod wiring;
 

@@ -42,6 +42,9 @@ enum Command {
     Run(dynamo_operator::local::RunArgs),
     /// Run the Kubernetes controllers (DynamoGraphDeployment, scaling adapters).
     Operator(dynamo_operator::controller::OperatorArgs),
+    /// Run the SLA planner: replicas from Prometheus' traffic and latencies, written to the
+    /// graph's scaling adapters (or a local graph's admin API).
+    Planner(dynamo_operator::planner::PlannerArgs),
 }
 
 fn main() -> ExitCode {
@@ -53,6 +56,7 @@ fn main() -> ExitCode {
         Command::Operator(args) => {
             dynamo_operator::controller::run(args).map(|()| ExitCode::SUCCESS)
         }
+        Command::Planner(args) => dynamo_operator::planner::run(args).map(|()| ExitCode::SUCCESS),
     };
     match result {
         Ok(code) => code,

@@ -18,7 +18,7 @@ use anyhow::{Context, bail};
 use dynamo_crds::BackendFramework;
 use dynamo_server::endpoints_file::{EndpointEntry, EndpointsFile};
 use dynamo_server::parse_duration;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use tokio::sync::Mutex;
 
 use admin::Admin;
@@ -245,30 +245,33 @@ pub(crate) enum ScaleError {
 }
 
 /// What runs, for the admin API's `GET /graph`.
-#[derive(Serialize)]
-pub(crate) struct GraphStatus {
-    name: String,
-    model: String,
+/// What `GET /graph` answers; the planner's local target reads it back.
+#[derive(Serialize, Deserialize)]
+pub struct GraphStatus {
+    pub name: String,
+    pub model: String,
     /// The endpoint picker's process id, 0 while it restarts.
-    epp_pid: u32,
-    services: BTreeMap<String, Vec<ReplicaStatus>>,
+    pub epp_pid: u32,
+    /// Each worker service's role (`EngineRole::as_str`), also for a service scaled to 0.
+    pub roles: BTreeMap<String, String>,
+    pub services: BTreeMap<String, Vec<ReplicaStatus>>,
 }
 
-#[derive(Serialize)]
-struct ReplicaStatus {
-    index: u32,
-    role: &'static str,
-    engine: String,
-    sidecar: String,
-    kv_events: String,
+#[derive(Serialize, Deserialize)]
+pub struct ReplicaStatus {
+    pub index: u32,
+    pub role: String,
+    pub engine: String,
+    pub sidecar: String,
+    pub kv_events: String,
     /// Where Prometheus scrapes each process of the replica.
-    engine_metrics: String,
-    sidecar_metrics: String,
+    pub engine_metrics: String,
+    pub sidecar_metrics: String,
     /// Whether the sidecar answered `/ready` at the last probe (and so takes traffic).
-    ready: bool,
-    engine_pid: u32,
-    sidecar_pid: u32,
-    restarts: u32,
+    pub ready: bool,
+    pub engine_pid: u32,
+    pub sidecar_pid: u32,
+    pub restarts: u32,
 }
 
 impl Runner {
@@ -414,7 +417,7 @@ impl Runner {
                     .iter()
                     .map(|r| ReplicaStatus {
                         index: r.index,
-                        role,
+                        role: role.into(),
                         engine: format!("127.0.0.1:{}", r.ports.engine),
                         sidecar: format!("127.0.0.1:{}", r.ports.sidecar),
                         kv_events: format!("http://127.0.0.1:{}", r.ports.sidecar_grpc),
@@ -436,6 +439,12 @@ impl Runner {
             name: self.graph.name.clone(),
             model: self.graph.model_name.clone(),
             epp_pid: self.epp.as_ref().map_or(0, Supervised::pid),
+            roles: self
+                .graph
+                .workers
+                .iter()
+                .map(|(service, w)| (service.clone(), w.role.as_str().to_string()))
+                .collect(),
             services,
         }
     }

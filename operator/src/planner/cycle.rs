@@ -1,0 +1,466 @@
+//! One planning interval, without I/O: what was read (the graph, Prometheus' numbers or why
+//! they could not be read) in, a [`Decision`] out. The service around it reads and writes;
+//! everything it decides is tested here with plain numbers.
+
+use dynamo_planner::decide::{
+    Decision, EngineLoad, Forecast, Limits, LoadInputs, LoadTarget, Observed, PerRole, Reason,
+    Role, SlaTargets, ThroughputConfig, ThroughputInputs, decide_load, decide_throughput,
+};
+use dynamo_planner::predict::{LoadPredictor, Predictor, PredictorConfig};
+use dynamo_planner::profile::Profile;
+
+use super::target::{GraphView, ShapeError};
+
+/// The frontend's traffic over the last interval. `None`: the series is absent; NaN: it
+/// is there but had no samples (a mean over no requests).
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Traffic {
+    pub requests: Option<f64>,
+    pub isl: Option<f64>,
+    pub osl: Option<f64>,
+    pub ttft_ms: Option<f64>,
+    pub itl_ms: Option<f64>,
+    /// Mean request duration, for the decode concurrency (Little's law).
+    pub duration_s: Option<f64>,
+}
+
+/// Which side of the graph a worker serves, as the picker labels it (`worker_type`): an
+/// aggregated worker reports as decode, as Dynamo's do.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WorkerKind {
+    Prefill,
+    Decode,
+}
+
+/// One engine's load now.
+#[derive(Clone, Debug, PartialEq)]
+pub struct EngineReading {
+    pub worker_id: String,
+    pub kind: WorkerKind,
+    pub prefill_tokens: f64,
+    /// KV tokens held by decoding sequences; `None` when the picker has no block size.
+    pub decode_kv_tokens: Option<f64>,
+    /// The engine's KV pool in tokens; `None` until its engine reported its block count.
+    pub max_kv_tokens: Option<f64>,
+}
+
+/// What Prometheus gave this interval, or why it gave nothing.
+pub type Reading<T> = Result<T, String>;
+
+#[derive(Debug)]
+pub enum Mode {
+    Throughput {
+        prefill_profile: Profile,
+        decode_profile: Profile,
+        correction: bool,
+    },
+    Load {
+        target: LoadTarget,
+        /// The model's context length: the prefill queue is measured in full contexts.
+        context_length: f64,
+    },
+}
+
+#[derive(Debug)]
+pub struct Settings {
+    pub mode: Mode,
+    pub targets: SlaTargets,
+    pub limits: Limits,
+    /// GPUs per engine: prefill's and decode's (an aggregated worker uses decode's).
+    pub prefill_gpus: u32,
+    pub decode_gpus: u32,
+    pub interval_s: f64,
+}
+
+/// The planner's state across intervals: its predictors.
+pub struct Planner {
+    settings: Settings,
+    requests: LoadPredictor,
+    isl: LoadPredictor,
+    osl: LoadPredictor,
+}
+
+/// One interval's outcome.
+pub struct Outcome {
+    pub decision: Decision,
+    /// Throughput mode's forecast, once the graph could be read.
+    pub forecast: Option<Forecast>,
+}
+
+impl Planner {
+    pub fn new(settings: Settings, predictor: &PredictorConfig) -> Result<Self, String> {
+        let build = || predictor.build().map_err(|e| e.to_string());
+        Ok(Self {
+            settings,
+            requests: build()?,
+            isl: build()?,
+            osl: build()?,
+        })
+    }
+
+    pub fn settings(&self) -> &Settings {
+        &self.settings
+    }
+
+    /// The decision for the graph as read, given this interval's traffic (throughput mode)
+    /// or engine loads (load mode). Nothing here scales on missing data: an unreadable
+    /// graph or Prometheus holds the current replicas, and says why.
+    pub fn step(
+        &mut self,
+        view: &GraphView,
+        traffic: Option<&Reading<Traffic>>,
+        engines: Option<&Reading<Vec<EngineReading>>>,
+    ) -> Result<Outcome, ShapeError> {
+        let current = view.replicas()?;
+        let gpus = match current {
+            PerRole::Disaggregated { .. } => PerRole::Disaggregated {
+                prefill: self.settings.prefill_gpus,
+                decode: self.settings.decode_gpus,
+            },
+            PerRole::Aggregated { .. } => PerRole::Aggregated {
+                worker: self.settings.decode_gpus,
+            },
+        };
+        let missing = |input| {
+            Ok(Outcome {
+                decision: Decision::hold(current, Reason::MissingInput { input }),
+                forecast: None,
+            })
+        };
+        match &self.settings.mode {
+            Mode::Throughput { .. } => {
+                let Some(Ok(traffic)) = traffic else {
+                    return missing("frontend metrics from Prometheus");
+                };
+                let Some(requests) = traffic.requests else {
+                    return missing("request count series");
+                };
+                // Invalid values (NaN means no requests) are dropped by the predictors.
+                self.requests.observe(requests);
+                if let Some(v) = traffic.isl {
+                    self.isl.observe(v);
+                }
+                if let Some(v) = traffic.osl {
+                    self.osl.observe(v);
+                }
+                let mut forecast = Forecast {
+                    requests: self.requests.predict(),
+                    isl: self.isl.predict(),
+                    osl: self.osl.predict(),
+                };
+                // No requests ahead means no tokens ahead, whatever their length would be.
+                if forecast.requests == Some(0.0) {
+                    forecast.isl = forecast.isl.or(Some(0.0));
+                    forecast.osl = forecast.osl.or(Some(0.0));
+                }
+                let decision =
+                    self.throughput(current, gpus, traffic, forecast, view.rolling_out());
+                Ok(Outcome {
+                    decision,
+                    forecast: Some(forecast),
+                })
+            }
+            Mode::Load {
+                target,
+                context_length,
+            } => {
+                let Some(Ok(readings)) = engines else {
+                    return missing("engine load metrics from Prometheus");
+                };
+                let load = |kind: WorkerKind| -> Vec<EngineLoad> {
+                    readings
+                        .iter()
+                        .filter(|r| r.kind == kind)
+                        .map(|r| EngineLoad {
+                            queued_prefill_tokens: r.prefill_tokens,
+                            context_length: *context_length,
+                            scheduled_decode_kv: r.decode_kv_tokens.unwrap_or(f64::NAN),
+                            queued_decode_kv: 0.0,
+                            max_kv_tokens: r.max_kv_tokens.unwrap_or(f64::NAN),
+                        })
+                        .collect()
+                };
+                let (prefill, decode) = (load(WorkerKind::Prefill), load(WorkerKind::Decode));
+                let engines = match current {
+                    PerRole::Disaggregated { .. } => PerRole::Disaggregated {
+                        prefill: prefill.as_slice(),
+                        decode: decode.as_slice(),
+                    },
+                    PerRole::Aggregated { .. } => PerRole::Aggregated {
+                        worker: decode.as_slice(),
+                    },
+                };
+                let inputs = LoadInputs {
+                    engines,
+                    current,
+                    rolling_out: view.rolling_out(),
+                };
+                Ok(Outcome {
+                    decision: decide_load(&inputs, *target, gpus, &self.settings.limits),
+                    forecast: None,
+                })
+            }
+        }
+    }
+
+    fn throughput(
+        &self,
+        current: PerRole<u32>,
+        gpus: PerRole<u32>,
+        traffic: &Traffic,
+        forecast: Forecast,
+        rolling_out: bool,
+    ) -> Decision {
+        let Mode::Throughput {
+            prefill_profile,
+            decode_profile,
+            correction,
+        } = &self.settings.mode
+        else {
+            unreachable!("called in throughput mode only");
+        };
+        let interval = self.settings.interval_s;
+        let decode_replicas = match current {
+            PerRole::Disaggregated { decode, .. } => decode,
+            PerRole::Aggregated { worker } => worker,
+        };
+        // Little's law: sequences in flight = arrival rate x time in the system.
+        let decode_concurrency = match (traffic.requests, traffic.duration_s) {
+            (Some(n), Some(d)) if decode_replicas > 0 => {
+                Some(n / interval * d / f64::from(decode_replicas))
+            }
+            _ => None,
+        };
+        let config = ThroughputConfig {
+            targets: self.settings.targets,
+            prefill_profile,
+            decode_profile,
+            gpus,
+            correction: *correction,
+            limits: self.settings.limits,
+        };
+        let inputs = ThroughputInputs {
+            forecast,
+            observed: Observed {
+                ttft_ms: traffic.ttft_ms,
+                itl_ms: traffic.itl_ms,
+                isl: traffic.isl,
+                osl: traffic.osl,
+                decode_concurrency,
+            },
+            interval_s: interval,
+            current,
+            rolling_out,
+        };
+        decide_throughput(&config, &inputs)
+    }
+}
+
+/// The role whose service a decision changes, with the new count, in write order:
+/// scale-ups before scale-downs, so capacity is added before any is taken away.
+pub fn writes(view: &GraphView, decision: &Decision) -> Vec<(String, u32)> {
+    let mut changes: Vec<(Role, u32, u32)> = decision
+        .replicas
+        .iter()
+        .filter_map(|(role, n)| {
+            let service = view.service(role)?;
+            (service.replicas != n).then_some((role, service.replicas, n))
+        })
+        .collect();
+    changes.sort_by_key(|&(_, from, to)| to < from);
+    changes
+        .into_iter()
+        .filter_map(|(role, _, n)| Some((view.service(role)?.name.clone(), n)))
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use dynamo_planner::predict::PredictorKind;
+
+    use super::*;
+    use crate::planner::target::ServiceView;
+
+    /// One engine prefills 10,000 tokens/s and decodes 1,000 tokens/s within any ITL.
+    fn profile() -> Profile {
+        Profile::from_json(
+            r#"{"gpus_per_engine": 1,
+                "prefill": [{"isl": 100, "ttft_ms": 10.0, "throughput_per_gpu": 10000.0},
+                            {"isl": 4000, "ttft_ms": 400.0, "throughput_per_gpu": 10000.0}],
+                "decode": [{"context_length": 100, "concurrency": 1, "itl_ms": 10.0, "throughput_per_gpu": 1000.0},
+                           {"context_length": 4000, "concurrency": 1, "itl_ms": 10.0, "throughput_per_gpu": 1000.0}]}"#,
+        )
+        .unwrap()
+    }
+
+    fn planner(mode: Mode) -> Planner {
+        let settings = Settings {
+            mode,
+            targets: SlaTargets {
+                ttft_ms: 500.0,
+                itl_ms: 50.0,
+            },
+            limits: Limits::default(),
+            prefill_gpus: 1,
+            decode_gpus: 1,
+            interval_s: 10.0,
+        };
+        Planner::new(settings, &PredictorConfig::new(PredictorKind::Constant)).unwrap()
+    }
+
+    fn throughput() -> Planner {
+        planner(Mode::Throughput {
+            prefill_profile: profile(),
+            decode_profile: profile(),
+            correction: false,
+        })
+    }
+
+    fn workers(replicas: u32) -> GraphView {
+        GraphView {
+            services: vec![ServiceView {
+                name: "worker".into(),
+                role: Role::Worker,
+                replicas,
+                rolling_out: false,
+            }],
+        }
+    }
+
+    fn traffic(requests: f64) -> Reading<Traffic> {
+        Ok(Traffic {
+            requests: Some(requests),
+            isl: Some(1000.0),
+            osl: Some(100.0),
+            ttft_ms: Some(100.0),
+            itl_ms: Some(10.0),
+            duration_s: Some(1.0),
+        })
+    }
+
+    #[test]
+    fn throughput_mode_sizes_workers_from_the_traffic() {
+        let mut p = throughput();
+        // 200 requests in 10 s: 20,000 prompt tokens/s (2 engines) + 2,000 output tokens/s
+        // (2 engines) = 4 workers.
+        let out = p.step(&workers(1), Some(&traffic(200.0)), None).unwrap();
+        assert_eq!(out.decision.replicas, PerRole::Aggregated { worker: 4 });
+        assert_eq!(
+            writes(&workers(1), &out.decision),
+            [("worker".to_string(), 4)]
+        );
+        // The load falls to a quarter: one worker, never zero when it stops.
+        let out = p.step(&workers(4), Some(&traffic(50.0)), None).unwrap();
+        assert_eq!(out.decision.replicas, PerRole::Aggregated { worker: 1 });
+        let out = p.step(&workers(1), Some(&traffic(0.0)), None).unwrap();
+        assert_eq!(out.decision.replicas, PerRole::Aggregated { worker: 1 });
+    }
+
+    #[test]
+    fn no_prometheus_or_no_series_holds_the_replicas() {
+        let mut p = throughput();
+        for reading in [
+            None,
+            Some(Err("connection refused".to_string())),
+            Some(Ok(Traffic::default())),
+        ] {
+            let out = p.step(&workers(3), reading.as_ref(), None).unwrap();
+            assert!(out.decision.is_hold(), "{}", out.decision);
+            assert_eq!(out.decision.replicas, PerRole::Aggregated { worker: 3 });
+            assert!(writes(&workers(3), &out.decision).is_empty());
+        }
+    }
+
+    #[test]
+    fn nan_means_are_not_predicted_from() {
+        let mut p = throughput();
+        p.step(&workers(1), Some(&traffic(200.0)), None).unwrap();
+        // An interval whose means are NaN (no samples) keeps the last valid lengths.
+        let idle = Ok(Traffic {
+            requests: Some(200.0),
+            isl: Some(f64::NAN),
+            osl: Some(f64::NAN),
+            ..Traffic::default()
+        });
+        let out = p.step(&workers(4), Some(&idle), None).unwrap();
+        assert_eq!(out.forecast.unwrap().isl, Some(1000.0));
+        assert_eq!(out.decision.replicas, PerRole::Aggregated { worker: 4 });
+    }
+
+    #[test]
+    fn a_rollout_in_progress_holds() {
+        let mut p = throughput();
+        let mut view = workers(1);
+        view.services[0].rolling_out = true;
+        let out = p.step(&view, Some(&traffic(200.0)), None).unwrap();
+        assert_eq!(out.decision.reasons, [Reason::RollingOut]);
+    }
+
+    #[test]
+    fn load_mode_steps_on_the_engines_queues() {
+        let mut p = planner(Mode::Load {
+            target: LoadTarget::Throughput,
+            context_length: 1000.0,
+        });
+        let engine = |prefill_tokens: f64| EngineReading {
+            worker_id: "a".into(),
+            kind: WorkerKind::Decode,
+            prefill_tokens,
+            decode_kv_tokens: Some(100.0),
+            max_kv_tokens: Some(10_000.0),
+        };
+        let busy = Ok(vec![engine(5000.0)]);
+        let out = p.step(&workers(1), None, Some(&busy)).unwrap();
+        assert_eq!(out.decision.replicas, PerRole::Aggregated { worker: 2 });
+        // Two workers reported as one: the counts disagree, so it holds.
+        let out = p.step(&workers(2), None, Some(&busy)).unwrap();
+        assert!(out.decision.is_hold(), "{}", out.decision);
+        // An engine without its KV capacity is not read as idle.
+        let unknown = Ok(vec![EngineReading {
+            max_kv_tokens: None,
+            ..engine(0.0)
+        }]);
+        let out = p.step(&workers(1), None, Some(&unknown)).unwrap();
+        assert!(out.decision.is_hold(), "{}", out.decision);
+    }
+
+    #[test]
+    fn scale_ups_are_written_before_scale_downs() {
+        let view = GraphView {
+            services: vec![
+                ServiceView {
+                    name: "p".into(),
+                    role: Role::Prefill,
+                    replicas: 3,
+                    rolling_out: false,
+                },
+                ServiceView {
+                    name: "d".into(),
+                    role: Role::Decode,
+                    replicas: 1,
+                    rolling_out: false,
+                },
+            ],
+        };
+        let decision = Decision {
+            current: PerRole::Disaggregated {
+                prefill: 3,
+                decode: 1,
+            },
+            replicas: PerRole::Disaggregated {
+                prefill: 2,
+                decode: 2,
+            },
+            reasons: Vec::new(),
+            capped: false,
+            wanted: PerRole::Disaggregated {
+                prefill: 2,
+                decode: 2,
+            },
+        };
+        assert_eq!(
+            writes(&view, &decision),
+            [("d".to_string(), 2), ("p".to_string(), 2)]
+        );
+    }
+}

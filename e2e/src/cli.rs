@@ -14,10 +14,16 @@ use dynamo_mocker::{EngineConfig, KvBlocksConfig, KvGeometry};
 use serde::Serialize;
 use serde_json::json;
 
-use crate::arrivals::{self, Arrivals};
+use dynamo_mocker::profile::{ProfileSweep, planner_profile};
+use dynamo_planner::decide::{Limits, LoadTarget, SlaTargets};
+use dynamo_planner::predict::PredictorConfig;
+use dynamo_planner::profile::Profile;
+
+use crate::arrivals::{self, Arrivals, RateSchedule};
 use crate::client::{Api, Target, Words};
 use crate::disagg::{self, Topology};
 use crate::launch::{self, Launched};
+use crate::planner_replay::{self, PlannerMode, PlannerRun, PlannerSetup};
 use crate::report::{self, Report};
 use crate::workload::{Sessions, SharedPrefix, Workload};
 use crate::{bench, replay};
@@ -39,6 +45,9 @@ pub enum Command {
     Bench(BenchArgs),
     /// Run a workload through simulated mock engines and the real router scheduler.
     Replay(ReplayArgs),
+    /// The planner in the loop of a simulated aggregated graph under a stepped load,
+    /// against static replica counts.
+    Planner(PlannerArgs),
 }
 
 /// What to send. Without `--trace`, the synthetic shared-prefix workload.
@@ -98,7 +107,22 @@ pub struct WorkloadArgs {
     /// comma-separated (`2,4,8`), sweep: every run is repeated at each rate in turn.
     #[arg(long, value_delimiter = ',', env = "DYNAMO_E2E_REQUEST_RATE")]
     pub request_rate: Vec<f64>,
-    /// How `--request-rate` spaces requests.
+    /// A request rate that changes in steps, instead of `--request-rate`:
+    /// `RATExSECONDS` steps, comma-separated (`2x60,8x120,2x60`: 2 req/s for a minute, 8
+    /// for two, then 2 for one), spaced by `--arrival` within each step and seeded by
+    /// `--seed`. The run sends as many requests as the schedule draws: the shared-prefix
+    /// workload grows (more requests per prefix) to that many; a trace or conversations
+    /// are cut to it, and must have enough (sessions are started by the schedule).
+    #[arg(
+        long,
+        conflicts_with = "request_rate",
+        value_parser = RateSchedule::parse,
+        // `-1x5` is a bad schedule to explain, not an unknown flag.
+        allow_hyphen_values = true,
+        env = "DYNAMO_E2E_RATE_SCHEDULE"
+    )]
+    pub rate_schedule: Option<RateSchedule>,
+    /// How `--request-rate` (or `--rate-schedule`) spaces requests.
     #[arg(long, value_enum, default_value_t = Pattern::Poisson, env = "DYNAMO_E2E_ARRIVAL")]
     pub arrival: Pattern,
 }
@@ -151,7 +175,11 @@ pub struct BenchArgs {
     )]
     pub model_path: PathBuf,
     /// Closed loop: keep this many requests in flight instead of a request rate.
-    #[arg(long, conflicts_with = "request_rate", env = "DYNAMO_E2E_CONCURRENCY")]
+    #[arg(
+        long,
+        conflicts_with_all = ["request_rate", "rate_schedule"],
+        env = "DYNAMO_E2E_CONCURRENCY"
+    )]
     pub concurrency: Option<usize>,
     /// Per-request limit, whole stream included.
     #[arg(long, default_value_t = 600.0, env = "DYNAMO_E2E_REQUEST_TIMEOUT_S")]
@@ -182,13 +210,9 @@ pub struct BenchArgs {
     pub output: OutputArgs,
 }
 
+/// The simulated engines' shape (the replays').
 #[derive(Args, Debug)]
-pub struct ReplayArgs {
-    #[command(flatten)]
-    pub workload: WorkloadArgs,
-    /// Simulated engines.
-    #[arg(long, default_value_t = 4, env = "DYNAMO_E2E_WORKERS")]
-    pub workers: usize,
+pub struct SimEngineArgs {
     /// KV blocks per engine.
     #[arg(long, default_value_t = 16384, env = "DYNAMO_E2E_NUM_GPU_BLOCKS")]
     pub num_gpu_blocks: usize,
@@ -202,6 +226,29 @@ pub struct ReplayArgs {
         env = "DYNAMO_E2E_MAX_NUM_BATCHED_TOKENS"
     )]
     pub max_num_batched_tokens: usize,
+}
+
+impl SimEngineArgs {
+    fn config(&self) -> EngineConfig {
+        EngineConfig {
+            num_gpu_blocks: self.num_gpu_blocks,
+            block_size: self.block_size,
+            max_num_seqs: self.max_num_seqs,
+            max_num_batched_tokens: self.max_num_batched_tokens,
+            ..EngineConfig::default()
+        }
+    }
+}
+
+#[derive(Args, Debug)]
+pub struct ReplayArgs {
+    #[command(flatten)]
+    pub workload: WorkloadArgs,
+    /// Simulated engines.
+    #[arg(long, default_value_t = 4, env = "DYNAMO_E2E_WORKERS")]
+    pub workers: usize,
+    #[command(flatten)]
+    pub engine: SimEngineArgs,
     /// Router modes to compare, in order.
     #[arg(
         long,
@@ -260,6 +307,135 @@ pub struct ReplayArgs {
     pub model_path: PathBuf,
     #[command(flatten)]
     pub output: OutputArgs,
+}
+
+/// `dynamo-e2e planner`: see `planner_replay` and docs/performance.md, "Planner".
+#[derive(Args, Debug)]
+pub struct PlannerArgs {
+    /// The load, `RATExSECONDS` steps (requests/s x seconds), comma-separated. The
+    /// default steps up 4x and back down, sized so the mocker's default engine needs
+    /// about 2 replicas at the base rate and 8 at the peak.
+    #[arg(
+        long,
+        default_value = "16x600,64x600,16x600",
+        value_parser = RateSchedule::parse,
+        allow_hyphen_values = true,
+        env = "DYNAMO_E2E_RATE_SCHEDULE"
+    )]
+    pub rate_schedule: RateSchedule,
+    /// How requests are spaced within each step.
+    #[arg(long, value_enum, default_value_t = Pattern::Poisson, env = "DYNAMO_E2E_ARRIVAL")]
+    pub arrival: Pattern,
+    /// Prompt tokens per request, none shared (Dynamo's planner default ISL).
+    #[arg(long, default_value_t = 3000, env = "DYNAMO_E2E_ISL")]
+    pub isl: usize,
+    /// Output tokens per request (Dynamo's planner default OSL).
+    #[arg(long, default_value_t = 150, env = "DYNAMO_E2E_OSL")]
+    pub osl: usize,
+    /// Seeds the prompts, the arrivals and the router's random choices.
+    #[arg(long, default_value_t = 0, env = "DYNAMO_E2E_SEED")]
+    pub seed: u64,
+    /// Who sets the replicas, each a run: `throughput`, `load`, `throughput+load` (both,
+    /// as Dynamo runs them together), `static:N`.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "throughput,load,throughput+load",
+        value_parser = PlannerMode::parse,
+        env = "DYNAMO_E2E_PLANNER"
+    )]
+    pub planner: Vec<PlannerMode>,
+    /// Do not add the static runs the comparison needs (every count from the base
+    /// rate's to the peak's, and up to the most any planner run used).
+    #[arg(long, env = "DYNAMO_E2E_NO_STATIC_SWEEP")]
+    pub no_static_sweep: bool,
+    /// TTFT target, ms (Dynamo's planner default).
+    #[arg(long, default_value_t = 500.0, env = "DYNAMO_E2E_TTFT_MS")]
+    pub ttft_ms: f64,
+    /// ITL target, ms (Dynamo's planner default): a request meets it when its mean gap
+    /// between tokens does.
+    #[arg(long, default_value_t = 50.0, env = "DYNAMO_E2E_ITL_MS")]
+    pub itl_ms: f64,
+    /// Throughput mode's adjustment interval, s.
+    #[arg(long, default_value_t = 60.0, env = "DYNAMO_E2E_INTERVAL_S")]
+    pub interval_s: f64,
+    /// Load mode's adjustment interval, s (Dynamo's default).
+    #[arg(long, default_value_t = 5.0, env = "DYNAMO_E2E_LOAD_INTERVAL_S")]
+    pub load_interval_s: f64,
+    /// Seconds from a scale-up to the new engine taking requests: a pod's start.
+    #[arg(long, default_value_t = 30.0, env = "DYNAMO_E2E_STARTUP_S")]
+    pub startup_s: f64,
+    /// Predictor of requests, ISL and OSL: constant, moving-average[:N], kalman,
+    /// arima[:N].
+    #[arg(long, default_value = "arima", value_parser = parse_predictor, env = "DYNAMO_E2E_PREDICTOR")]
+    pub predictor: PredictorConfig,
+    /// Throughput mode without its correction factors.
+    #[arg(long, env = "DYNAMO_E2E_NO_CORRECTION")]
+    pub no_correction: bool,
+    /// Load mode's thresholds: `throughput` or `latency`.
+    #[arg(long, default_value = "throughput", value_parser = parse_load_target, env = "DYNAMO_E2E_LOAD_TARGET")]
+    pub load_target: LoadTarget,
+    /// The model's context length, tokens: load mode's prefill queue is measured in it.
+    #[arg(long, default_value_t = 32768.0, env = "DYNAMO_E2E_CONTEXT_LENGTH")]
+    pub context_length: f64,
+    /// Most GPUs the planner may use.
+    #[arg(long, default_value_t = 32, env = "DYNAMO_E2E_MAX_GPU_BUDGET")]
+    pub max_gpu_budget: u32,
+    /// Fewest replicas.
+    #[arg(long, default_value_t = 1, env = "DYNAMO_E2E_MIN_ENDPOINT")]
+    pub min_endpoint: u32,
+    /// Most replicas one decision moves.
+    #[arg(long, default_value_t = 8, env = "DYNAMO_E2E_MAX_STEP")]
+    pub max_step: u32,
+    /// Replicas a planner starts with [default: the profile's for the first step's rate].
+    #[arg(long, env = "DYNAMO_E2E_INITIAL_REPLICAS")]
+    pub initial_replicas: Option<u32>,
+    /// The engines' profile (`dynamo_planner::profile` JSON) [default: measured on the
+    /// mock engine these flags configure, as `dynamo-mocker --planner-profile-out` does].
+    #[arg(long, env = "DYNAMO_E2E_PROFILE")]
+    pub profile: Option<PathBuf>,
+    /// Write the profile used here.
+    #[arg(long, env = "DYNAMO_E2E_PROFILE_OUT")]
+    pub profile_out: Option<PathBuf>,
+    #[command(flatten)]
+    pub engine: SimEngineArgs,
+    /// The mock engines run this many times faster than the modelled GPU.
+    #[arg(long, default_value_t = 1.0, env = "DYNAMO_E2E_SPEEDUP_RATIO")]
+    pub speedup_ratio: f64,
+    /// The endpoint picker's routing mode. Round-robin by default: no two prompts share
+    /// a block, so KV overlap has nothing to find, and the `kv` mode's cost (decode
+    /// blocks dominate it) leaves prefill queues uneven on this load (docs/performance.md,
+    /// "Planner").
+    #[arg(long, default_value = "round-robin", env = "DYNAMO_E2E_ROUTER_MODE")]
+    pub router_mode: RouterMode,
+    /// The picker's saturation threshold: an engine with more requests than this
+    /// waiting in it takes no new request, which waits in the picker's queue instead
+    /// (the EPP's `--max-waiting-requests`). Unset, as the EPP's default: every request
+    /// is routed on arrival and a backlog stays on the engine that took it.
+    #[arg(long, env = "DYNAMO_E2E_MAX_WAITING_REQUESTS")]
+    pub max_waiting_requests: Option<u64>,
+    /// Write every run's figures (timelines and decisions included) as JSON here.
+    #[arg(long, env = "DYNAMO_E2E_OUT")]
+    pub out: Option<PathBuf>,
+    /// Write the Markdown tables here too.
+    #[arg(long, env = "DYNAMO_E2E_MARKDOWN")]
+    pub markdown: Option<PathBuf>,
+    /// Write every run's replica timeline as CSV here.
+    #[arg(long, env = "DYNAMO_E2E_TIMELINE_CSV")]
+    pub timeline_csv: Option<PathBuf>,
+}
+
+fn parse_predictor(s: &str) -> Result<PredictorConfig, String> {
+    s.parse()
+        .map_err(|e: dynamo_planner::predict::PredictorError| e.to_string())
+}
+
+fn parse_load_target(s: &str) -> Result<LoadTarget, String> {
+    match s.trim().to_ascii_lowercase().as_str() {
+        "throughput" => Ok(LoadTarget::Throughput),
+        "latency" => Ok(LoadTarget::Latency),
+        _ => Err(format!("{s:?}: a load target is throughput or latency")),
+    }
 }
 
 /// One `--tiers` entry: its text (the run's label) and each tier's bytes.
@@ -348,7 +524,22 @@ fn run_label(s: &str) -> Result<String, String> {
 }
 
 impl WorkloadArgs {
+    /// The workload to send: with `--rate-schedule`, as many requests (sessions) as the
+    /// schedule draws (see the flag).
     fn workload(&self) -> anyhow::Result<Workload> {
+        let workload = self.unscheduled_workload()?;
+        match &self.rate_schedule {
+            Some(schedule) => fit_to_schedule(workload, self.schedule_times(schedule).len()),
+            None => Ok(workload),
+        }
+    }
+
+    /// The `--rate-schedule` arrivals (ms), spaced as `--arrival` says.
+    fn schedule_times(&self, schedule: &RateSchedule) -> Vec<f64> {
+        schedule_times(self.arrival, schedule, self.seed)
+    }
+
+    fn unscheduled_workload(&self) -> anyhow::Result<Workload> {
         if let Some(sessions) = self.sessions {
             anyhow::ensure!(
                 self.think_time_s.is_finite() && self.think_time_s >= 0.0,
@@ -394,6 +585,15 @@ impl WorkloadArgs {
         let n = workload
             .conversations()
             .map_or(workload.len(), |s| s.sessions);
+        if let Some(schedule) = &self.rate_schedule {
+            let times = self.schedule_times(schedule);
+            anyhow::ensure!(
+                times.len() == n,
+                "the rate schedule draws {} arrivals for {n} requests (or sessions)",
+                times.len()
+            );
+            return Ok(times);
+        }
         if workload.conversations().is_some() && rate.is_none() {
             return Ok(vec![0.0; n]);
         }
@@ -422,10 +622,13 @@ impl WorkloadArgs {
     }
 
     fn describe_arrivals(&self, concurrency: Option<usize>) -> String {
-        let rates = (!self.request_rate.is_empty()).then(|| {
-            let list: Vec<String> = self.request_rate.iter().map(f64::to_string).collect();
-            list.join(", ")
-        });
+        let rates = match &self.rate_schedule {
+            Some(schedule) => Some(format!("{schedule} (req/s x s)")),
+            None => (!self.request_rate.is_empty()).then(|| {
+                let list: Vec<String> = self.request_rate.iter().map(f64::to_string).collect();
+                list.join(", ")
+            }),
+        };
         if self.sessions.is_some() {
             let starts = match (concurrency, rates) {
                 (Some(c), _) => format!("{c} sessions at a time"),
@@ -444,12 +647,251 @@ impl WorkloadArgs {
     }
 }
 
+/// A rate schedule's arrivals (ms), spaced as `arrival` says.
+fn schedule_times(arrival: Pattern, schedule: &RateSchedule, seed: u64) -> Vec<f64> {
+    match arrival {
+        Pattern::Poisson => arrivals::poisson_schedule(schedule, seed),
+        Pattern::Fixed => arrivals::fixed_schedule(schedule),
+    }
+}
+
+/// `workload` with exactly `n` requests (sessions, for conversations), for a rate
+/// schedule that draws `n` arrivals: a shared-prefix workload grows by requests per
+/// prefix as needed, then every kind is cut to `n`; a trace or conversations with fewer
+/// than `n` are an error.
+fn fit_to_schedule(workload: Workload, n: usize) -> anyhow::Result<Workload> {
+    anyhow::ensure!(
+        n > 0,
+        "the rate schedule draws no arrival: raise a rate or a duration"
+    );
+    Ok(match workload {
+        Workload::SharedPrefix { spec, .. } => {
+            let suffixes = n.div_ceil(spec.prefixes.max(1)).max(spec.suffixes);
+            let grown = Workload::shared_prefix(SharedPrefix { suffixes, ..spec })?;
+            match grown {
+                Workload::SharedPrefix { spec, mut order } => {
+                    order.truncate(n);
+                    Workload::SharedPrefix { spec, order }
+                }
+                other => other,
+            }
+        }
+        Workload::Trace { mut records } => {
+            anyhow::ensure!(
+                records.len() >= n,
+                "the rate schedule draws {n} arrivals, the trace has {} requests: shorten the schedule",
+                records.len()
+            );
+            records.truncate(n);
+            Workload::Trace { records }
+        }
+        Workload::Sessions { mut spec } => {
+            anyhow::ensure!(
+                spec.sessions >= n,
+                "the rate schedule starts {n} sessions, --sessions is {}: raise it",
+                spec.sessions
+            );
+            spec.sessions = n;
+            Workload::Sessions { spec }
+        }
+    })
+}
+
 /// Runs the command; what it prints on stdout is the Markdown.
 pub async fn main(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Command::Bench(args) => run_bench(args).await,
         Command::Replay(args) => run_replay(args),
+        Command::Planner(args) => run_planner(args),
     }
+}
+
+fn run_planner(args: PlannerArgs) -> anyhow::Result<()> {
+    let engine = EngineConfig {
+        speedup_ratio: args.speedup_ratio,
+        seed: args.seed,
+        ..args.engine.config()
+    };
+    engine.validate()?;
+    anyhow::ensure!(
+        args.isl > 0 && args.osl > 0,
+        "--isl and --osl must be at least 1"
+    );
+    for (flag, v) in [("--ttft-ms", args.ttft_ms), ("--itl-ms", args.itl_ms)] {
+        anyhow::ensure!(v.is_finite() && v > 0.0, "{flag} must be positive");
+    }
+    let profile = match &args.profile {
+        Some(path) => {
+            let text = std::fs::read_to_string(path)
+                .with_context(|| format!("reading the profile {}", path.display()))?;
+            Profile::from_json(&text).with_context(|| path.display().to_string())?
+        }
+        None => planner_profile(&engine, &ProfileSweep::default())?,
+    };
+    if let Some(path) = &args.profile_out {
+        write(path, &(serde_json::to_string_pretty(&profile)? + "\n"))?;
+    }
+    let schedule = &args.rate_schedule;
+    let times = schedule_times(args.arrival, schedule, args.seed);
+    anyhow::ensure!(!times.is_empty(), "the rate schedule draws no request");
+    let workload = Workload::shared_prefix(SharedPrefix {
+        prefixes: times.len(),
+        suffixes: 1,
+        prefix_tokens: 0,
+        unique_tokens: args.isl,
+        output_tokens: args.osl,
+        seed: args.seed,
+    })?;
+    let mut setup = PlannerSetup {
+        engine: engine.clone(),
+        router: replay::RouterSetup {
+            mode: args.router_mode,
+            scheduler: SchedulerConfig::default(),
+            approx: ApproxConfig::default(),
+            seed: args.seed,
+        },
+        profile,
+        targets: SlaTargets {
+            ttft_ms: args.ttft_ms,
+            itl_ms: args.itl_ms,
+        },
+        limits: Limits {
+            min_endpoint: args.min_endpoint,
+            max_gpu_budget: args.max_gpu_budget,
+            max_step: args.max_step,
+        },
+        predictor: args.predictor,
+        correction: !args.no_correction,
+        interval_s: args.interval_s,
+        load_interval_s: args.load_interval_s,
+        load_target: args.load_target,
+        context_length: args.context_length,
+        startup_s: args.startup_s,
+        initial_replicas: 1,
+        max_waiting_requests: args.max_waiting_requests,
+    };
+    let (isl, osl) = (args.isl as f64, args.osl as f64);
+    let rates: Vec<f64> = schedule
+        .steps()
+        .iter()
+        .map(|s| s.rate)
+        .filter(|&r| r > 0.0)
+        .collect();
+    let base_rate = rates.iter().copied().fold(f64::INFINITY, f64::min);
+    let base = setup.replicas_for(base_rate, isl, osl);
+    let peak = setup.replicas_for(schedule.peak_rate(), isl, osl);
+    setup.initial_replicas = match args.initial_replicas {
+        Some(n) => n,
+        None => setup.replicas_for(schedule.steps()[0].rate.max(base_rate), isl, osl),
+    };
+    let mut modes = args.planner.clone();
+    let mut runs: Vec<PlannerRun> = Vec::new();
+    let ran = |mode: PlannerMode, runs: &mut Vec<PlannerRun>| -> anyhow::Result<()> {
+        if runs.iter().any(|r| r.label == mode.to_string()) {
+            return Ok(());
+        }
+        let run = planner_replay::simulate(&workload, &times, schedule, &setup, mode)?;
+        eprintln!(
+            "planner {mode}: {} requests, {:.1}% within both targets, {:.0} GPU-s, replicas {}-{}; computed in {:.1} s",
+            run.requests,
+            run.attainment.both_pct(),
+            run.gpu_seconds,
+            run.min_replicas,
+            run.max_replicas,
+            run.wall_s
+        );
+        runs.push(run);
+        Ok(())
+    };
+    modes.sort_by_key(PlannerMode::is_static);
+    for &mode in &modes {
+        ran(mode, &mut runs)?;
+    }
+    if !args.no_static_sweep {
+        // Every count from the base rate's up: past the peak's, and past the first that
+        // meets every planner run's attainment, a larger one is only dearer.
+        let wanted = runs
+            .iter()
+            .map(|r| r.attainment.both_pct())
+            .fold(0.0, f64::max);
+        let most = runs
+            .iter()
+            .map(|r| r.max_replicas)
+            .max()
+            .unwrap_or(peak)
+            .max(peak);
+        for n in base.min(peak)..=most {
+            ran(PlannerMode::Static(n), &mut runs)?;
+            let last = runs.last().expect("just ran");
+            if n >= peak && last.attainment.both_pct() >= wanted {
+                break;
+            }
+        }
+    }
+    runs.sort_by_key(|r| match PlannerMode::parse(&r.label) {
+        Ok(PlannerMode::Static(n)) => (1, n),
+        _ => (0, 0),
+    });
+    let versus = planner_replay::compare(&runs, peak);
+    let title = format!(
+        "Planner replay: rate schedule {schedule} (req/s x s), {} arrivals, {} requests of ISL {} / OSL {}; targets TTFT {} ms, ITL {} ms; aggregated mocker engines ({} blocks of {} tokens, max_num_seqs {}, max_num_batched_tokens {}, speedup {}), {} routing{}; planner interval {} s (load mode {} s), predictor {}, correction {}, startup {} s, budget {} GPUs",
+        format!("{:?}", args.arrival).to_lowercase(),
+        times.len(),
+        args.isl,
+        args.osl,
+        args.ttft_ms,
+        args.itl_ms,
+        engine.num_gpu_blocks,
+        engine.block_size,
+        engine.max_num_seqs,
+        engine.max_num_batched_tokens,
+        engine.speedup_ratio,
+        args.router_mode,
+        match args.max_waiting_requests {
+            Some(n) => format!(", picker queue past {n} waiting per engine"),
+            None => String::new(),
+        },
+        args.interval_s,
+        args.load_interval_s,
+        args.predictor.kind,
+        if args.no_correction { "off" } else { "on" },
+        args.startup_s,
+        args.max_gpu_budget,
+    );
+    let mut md = format!("### {title}\n\n");
+    md.push_str(&format!(
+        "The profile sizes the base rate ({base_rate} req/s) at {base} replicas and the peak ({} req/s) at {peak}.\n\n",
+        schedule.peak_rate()
+    ));
+    md.push_str(&planner_replay::runs_table(&runs));
+    if !versus.is_empty() {
+        md.push_str("\nThe planner against static counts (best static: the cheapest meeting the planner's attainment of both targets; same cost: the cheapest costing at least the planner's GPU-seconds; peak: sized for the peak rate):\n\n");
+        md.push_str(&planner_replay::versus_table(&versus));
+    }
+    md.push_str("\nAttainment of both targets by the step the request arrived in:\n\n");
+    md.push_str(&planner_replay::steps_table(&runs, schedule));
+    for r in runs.iter().filter(|r| !r.label.starts_with("static")) {
+        md.push_str(&format!("\nReplica timeline, {}:\n\n", r.label));
+        md.push_str(&planner_replay::timeline_table(r));
+    }
+    print!("{md}");
+    if let Some(path) = &args.markdown {
+        write(path, &md)?;
+    }
+    if let Some(path) = &args.timeline_csv {
+        write(path, &planner_replay::timeline_csv(&runs))?;
+    }
+    if let Some(path) = &args.out {
+        let doc = json!({
+            "kind": "planner", "title": title, "rate_schedule": schedule.to_string(),
+            "isl": args.isl, "osl": args.osl, "requests": times.len(),
+            "targets": {"ttft_ms": args.ttft_ms, "itl_ms": args.itl_ms},
+            "engine": engine, "profile": setup.profile,
+            "base_replicas": base, "peak_replicas": peak, "runs": runs, "versus": versus,
+        });
+        write(path, &serde_json::to_string_pretty(&doc)?)?;
+    }
+    Ok(())
 }
 
 fn run_replay(args: ReplayArgs) -> anyhow::Result<()> {
@@ -465,13 +907,7 @@ fn run_replay(args: ReplayArgs) -> anyhow::Result<()> {
         args.approx_ttl_s.is_finite() && args.approx_ttl_s >= 0.0,
         "--approx-ttl-s must be >= 0"
     );
-    let engine = EngineConfig {
-        num_gpu_blocks: args.num_gpu_blocks,
-        block_size: args.block_size,
-        max_num_seqs: args.max_num_seqs,
-        max_num_batched_tokens: args.max_num_batched_tokens,
-        ..EngineConfig::default()
-    };
+    let engine = args.engine.config();
     engine.validate()?;
     let scheduler = SchedulerConfig {
         prefill_load_scale: args.prefill_load_scale,
@@ -502,7 +938,7 @@ fn run_replay(args: ReplayArgs) -> anyhow::Result<()> {
         .any(|t| matches!(t, Topology::Disaggregated { .. }));
     let block_bytes = match (args.kv_block_bytes, args.tiers.iter().any(on) || moves_kv) {
         (Some(b), _) => Some(b),
-        (None, true) => Some(kv_block_bytes(&args.model_path, args.block_size)?),
+        (None, true) => Some(kv_block_bytes(&args.model_path, args.engine.block_size)?),
         (None, false) => None,
     };
     anyhow::ensure!(block_bytes != Some(0), "--kv-block-bytes must be positive");
@@ -570,7 +1006,7 @@ fn run_replay(args: ReplayArgs) -> anyhow::Result<()> {
     }
     let blocks = format!(
         "{} blocks of {} tokens",
-        args.num_gpu_blocks, args.block_size
+        args.engine.num_gpu_blocks, args.engine.block_size
     );
     let graph = if topologies {
         let list: Vec<String> = args.topology.iter().map(Topology::to_string).collect();
@@ -593,6 +1029,9 @@ fn run_replay(args: ReplayArgs) -> anyhow::Result<()> {
     });
     if !w.request_rate.is_empty() {
         config["request_rates"] = json!(w.request_rate);
+    }
+    if let Some(schedule) = &w.rate_schedule {
+        config["rate_schedule"] = json!(schedule.to_string());
     }
     // Ratios against round-robin, or with tiers or graphs against the first of them.
     let mut baseline = RouterMode::RoundRobin.as_str().to_owned();
@@ -725,6 +1164,9 @@ async fn run_bench(args: BenchArgs) -> anyhow::Result<()> {
         args.api
     );
     let mut config = json!({"url": args.url, "launch": args.launch, "api": args.api});
+    if let Some(schedule) = &w.rate_schedule {
+        config["rate_schedule"] = json!(schedule.to_string());
+    }
     if let Some(spec) = workload.conversations() {
         config["conversations"] = json!(spec);
     }
@@ -877,7 +1319,75 @@ mod tests {
         let argv = ["dynamo-e2e", "bench"].iter().chain(args);
         match Cli::try_parse_from(argv)?.command {
             Command::Bench(b) => Ok(b),
-            Command::Replay(_) => unreachable!(),
+            _ => unreachable!(),
+        }
+    }
+
+    fn planner(args: &[&str]) -> Result<PlannerArgs, clap::Error> {
+        let argv = ["dynamo-e2e", "planner"].iter().chain(args);
+        match Cli::try_parse_from(argv)?.command {
+            Command::Planner(p) => Ok(p),
+            _ => unreachable!(),
+        }
+    }
+
+    #[test]
+    fn planner_flags_parse_with_their_defaults() {
+        let p = planner(&[]).unwrap();
+        assert_eq!(p.rate_schedule.to_string(), "16x600,64x600,16x600");
+        assert_eq!(
+            p.planner,
+            [
+                PlannerMode::Throughput,
+                PlannerMode::Load,
+                PlannerMode::ThroughputLoad
+            ]
+        );
+        assert_eq!(
+            (p.isl, p.osl, p.ttft_ms, p.itl_ms),
+            (3000, 150, 500.0, 50.0)
+        );
+        assert_eq!(
+            (p.interval_s, p.load_interval_s, p.startup_s),
+            (60.0, 5.0, 30.0)
+        );
+        assert_eq!(
+            (p.router_mode, p.max_waiting_requests),
+            (RouterMode::RoundRobin, None)
+        );
+        assert_eq!(
+            p.predictor.kind,
+            dynamo_planner::predict::PredictorKind::Arima
+        );
+        assert_eq!(p.load_target, LoadTarget::Throughput);
+        assert!(!p.no_correction && !p.no_static_sweep);
+        let p = planner(&[
+            "--planner",
+            "static:3,load",
+            "--predictor",
+            "moving-average:4",
+            "--load-target",
+            "latency",
+            "--max-waiting-requests",
+            "2",
+            "--router-mode",
+            "kv",
+        ])
+        .unwrap();
+        assert_eq!(p.planner, [PlannerMode::Static(3), PlannerMode::Load]);
+        assert_eq!(p.predictor.moving_average.window, 4);
+        assert_eq!(p.load_target, LoadTarget::Latency);
+        assert_eq!(
+            (p.max_waiting_requests, p.router_mode),
+            (Some(2), RouterMode::Kv)
+        );
+        for bad in [
+            ["--planner", "static:0"],
+            ["--rate-schedule", "-1x5"],
+            ["--predictor", "arima:x"],
+            ["--load-target", "x"],
+        ] {
+            assert!(planner(&bad).is_err(), "{bad:?}");
         }
     }
 
@@ -885,7 +1395,7 @@ mod tests {
         let argv = ["dynamo-e2e", "replay"].iter().chain(args);
         match Cli::try_parse_from(argv)?.command {
             Command::Replay(r) => Ok(r),
-            Command::Bench(_) => unreachable!(),
+            _ => unreachable!(),
         }
     }
 
@@ -1031,5 +1541,68 @@ mod tests {
         let b = bench(&["--sessions", "3", "--think-time-s=-1"]).unwrap();
         assert!(b.workload.workload().is_err());
         assert!(bench(&["--sessions", "3", "--trace", "t.jsonl"]).is_err());
+    }
+
+    #[test]
+    fn a_rate_schedule_sizes_the_run_and_bad_ones_are_refused_clearly() {
+        let b = bench(&["--rate-schedule", "2x30,8x30,2x30", "--prefixes", "4"]).unwrap();
+        let w = b.workload.workload().unwrap();
+        let times = b.workload.times_ms(&w, b.workload.rates()[0]).unwrap();
+        assert_eq!(b.workload.rates(), [None]);
+        // About 60 + 240 + 60 requests; the workload grew from 4 x 16 to exactly that.
+        assert_eq!(w.len(), times.len());
+        assert!((300..420).contains(&times.len()), "{}", times.len());
+        assert!(times.windows(2).all(|p| p[1] > p[0]) && times[times.len() - 1] < 90_000.0);
+        let in_step = |a: f64, b: f64| times.iter().filter(|&&t| t >= a && t < b).count();
+        assert!(in_step(30_000.0, 60_000.0) > 2 * in_step(0.0, 30_000.0));
+        assert!(
+            b.workload
+                .describe_arrivals(None)
+                .starts_with("poisson arrivals at 2x30,8x30,2x30 (req/s x s)")
+        );
+        // Evenly spaced, and the same in the replay.
+        let r = replay(&["--rate-schedule", "1x2,4x1", "--arrival", "fixed"]).unwrap();
+        let w = r.workload.workload().unwrap();
+        assert_eq!(
+            r.workload.times_ms(&w, None).unwrap(),
+            [0.0, 1000.0, 2000.0, 2250.0, 2500.0, 2750.0]
+        );
+        // Sessions: the schedule starts them, and there must be enough.
+        let s = bench(&[
+            "--sessions",
+            "3",
+            "--rate-schedule",
+            "1x2",
+            "--arrival",
+            "fixed",
+        ])
+        .unwrap();
+        let w = s.workload.workload().unwrap();
+        assert_eq!(w.conversations().unwrap().sessions, 2);
+        let s = bench(&[
+            "--sessions",
+            "1",
+            "--rate-schedule",
+            "1x5",
+            "--arrival",
+            "fixed",
+        ])
+        .unwrap();
+        let err = s.workload.workload().unwrap_err().to_string();
+        assert!(err.contains("starts 5 sessions"), "{err}");
+        // Bad schedules, and schedules with another rate, are refused with the reason.
+        for (bad, says) in [
+            ("2x", "the duration is missing"),
+            ("-1x5", "the rate must be"),
+            ("0x0", "the duration must be"),
+        ] {
+            let err = bench(&["--rate-schedule", bad]).unwrap_err().to_string();
+            assert!(
+                err.contains(says) && err.contains("RATExSECONDS"),
+                "{bad}: {err}"
+            );
+        }
+        assert!(bench(&["--rate-schedule", "2x60", "--request-rate", "3"]).is_err());
+        assert!(bench(&["--rate-schedule", "2x60", "--concurrency", "3"]).is_err());
     }
 }

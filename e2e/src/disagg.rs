@@ -40,7 +40,7 @@ use dynamo_kvcache::{RequestId, SeqHash};
 use dynamo_mocker::replay::{Collector, Percentiles, ReplayReport, Router};
 use dynamo_mocker::{Clock, Engine, EngineConfig, Request};
 
-use crate::replay::{KvRouter, RouterSetup, Side, furthest_behind};
+use crate::replay::{KvRouter, RouterSetup, Side, check_arrivals, furthest_behind};
 use crate::report::{DisaggStats, Report};
 use crate::workload::Workload;
 
@@ -230,21 +230,9 @@ pub fn simulate(
         workload.conversations().is_none(),
         "topologies are simulated for request workloads (shared prefix, trace), not conversations"
     );
-    anyhow::ensure!(
-        arrivals_ms.len() == workload.len(),
-        "{} arrival times for {} requests",
-        arrivals_ms.len(),
-        workload.len()
-    );
-    anyhow::ensure!(
-        arrivals_ms.windows(2).all(|w| w[0] <= w[1]) && arrivals_ms.iter().all(|t| *t >= 0.0),
-        "arrival times must be >= 0 and not decrease"
-    );
+    check_arrivals(workload, arrivals_ms)?;
     anyhow::ensure!(topology.engines() > 0, "a graph needs at least one engine");
-    anyhow::ensure!(
-        setup.scheduler.temperature.is_finite() && setup.scheduler.temperature >= 0.0,
-        "the temperature must be finite and >= 0"
-    );
+    setup.validate()?;
     anyhow::ensure!(
         link.bandwidth_gbps.is_finite() && link.bandwidth_gbps > 0.0,
         "the link bandwidth must be positive"

@@ -9,6 +9,8 @@
 //!   scheduler, in simulated time;
 //! - [`disagg`]: the replay over an aggregated or a disaggregated (prefill + decode
 //!   engines, KV moving over a link) graph;
+//! - [`planner_replay`]: the planner in the loop of a simulated graph under a load
+//!   that steps up and down, against static replica counts;
 //! - [`launch`]: starting and stopping a graph per router mode for live comparisons;
 //! - [`report`]: the figures of a run, JSON and Markdown tables, ratios to round-robin;
 //! - [`cli`]: the `dynamo-e2e` command line.
@@ -21,6 +23,7 @@ pub mod cli;
 pub mod client;
 pub mod disagg;
 pub mod launch;
+pub mod planner_replay;
 pub mod replay;
 pub mod report;
 pub mod workload;

@@ -46,6 +46,33 @@ pub struct RouterSetup {
     pub seed: u64,
 }
 
+impl RouterSetup {
+    pub(crate) fn validate(&self) -> anyhow::Result<()> {
+        let t = self.scheduler.temperature;
+        anyhow::ensure!(
+            t.is_finite() && t >= 0.0,
+            "the temperature must be finite and >= 0"
+        );
+        Ok(())
+    }
+}
+
+/// Refuses arrival times that are not one per request, or that are negative or out of
+/// order.
+pub(crate) fn check_arrivals(workload: &Workload, arrivals_ms: &[f64]) -> anyhow::Result<()> {
+    anyhow::ensure!(
+        arrivals_ms.len() == workload.len(),
+        "{} arrival times for {} requests",
+        arrivals_ms.len(),
+        workload.len()
+    );
+    anyhow::ensure!(
+        arrivals_ms.windows(2).all(|w| w[0] <= w[1]) && arrivals_ms.iter().all(|t| *t >= 0.0),
+        "arrival times must be >= 0 and not decrease"
+    );
+    Ok(())
+}
+
 /// The endpoint picker's routing, over simulated engines.
 pub struct KvRouter {
     setup: RouterSetup,
@@ -175,6 +202,14 @@ impl KvRouter {
     pub fn reads_kv_events(&self) -> bool {
         self.setup.mode == RouterMode::Kv
     }
+
+    /// Engine `engine` is gone (scaled down and drained): its blocks leave the indexes and
+    /// its load the tracker, as when the picker drops a pod from its pool.
+    pub fn remove_engine(&mut self, engine: usize) {
+        self.index.remove_worker(worker(engine));
+        self.approx.remove_worker(worker(engine));
+        self.loads.remove_worker(worker(engine));
+    }
 }
 
 /// The engine with work whose clock is furthest behind, if any is before `next_ms`:
@@ -298,16 +333,8 @@ pub fn run_with_tiers(
         tiers.is_none(),
         "KV block tiers are simulated for conversation workloads (--sessions) only"
     );
-    anyhow::ensure!(
-        arrivals_ms.len() == workload.len(),
-        "{} arrival times for {} requests",
-        arrivals_ms.len(),
-        workload.len()
-    );
-    anyhow::ensure!(
-        setup.scheduler.temperature.is_finite() && setup.scheduler.temperature >= 0.0,
-        "the temperature must be finite and >= 0"
-    );
+    check_arrivals(workload, arrivals_ms)?;
+    setup.validate()?;
     let mut router = KvRouter::new(setup, workers * engine.num_gpu_blocks);
     let requests = arrivals_ms.iter().enumerate().map(|(i, &at)| {
         let item = workload.request(i);
@@ -544,10 +571,7 @@ pub fn run_sessions_with_tiers(
         "session start times must be finite and >= 0"
     );
     anyhow::ensure!(workers > 0, "a replay needs at least one engine");
-    anyhow::ensure!(
-        setup.scheduler.temperature.is_finite() && setup.scheduler.temperature >= 0.0,
-        "the temperature must be finite and >= 0"
-    );
+    setup.validate()?;
     let tiers = tiers.filter(|t| t.placement.any());
     let mut config = config.clone();
     if let Some(t) = tiers {

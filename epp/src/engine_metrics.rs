@@ -62,7 +62,7 @@ pub async fn poll(
 ) {
     let url = format!("http://{address}/metrics");
     let metrics = router.metrics().clone();
-    let pod = vec![("pod", address.to_string())];
+    let pod = address.to_string();
     let mut ticker = tokio::time::interval(interval);
     ticker.set_missed_tick_behavior(MissedTickBehavior::Delay);
     loop {
@@ -79,10 +79,7 @@ pub async fn poll(
         let result = match read.await {
             Ok(text) => match parse(&text) {
                 Some(m) => {
-                    metrics
-                        .engine_kv_usage
-                        .get_or_create(&pod)
-                        .set(m.kv_cache_usage_perc);
+                    metrics.engine(&pod, m.kv_cache_usage_perc, m.num_gpu_blocks);
                     router.observe_engine(worker, m);
                     "ok"
                 }

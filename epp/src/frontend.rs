@@ -145,6 +145,10 @@ async fn health(State(f): State<Arc<Frontend>>) -> Response {
 }
 
 async fn metrics(State(f): State<Arc<Frontend>>) -> Response {
+    f.router.publish_load();
+    let context = f.model.get().ok().map(|l| l.model.max_context);
+    f.metrics
+        .model(f.model.name(), f.router.config().block_size, context);
     (
         [(
             header::CONTENT_TYPE,

@@ -98,7 +98,23 @@ pub struct Metrics {
     pub kv_event_lag_seconds: Histogram,
     pub engine_polls: Family<Labels, Counter>,
     pub engine_kv_usage: Family<Labels, Gauge<f64, AtomicU64>>,
+    /// The engine's KV cache size in blocks (`vllm:cache_config_info{num_gpu_blocks}`).
+    pub engine_kv_blocks: Family<Labels, Gauge>,
+    // Per pod, as Dynamo's frontend names them (`worker_id`, `worker_type`), refreshed on
+    // each scrape by [`crate::Router::publish_load`]: prefill is this replica's share
+    // (sum the replicas), decode is its engine-corrected view of the pod (take the max).
+    pub worker_prefill_tokens: Family<Labels, Gauge>,
+    pub worker_decode_blocks: Family<Labels, Gauge>,
+    // The model, as Dynamo's frontend names it.
+    pub model_block_size: Family<Labels, Gauge>,
+    pub model_context_length: Family<Labels, Gauge>,
 }
+
+/// `worker_type` of Dynamo's per-worker gauges: `prefill`, or `decode` for pods that
+/// decode (aggregated pods included).
+pub const PREFILL_WORKER: &str = "prefill";
+pub const DECODE_WORKER: &str = "decode";
+const WORKER_TYPES: [&str; 2] = [PREFILL_WORKER, DECODE_WORKER];
 
 impl Default for Metrics {
     fn default() -> Self {
@@ -161,6 +177,11 @@ impl Metrics {
             kv_event_lag_seconds: Histogram::new(ITL_BUCKETS),
             engine_polls: Family::default(),
             engine_kv_usage: Family::default(),
+            engine_kv_blocks: Family::default(),
+            worker_prefill_tokens: Family::default(),
+            worker_decode_blocks: Family::default(),
+            model_block_size: Family::default(),
+            model_context_length: Family::default(),
             registry: Registry::default(),
         };
         r.register(
@@ -298,7 +319,100 @@ impl Metrics {
             "KV cache usage (0 to 1) each pod's engine reported last",
             m.engine_kv_usage.clone(),
         );
+        r.register(
+            "dynamo_epp_engine_kv_blocks",
+            "KV cache size in blocks each pod's engine reported last (num_gpu_blocks)",
+            m.engine_kv_blocks.clone(),
+        );
+        r.register(
+            "dynamo_frontend_worker_active_prefill_tokens",
+            "Uncached prompt tokens (full blocks) of this picker's requests not yet past their first token, by pod",
+            m.worker_prefill_tokens.clone(),
+        );
+        r.register(
+            "dynamo_frontend_worker_active_decode_blocks",
+            "KV blocks of decoding requests, by pod: this picker's, plus the blocks its engine last reported beyond this picker's requests",
+            m.worker_decode_blocks.clone(),
+        );
+        r.register(
+            "dynamo_frontend_model_kv_cache_block_size",
+            "Tokens per KV block the picker routes with",
+            m.model_block_size.clone(),
+        );
+        r.register(
+            "dynamo_frontend_model_context_length",
+            "Prompt plus output tokens the model accepts (once the picker has loaded it)",
+            m.model_context_length.clone(),
+        );
         Self { registry: r, ..m }
+    }
+
+    /// Sets `pod`'s engine gauges from its latest report; the KV cache size is absent
+    /// while the engine does not say it.
+    pub fn engine(&self, pod: &str, usage: f64, kv_blocks: Option<u64>) {
+        let labels = vec![("pod", pod.to_owned())];
+        self.engine_kv_usage.get_or_create(&labels).set(usage);
+        match kv_blocks {
+            Some(n) => {
+                self.engine_kv_blocks
+                    .get_or_create(&labels)
+                    .set(i64::try_from(n).unwrap_or(i64::MAX));
+            }
+            None => {
+                self.engine_kv_blocks.remove(&labels);
+            }
+        }
+    }
+
+    /// Sets `pod`'s per-worker load gauges; `worker_type` is [`PREFILL_WORKER`] or [`DECODE_WORKER`].
+    pub fn worker_load(
+        &self,
+        pod: &str,
+        worker_type: &str,
+        prefill_tokens: u64,
+        decode_blocks: u64,
+    ) {
+        let labels = vec![
+            ("worker_id", pod.to_owned()),
+            ("worker_type", worker_type.to_owned()),
+        ];
+        let gauge = |n: u64| i64::try_from(n).unwrap_or(i64::MAX);
+        self.worker_prefill_tokens
+            .get_or_create(&labels)
+            .set(gauge(prefill_tokens));
+        self.worker_decode_blocks
+            .get_or_create(&labels)
+            .set(gauge(decode_blocks));
+    }
+
+    /// Drops every series of a pod that left.
+    pub fn remove_pod(&self, pod: &str) {
+        let labels = vec![("pod", pod.to_owned())];
+        self.engine_kv_usage.remove(&labels);
+        self.engine_kv_blocks.remove(&labels);
+        self.model_card_mismatch.remove(&labels);
+        for worker_type in WORKER_TYPES {
+            let labels = vec![
+                ("worker_id", pod.to_owned()),
+                ("worker_type", worker_type.to_owned()),
+            ];
+            self.worker_prefill_tokens.remove(&labels);
+            self.worker_decode_blocks.remove(&labels);
+        }
+    }
+
+    /// Sets the model's gauges; the context length once the model is loaded.
+    pub fn model(&self, name: &str, block_size: usize, context_length: Option<usize>) {
+        let labels = vec![("model", name.to_owned())];
+        let gauge = |n: usize| i64::try_from(n).unwrap_or(i64::MAX);
+        self.model_block_size
+            .get_or_create(&labels)
+            .set(gauge(block_size));
+        if let Some(n) = context_length {
+            self.model_context_length
+                .get_or_create(&labels)
+                .set(gauge(n));
+        }
     }
 
     /// The OpenMetrics text of every metric.
@@ -322,6 +436,35 @@ mod tests {
         drop(a);
         drop(b);
         assert!(m.encode().contains(&line(0)));
+    }
+
+    #[test]
+    fn engine_and_model_gauges_are_absent_until_known_and_leave_with_the_pod() {
+        let m = Metrics::new();
+        m.engine("10.0.0.1:8000", 0.25, None);
+        m.model("m", 16, None);
+        let text = m.encode();
+        assert!(text.contains(r#"dynamo_epp_engine_kv_usage{pod="10.0.0.1:8000"} 0.25"#));
+        assert!(!text.contains("dynamo_epp_engine_kv_blocks{"), "{text}");
+        assert!(text.contains(r#"dynamo_frontend_model_kv_cache_block_size{model="m"} 16"#));
+        assert!(
+            !text.contains("dynamo_frontend_model_context_length{"),
+            "{text}"
+        );
+        m.engine("10.0.0.1:8000", 0.5, Some(1024));
+        m.model("m", 16, Some(32768));
+        m.worker_load("10.0.0.1:8000", "decode", 64, 7);
+        let text = m.encode();
+        for line in [
+            r#"dynamo_epp_engine_kv_blocks{pod="10.0.0.1:8000"} 1024"#,
+            r#"dynamo_frontend_model_context_length{model="m"} 32768"#,
+            r#"dynamo_frontend_worker_active_prefill_tokens{worker_id="10.0.0.1:8000",worker_type="decode"} 64"#,
+            r#"dynamo_frontend_worker_active_decode_blocks{worker_id="10.0.0.1:8000",worker_type="decode"} 7"#,
+        ] {
+            assert!(text.contains(line), "{line} missing:\n{text}");
+        }
+        m.remove_pod("10.0.0.1:8000");
+        assert!(!m.encode().contains("10.0.0.1:8000"));
     }
 
     #[test]

@@ -29,7 +29,7 @@ use tokio::sync::oneshot;
 
 use crate::config::RouterConfig;
 use crate::discovery::{EndpointSpec, Role};
-use crate::metrics::Metrics;
+use crate::metrics::{self, Metrics};
 
 /// Which part of a request a pick is for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -538,9 +538,7 @@ impl Router {
         let deliveries = {
             let mut st = self.lock();
             if let Some(gone) = st.endpoints.remove(&worker) {
-                let pod = vec![("pod", gone.spec.address.to_string())];
-                self.metrics.engine_kv_usage.remove(&pod);
-                self.metrics.model_card_mismatch.remove(&pod);
+                self.metrics.remove_pod(&gone.spec.address.to_string());
             }
             st.load.remove_worker(worker);
             st.approx.remove_worker(worker);
@@ -720,6 +718,29 @@ impl Router {
         }
     }
 
+    /// Sets each pod's `dynamo_frontend_worker_active_*` gauges from the load the
+    /// scheduler sees: prefill is this replica's requests alone (replicas add up), decode
+    /// includes what the engine's metrics show beyond them (each replica sees about the
+    /// whole pod). Called on each scrape; under the state lock, so a pod's series, once
+    /// removed with the pod, stays removed.
+    pub fn publish_load(&self) {
+        let st = self.lock();
+        let block_size = self.config.block_size as u64;
+        for (&worker, e) in &st.endpoints {
+            let worker_type = match e.spec.role {
+                Role::Prefill => metrics::PREFILL_WORKER,
+                Role::Worker | Role::Decode => metrics::DECODE_WORKER,
+            };
+            let load = st.load.load(worker);
+            self.metrics.worker_load(
+                &e.spec.address.to_string(),
+                worker_type,
+                load.prefill_blocks * block_size,
+                load.decode_blocks,
+            );
+        }
+    }
+
     /// Known pods with their current load, for logs and tests.
     pub fn endpoints(&self) -> Vec<EndpointView> {
         let st = self.lock();
@@ -878,6 +899,106 @@ mod tests {
             0,
             "nothing is cached anywhere now"
         );
+    }
+
+    /// `name{worker_id="127.0.0.1:port",worker_type}` after a refresh, if exported.
+    fn worker_gauge(r: &Router, name: &str, port: u16, worker_type: &str) -> Option<i64> {
+        r.publish_load();
+        let series =
+            format!("{name}{{worker_id=\"127.0.0.1:{port}\",worker_type=\"{worker_type}\"}} ");
+        r.metrics()
+            .encode()
+            .lines()
+            .find_map(|l| l.strip_prefix(&series)?.parse().ok())
+    }
+
+    const PREFILL_TOKENS: &str = "dynamo_frontend_worker_active_prefill_tokens";
+    const DECODE_BLOCKS: &str = "dynamo_frontend_worker_active_decode_blocks";
+
+    #[tokio::test]
+    async fn per_worker_gauges_follow_prefill_then_decode_and_leave_with_the_pod() {
+        let r = router(RouterConfig::default());
+        r.add_endpoint(WorkerId(1), spec(8001, Role::Prefill));
+        r.add_endpoint(WorkerId(2), spec(8002, Role::Decode));
+        let g = |name, port, worker_type| worker_gauge(&r, name, port, worker_type);
+        assert_eq!(
+            g(PREFILL_TOKENS, 8001, "prefill"),
+            Some(0),
+            "idle pods report 0"
+        );
+        let mut a = r.route(request(prompt(3, 0))).await.unwrap();
+        // 3 uncached blocks of 16 tokens on the prefill pod; the decode pod waits.
+        assert_eq!(g(PREFILL_TOKENS, 8001, "prefill"), Some(48));
+        assert_eq!(g(DECODE_BLOCKS, 8001, "prefill"), Some(0));
+        assert_eq!(g(PREFILL_TOKENS, 8002, "decode"), Some(0));
+        assert_eq!(g(DECODE_BLOCKS, 8002, "decode"), Some(0));
+        a.first_token();
+        assert_eq!(g(PREFILL_TOKENS, 8001, "prefill"), Some(0));
+        assert_eq!(g(DECODE_BLOCKS, 8002, "decode"), Some(3));
+        // The engine holds 50 blocks: 47 of them other replicas' requests, which count
+        // as the pod's decode load (each replica sees about the whole pod: the planner
+        // takes the largest view), until the next report.
+        let engine = EngineMetrics {
+            num_requests_waiting: 0,
+            kv_cache_usage_perc: 0.5,
+            num_gpu_blocks: Some(100),
+        };
+        r.observe_engine(WorkerId(2), engine);
+        r.metrics().engine("127.0.0.1:8002", 0.5, Some(100));
+        assert_eq!(g(DECODE_BLOCKS, 8002, "decode"), Some(50));
+        drop(a);
+        assert_eq!(g(DECODE_BLOCKS, 8002, "decode"), Some(47));
+        r.observe_engine(
+            WorkerId(2),
+            EngineMetrics {
+                kv_cache_usage_perc: 0.0,
+                ..engine
+            },
+        );
+        assert_eq!(g(DECODE_BLOCKS, 8002, "decode"), Some(0));
+
+        let mut b = r.route(request(prompt(2, 1))).await.unwrap();
+        b.first_token();
+        assert_eq!(g(DECODE_BLOCKS, 8002, "decode"), Some(2));
+        assert!(
+            r.metrics()
+                .encode()
+                .contains(r#"dynamo_epp_engine_kv_blocks{pod="127.0.0.1:8002"} 100"#)
+        );
+        r.remove_endpoint(WorkerId(2));
+        assert_eq!(g(PREFILL_TOKENS, 8002, "decode"), None);
+        assert_eq!(g(DECODE_BLOCKS, 8002, "decode"), None);
+        // Its gauges go (its counters, such as its picks, stay).
+        let text = r.metrics().encode();
+        let gauges = ["dynamo_frontend_worker_", "dynamo_epp_engine_kv_"];
+        let left: Vec<&str> = text
+            .lines()
+            .filter(|l| gauges.iter().any(|g| l.starts_with(g)) && l.contains("127.0.0.1:8002"))
+            .collect();
+        assert!(left.is_empty(), "{left:?}");
+        // The request of the pod that left ends without resurrecting its series.
+        drop(b);
+        assert_eq!(g(DECODE_BLOCKS, 8002, "decode"), None);
+        assert_eq!(g(PREFILL_TOKENS, 8001, "prefill"), Some(0));
+    }
+
+    #[tokio::test]
+    async fn an_aggregated_pod_is_a_decode_worker_charged_its_uncached_prompt_only() {
+        let r = router(RouterConfig::default());
+        r.add_endpoint(WorkerId(1), spec(8001, Role::Worker));
+        let tokens = prompt(4, 2);
+        // The pod holds the first 2 of the prompt's 4 blocks.
+        r.apply_update(
+            WorkerId(1),
+            PodUpdate::Snapshot(vec![stored(&r, &tokens[..32])]),
+        );
+        let mut a = r.route(request(tokens)).await.unwrap();
+        assert_eq!(worker_gauge(&r, PREFILL_TOKENS, 8001, "decode"), Some(32));
+        assert_eq!(worker_gauge(&r, DECODE_BLOCKS, 8001, "decode"), Some(0));
+        a.first_token();
+        assert_eq!(worker_gauge(&r, PREFILL_TOKENS, 8001, "decode"), Some(0));
+        assert_eq!(worker_gauge(&r, DECODE_BLOCKS, 8001, "decode"), Some(4));
+        assert_eq!(worker_gauge(&r, DECODE_BLOCKS, 8001, "prefill"), None);
     }
 
     #[tokio::test]

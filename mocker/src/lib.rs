@@ -9,6 +9,7 @@ pub mod clock;
 pub mod config;
 pub mod engine;
 pub mod kv_blocks;
+pub mod profile;
 pub mod replay;
 pub mod scheduler;
 pub mod server;

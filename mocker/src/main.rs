@@ -8,7 +8,12 @@ use dynamo_server::{init_logging, shutdown_signal};
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     init_logging();
-    let config = Args::parse().into_config().await?;
+    let args = Args::parse();
+    // `--planner-profile-out`: measure, write, and exit without serving.
+    if args.write_planner_profile()? {
+        return Ok(());
+    }
+    let config = args.into_config().await?;
     let server = start(config, shutdown_signal()).await?;
     tracing::info!(
         model = %server.model_name,

@@ -199,16 +199,21 @@ async fn plain_error(status: StatusCode, answer: reqwest::Response) -> ApiError 
     }
 }
 
-/// 503 when the engine cannot be reached (not started, restarting), 502 when it was
-/// reached but did not answer properly.
+/// 503 `engine_unreachable` when the engine gave no answer at all: it could not be
+/// reached (not started, restarting), or it closed or reset the connection before a
+/// status line (it died with the request). Nothing reached the client, so the picker
+/// may send the request to another pod. 502 for the rest (a timeout, a malformed answer):
+/// the engine took the request and may still be working on it.
 fn engine_error(url: &str, e: &reqwest::Error) -> ApiError {
     let mut message = format!("engine request to {url} failed");
     let mut source: Option<&dyn Error> = e.source();
+    let mut went_away = e.is_connect();
     while let Some(cause) = source {
         message = format!("{message}: {cause}");
+        went_away |= closed_before_answer(cause);
         source = cause.source();
     }
-    if e.is_connect() {
+    if went_away && !e.is_timeout() {
         ApiError {
             code: Some(dynamo_llm::error::ENGINE_UNREACHABLE),
             ..ApiError::unavailable(message)
@@ -220,6 +225,23 @@ fn engine_error(url: &str, e: &reqwest::Error) -> ApiError {
             ..ApiError::internal(message)
         }
     }
+}
+
+/// Whether an error of the request's transport says the connection ended before the
+/// answer began: hyper's "connection closed before message completed", or a reset.
+fn closed_before_answer(cause: &(dyn Error + 'static)) -> bool {
+    if let Some(e) = cause.downcast_ref::<hyper::Error>() {
+        return e.is_incomplete_message();
+    }
+    cause.downcast_ref::<std::io::Error>().is_some_and(|e| {
+        matches!(
+            e.kind(),
+            std::io::ErrorKind::ConnectionReset
+                | std::io::ErrorKind::ConnectionAborted
+                | std::io::ErrorKind::BrokenPipe
+                | std::io::ErrorKind::UnexpectedEof
+        )
+    })
 }
 
 /// `headers` without the hop-by-hop ones, which belong to one connection only

@@ -290,3 +290,79 @@ async fn shutdown_gives_up_on_requests_after_the_grace_period() {
         .await
         .expect("shutdown ends after its grace although the stream never does");
 }
+
+/// An engine at a free port that reads each request's head and then does `then` to the
+/// connection instead of answering.
+async fn raw_engine(
+    then: fn(tokio::net::TcpStream) -> Option<tokio::net::TcpStream>,
+) -> (String, AbortOnDrop) {
+    use tokio::io::AsyncReadExt;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let server = tokio::spawn(async move {
+        loop {
+            let (mut tcp, _) = listener.accept().await.unwrap();
+            let mut head = Vec::new();
+            let mut buf = [0u8; 1024];
+            while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+                match tcp.read(&mut buf).await {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => head.extend_from_slice(&buf[..n]),
+                }
+            }
+            if let Some(tcp) = then(tcp) {
+                // Kept open until the sidecar gives up on it.
+                tokio::spawn(async move {
+                    let _tcp = tcp;
+                    tokio::time::sleep(Duration::from_secs(30)).await;
+                });
+            }
+        }
+    });
+    (url, AbortOnDrop(server))
+}
+
+async fn post_completion(sidecar: &dynamo_sidecar::Sidecar) -> (u16, Value) {
+    let response = reqwest::Client::new()
+        .post(format!("http://{}/v1/completions", sidecar.proxy_addr))
+        .header("content-type", "application/json")
+        .body(r#"{"model":"m","prompt":"hi"}"#)
+        .send()
+        .await
+        .unwrap();
+    (response.status().as_u16(), response.json().await.unwrap())
+}
+
+#[tokio::test]
+async fn an_engine_that_dies_before_answering_is_unreachable_so_the_picker_retries() {
+    // Closed, then reset (linger 0), after taking the request: a killed engine.
+    let closed: fn(tokio::net::TcpStream) -> Option<tokio::net::TcpStream> = |tcp| {
+        drop(tcp);
+        None
+    };
+    let reset: fn(tokio::net::TcpStream) -> Option<tokio::net::TcpStream> = |tcp| {
+        tcp.set_zero_linger().unwrap();
+        drop(tcp);
+        None
+    };
+    for (how, then) in [("closed", closed), ("reset", reset)] {
+        let (engine, _server) = raw_engine(then).await;
+        let sidecar = sidecar(&engine, None, None).await;
+        let (status, body) = post_completion(&sidecar).await;
+        assert_eq!(status, 503, "{how}: {body}");
+        assert_eq!(body["error"]["code"], "engine_unreachable", "{how}: {body}");
+    }
+}
+
+#[tokio::test]
+async fn an_engine_that_answers_garbage_is_an_engine_error_not_retried() {
+    let garbage: fn(tokio::net::TcpStream) -> Option<tokio::net::TcpStream> = |tcp| {
+        tcp.try_write(b"HTTP/1.1 abc nonsense\r\n\r\n").unwrap();
+        Some(tcp)
+    };
+    let (engine, _server) = raw_engine(garbage).await;
+    let sidecar = sidecar(&engine, None, None).await;
+    let (status, body) = post_completion(&sidecar).await;
+    assert_eq!(status, 502, "{body}");
+    assert_eq!(body["error"]["code"], "engine_error", "{body}");
+}

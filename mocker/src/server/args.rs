@@ -3,6 +3,7 @@
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
+use anyhow::Context;
 use clap::Parser;
 use dynamo_server::ServerLimits;
 
@@ -11,6 +12,7 @@ use crate::kv_blocks::{
     DEFAULT_DISK_BANDWIDTH_GBPS, DEFAULT_HOST_BANDWIDTH_GBPS, DEFAULT_LINK_BANDWIDTH_GBPS,
     DEFAULT_OBJECT_BANDWIDTH_GBPS, DEFAULT_TIMEOUT_MS,
 };
+use crate::profile::{ProfileSweep, planner_profile};
 use crate::{EngineConfig, KvBlocksConfig, OffloadMode, TimingModel, TimingTable};
 
 /// Flags follow vLLM's names where vLLM has the knob.
@@ -81,20 +83,68 @@ pub struct Args {
     /// `kv_transfer_config.engine_id`) [default: a random uuid made at start].
     #[arg(long, env = "DYNAMO_MOCKER_ENGINE_ID")]
     pub engine_id: Option<String>,
+    /// Measure the planner's performance profile of the engine these flags configure
+    /// (prefill TTFT and decode ITL on the simulated clock; `dynamo_planner::profile`'s
+    /// JSON), write it to this file and exit without serving.
+    #[arg(long)]
+    pub planner_profile_out: Option<PathBuf>,
     #[command(flatten)]
     pub server: ServerLimits,
 }
 
 impl Args {
-    /// The server configuration these flags ask for (reads the timing table, resolves
-    /// the host).
-    pub async fn into_config(self) -> anyhow::Result<ServerConfig> {
+    /// The engine configuration these flags ask for (reads the timing table). Serving
+    /// adds the model's vocabulary size and name, which do not change timing.
+    pub fn engine_config(&self) -> anyhow::Result<EngineConfig> {
         let timing = match &self.timing_table {
             Some(path) => {
                 TimingModel::Table(TimingTable::from_json(&std::fs::read_to_string(path)?)?)
             }
             None => TimingModel::Polynomial,
         };
+        Ok(EngineConfig {
+            num_gpu_blocks: self.num_gpu_blocks,
+            block_size: self.block_size,
+            max_num_seqs: self.max_num_seqs,
+            max_num_batched_tokens: self.max_num_batched_tokens,
+            speedup_ratio: self.speedup_ratio,
+            seed: self.seed,
+            enable_prefix_caching: !self.no_enable_prefix_caching,
+            timing,
+            kv_blocks: self.kv_blocks_url.clone().map(|url| KvBlocksConfig {
+                url,
+                offload: self.kv_offload,
+                bytes_scale: self.kv_bytes_scale,
+                host_bandwidth_gbps: self.kv_host_bandwidth_gbps,
+                disk_bandwidth_gbps: self.kv_disk_bandwidth_gbps,
+                object_bandwidth_gbps: self.kv_object_bandwidth_gbps,
+                link_bandwidth_gbps: self.kv_link_bandwidth_gbps,
+                timeout_ms: self.kv_blocks_timeout_ms,
+                engine_id: self.engine_id.clone(),
+            }),
+            ..EngineConfig::default()
+        })
+    }
+
+    /// With `--planner-profile-out PATH`: measures the planner's profile of the engine
+    /// these flags configure (the serving engine, on the simulated clock, over
+    /// [`ProfileSweep::default`]), writes it to PATH and returns true: the caller exits
+    /// without serving. Without the flag, false.
+    pub fn write_planner_profile(&self) -> anyhow::Result<bool> {
+        let Some(path) = &self.planner_profile_out else {
+            return Ok(false);
+        };
+        let profile = planner_profile(&self.engine_config()?, &ProfileSweep::default())?;
+        let text = serde_json::to_string_pretty(&profile)?;
+        std::fs::write(path, text + "\n")
+            .with_context(|| format!("writing the planner profile to {}", path.display()))?;
+        Ok(true)
+    }
+
+    /// The server configuration these flags ask for (reads the timing table, resolves
+    /// the host).
+    pub async fn into_config(self) -> anyhow::Result<ServerConfig> {
+        let engine = self.engine_config()?;
         let listen: SocketAddr = tokio::net::lookup_host((self.host.as_str(), self.port))
             .await?
             .next()
@@ -105,28 +155,7 @@ impl Args {
             listen,
             kv_events_endpoint: (self.kv_events_endpoint != "none")
                 .then_some(self.kv_events_endpoint),
-            engine: EngineConfig {
-                num_gpu_blocks: self.num_gpu_blocks,
-                block_size: self.block_size,
-                max_num_seqs: self.max_num_seqs,
-                max_num_batched_tokens: self.max_num_batched_tokens,
-                speedup_ratio: self.speedup_ratio,
-                seed: self.seed,
-                enable_prefix_caching: !self.no_enable_prefix_caching,
-                timing,
-                kv_blocks: self.kv_blocks_url.map(|url| KvBlocksConfig {
-                    url,
-                    offload: self.kv_offload,
-                    bytes_scale: self.kv_bytes_scale,
-                    host_bandwidth_gbps: self.kv_host_bandwidth_gbps,
-                    disk_bandwidth_gbps: self.kv_disk_bandwidth_gbps,
-                    object_bandwidth_gbps: self.kv_object_bandwidth_gbps,
-                    link_bandwidth_gbps: self.kv_link_bandwidth_gbps,
-                    timeout_ms: self.kv_blocks_timeout_ms,
-                    engine_id: self.engine_id,
-                }),
-                ..EngineConfig::default()
-            },
+            engine,
             server: self.server,
         })
     }
@@ -135,6 +164,7 @@ impl Args {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use dynamo_planner::profile::Profile;
 
     async fn config(extra: &[&str]) -> ServerConfig {
         let argv = ["dynamo-mocker", "--model-path", "/m"].iter().chain(extra);
@@ -191,5 +221,42 @@ mod tests {
         let default = KvBlocksConfig::default();
         assert_eq!(default.link_bandwidth_gbps, 50.0, "InfiniBand, 400 Gb/s");
         assert!(default.uses_tiers() && default.engine_id.is_none());
+    }
+
+    #[test]
+    fn the_planner_profile_is_written_for_the_engine_the_flags_configure() {
+        let path =
+            std::env::temp_dir().join(format!("dynamo-mocker-profile-{}.json", std::process::id()));
+        let argv = |extra: &[&str]| {
+            let base = ["dynamo-mocker", "--model-path", "/m"];
+            Args::try_parse_from(base.iter().chain(extra)).unwrap()
+        };
+        assert!(!argv(&[]).write_planner_profile().unwrap());
+        let out = path.to_str().unwrap();
+        // A small engine, so the default sweep stays quick: 8k tokens of KV.
+        let small = [
+            "--num-gpu-blocks",
+            "512",
+            "--block-size",
+            "16",
+            "--max-num-seqs",
+            "32",
+        ];
+        let mut args = small.to_vec();
+        args.extend(["--planner-profile-out", out]);
+        let slow = argv(&args);
+        assert_eq!(slow.engine_config().unwrap().num_gpu_blocks, 512);
+        assert!(slow.write_planner_profile().unwrap());
+        let slow = Profile::from_json(&std::fs::read_to_string(&path).unwrap()).unwrap();
+        args.extend(["--speedup-ratio", "4"]);
+        assert!(argv(&args).write_planner_profile().unwrap());
+        let fast = Profile::from_json(&std::fs::read_to_string(&path).unwrap()).unwrap();
+        std::fs::remove_file(&path).unwrap();
+        // ISLs up to the pool's 8,192 tokens; concurrency capped at --max-num-seqs.
+        assert_eq!(slow.prefill_points().last().unwrap().isl, 8192.0);
+        assert!(slow.decode_points().iter().all(|d| d.concurrency <= 32.0));
+        let ratio = fast.prefill_points()[0].throughput_per_gpu
+            / slow.prefill_points()[0].throughput_per_gpu;
+        assert!((ratio - 4.0).abs() < 1e-9, "{ratio}");
     }
 }

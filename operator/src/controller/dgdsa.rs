@@ -76,9 +76,9 @@ async fn reconcile_adapter(
         warn(ctx, adapter, "ServiceNotFound", note).await;
         return Ok(Action::await_change());
     };
-    if !adapter_enabled(spec) {
+    if !adapter_enabled(&dgd.spec, spec) {
         let note = format!(
-            "service {} of graph {} does not set scalingAdapter.enabled, so its replicas stay as written in the graph",
+            "service {} of graph {} does not set scalingAdapter.enabled (nor is it an engine of a graph with a planner), so its replicas stay as written in the graph",
             target.service, target.name
         );
         warn(ctx, adapter, "AdapterDisabled", note).await;

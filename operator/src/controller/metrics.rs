@@ -1,13 +1,10 @@
 //! `/metrics` (Prometheus text format) and `/healthz` on the operator's HTTP port.
 
-use std::sync::Arc;
 use std::sync::atomic::AtomicI64;
 use std::time::Duration;
 
 use axum::Router;
-use axum::extract::State;
 use axum::http::header;
-use axum::response::IntoResponse;
 use axum::routing::get;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::encoding::text::encode;
@@ -106,21 +103,26 @@ impl Metrics {
     }
 }
 
-/// Serves `/metrics` and `/healthz` until the task is dropped.
-pub async fn serve(listener: TcpListener, metrics: Arc<Metrics>) -> std::io::Result<()> {
+/// Serves `/metrics` (what `text` encodes at each scrape) and `/healthz` until the task
+/// is dropped: the controller's and the planner's.
+pub async fn serve<F>(listener: TcpListener, text: F) -> std::io::Result<()>
+where
+    F: Fn() -> String + Clone + Send + Sync + 'static,
+{
+    let metrics = move || {
+        let body = text();
+        async move {
+            (
+                [(
+                    header::CONTENT_TYPE,
+                    "application/openmetrics-text; version=1.0.0; charset=utf-8",
+                )],
+                body,
+            )
+        }
+    };
     let app = Router::new()
-        .route("/metrics", get(metrics_text))
-        .route("/healthz", get(|| async { "ok\n" }))
-        .with_state(metrics);
+        .route("/metrics", get(metrics))
+        .route("/healthz", get(|| async { "ok\n" }));
     axum::serve(listener, app).await
-}
-
-async fn metrics_text(State(metrics): State<Arc<Metrics>>) -> impl IntoResponse {
-    (
-        [(
-            header::CONTENT_TYPE,
-            "application/openmetrics-text; version=1.0.0; charset=utf-8",
-        )],
-        metrics.encode(),
-    )
 }

@@ -66,8 +66,9 @@ pub struct OperatorArgs {
     /// Triggers of one object within this window collapse into one reconcile.
     #[arg(long, env = "DYNAMO_OPERATOR_DEBOUNCE_MS", default_value_t = 500)]
     pub debounce_ms: u64,
-    /// The dynamo image (every binary of ours): the sidecar's, the endpoint picker's and the
-    /// mocker's unless their own flags name another. The chart passes the operator's own image.
+    /// The dynamo image (every binary of ours): the sidecar's, the endpoint picker's, the
+    /// planner's and the mocker's unless their own flags name another. The chart passes the
+    /// operator's own image.
     #[arg(long, env = "DYNAMO_IMAGE")]
     pub image: Option<String>,
     /// Image of the injected sidecar container.
@@ -76,6 +77,9 @@ pub struct OperatorArgs {
     /// Image of the endpoint picker.
     #[arg(long, env = "DYNAMO_EPP_IMAGE")]
     pub epp_image: Option<String>,
+    /// Image of planner services that run `dynamo planner` or Dynamo's planner launcher.
+    #[arg(long, env = "DYNAMO_PLANNER_IMAGE")]
+    pub planner_image: Option<String>,
     /// Engine image for services that name none.
     #[arg(long, env = "DYNAMO_ENGINE_IMAGE")]
     pub engine_image: Option<String>,
@@ -110,11 +114,17 @@ impl OperatorArgs {
                 field.clone_from(v);
             }
         };
-        for field in [&mut c.sidecar_image, &mut c.epp_image, &mut c.mocker_image] {
+        for field in [
+            &mut c.sidecar_image,
+            &mut c.epp_image,
+            &mut c.planner_image,
+            &mut c.mocker_image,
+        ] {
             set(field, &self.image);
         }
         set(&mut c.sidecar_image, &self.sidecar_image);
         set(&mut c.epp_image, &self.epp_image);
+        set(&mut c.planner_image, &self.planner_image);
         set(&mut c.default_engine_image, &self.engine_image);
         set(&mut c.mocker_image, &self.mocker_image);
         set(&mut c.mocker_model_path, &self.mocker_model_path);
@@ -145,7 +155,8 @@ async fn serve(args: OperatorArgs) -> anyhow::Result<()> {
     let listener = TcpListener::bind(("0.0.0.0", args.port))
         .await
         .with_context(|| format!("binding port {}", args.port))?;
-    tokio::spawn(metrics::serve(listener, metrics.clone()));
+    let scraped = metrics.clone();
+    tokio::spawn(metrics::serve(listener, move || scraped.encode()));
 
     let client = Client::try_default()
         .await
@@ -323,6 +334,7 @@ mod tests {
         let c = config(&["--image=r/dynamo:1", "--epp-image=r/epp:2"]);
         assert_eq!(c.sidecar_image, "r/dynamo:1");
         assert_eq!(c.mocker_image, "r/dynamo:1");
+        assert_eq!(c.planner_image, "r/dynamo:1");
         assert_eq!(c.epp_image, "r/epp:2");
         assert_eq!(c.default_engine_image, defaults.default_engine_image);
     }

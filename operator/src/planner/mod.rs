@@ -16,11 +16,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context, bail};
-use axum::Router;
-use axum::extract::State;
-use axum::http::header;
-use axum::response::IntoResponse;
-use axum::routing::get;
 use clap::ValueEnum;
 use dynamo_planner::decide::{Limits, LoadTarget, SlaTargets};
 use dynamo_planner::predict::PredictorConfig;
@@ -37,6 +32,15 @@ use target::Target;
 /// Service in `monitoring`).
 const DEFAULT_PROMETHEUS: &str =
     "http://prometheus-kube-prometheus-prometheus.monitoring.svc.cluster.local:9090";
+
+/// Variables the planner's flags fall back to. Dynamo's planner reads the same ones
+/// (`PROMETHEUS_ENDPOINT` in `planner_config.py`, `DYN_PARENT_DGD_K8S_NAME` in
+/// `kubernetes_api.py`); the operator sets the graph's and the namespace's on planner pods.
+pub const PROMETHEUS_ENV: &str = "PROMETHEUS_ENDPOINT";
+pub const GRAPH_ENV: &str = "DYN_PARENT_DGD_K8S_NAME";
+pub const NAMESPACE_ENV: &str = "POD_NAMESPACE";
+/// Where the planner answers health checks, beside `/metrics` on `--metrics-addr`.
+pub const HEALTH_PATH: &str = "/healthz";
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum ModeArg {
@@ -106,7 +110,7 @@ pub struct PlannerArgs {
     #[arg(long, default_value_t = 8192.0)]
     pub context_length: f64,
     /// Prometheus' base URL.
-    #[arg(long, env = "PROMETHEUS_ENDPOINT", default_value = DEFAULT_PROMETHEUS)]
+    #[arg(long, env = PROMETHEUS_ENV, default_value = DEFAULT_PROMETHEUS)]
     pub prometheus: String,
     /// Only this model's frontend series (the `model` label); all models when absent.
     #[arg(long)]
@@ -126,12 +130,12 @@ pub struct PlannerArgs {
     /// A cluster graph: the DynamoGraphDeployment whose scaling adapters it writes.
     #[arg(
         long,
-        env = "DYN_PARENT_DGD_K8S_NAME",
+        env = GRAPH_ENV,
         required_unless_present = "admin_url"
     )]
     pub graph: Option<String>,
     /// The graph's namespace [default: the client's, i.e. the pod's].
-    #[arg(long, env = "POD_NAMESPACE")]
+    #[arg(long, env = NAMESPACE_ENV)]
     pub namespace: Option<String>,
 }
 
@@ -243,11 +247,10 @@ async fn serve(args: PlannerArgs, settings: Settings) -> anyhow::Result<()> {
     let listener = TcpListener::bind(args.metrics_addr)
         .await
         .with_context(|| format!("binding {}", args.metrics_addr))?;
-    let app = Router::new()
-        .route("/metrics", get(metrics_text))
-        .route("/healthz", get(|| async { "ok\n" }))
-        .with_state(metrics.clone());
-    tokio::spawn(async move { axum::serve(listener, app).await });
+    let scraped = metrics.clone();
+    tokio::spawn(crate::controller::metrics::serve(listener, move || {
+        scraped.encode()
+    }));
 
     let interval = Duration::from_secs_f64(settings.interval_s);
     let mut planner = Planner::new(settings, &args.predictor).map_err(anyhow::Error::msg)?;
@@ -347,16 +350,6 @@ async fn plan_once(
             }
         }
     }
-}
-
-async fn metrics_text(State(metrics): State<Arc<Metrics>>) -> impl IntoResponse {
-    (
-        [(
-            header::CONTENT_TYPE,
-            "application/openmetrics-text; version=1.0.0; charset=utf-8",
-        )],
-        metrics.encode(),
-    )
 }
 
 #[cfg(test)]

@@ -1,0 +1,1326 @@
+//! The planner in the loop of a simulated aggregated graph (`DESIGN.md`, "Planner"):
+//! mock engines in simulated time, routed by the endpoint picker's scheduler
+//! ([`KvRouter`]), under a load that follows a [`RateSchedule`], with the planner's
+//! pure core (`dynamo_planner`) deciding the replicas. The same traffic through a fixed
+//! number of engines (`static:N`) is the comparison.
+//!
+//! What the planner sees is what Prometheus would show it:
+//! - throughput mode, every `interval_s`: the requests that arrived in the interval
+//!   (the frontend counts a request, and observes its ISL, when it comes in), the mean
+//!   TTFT of the first tokens in it (and the mean ISL of those requests), the mean ITL of
+//!   the token gaps in it, and the mean OSL and decode time of the requests that finished
+//!   in it (decode concurrency per engine by Little's law:
+//!   `finished / interval * mean decode time / serving engines`). One predictor per
+//!   quantity (requests, ISL, OSL) forecasts the next interval; `decide_throughput`
+//!   sizes it from the profile;
+//! - load mode, every `load_interval_s`: each serving engine's queued prompt tokens
+//!   (its requests without a first token, times the share of them its
+//!   `num_requests_waiting` says are still waiting, plus an even share of the picker's
+//!   queue), its KV in use and its KV capacity; `decide_load` moves one replica at a
+//!   time;
+//! - `throughput+load`: both, load mode never scaling below what the last throughput
+//!   tick asked for (Dynamo's throughput lower bound; computed even while a change rolls
+//!   out and that tick itself holds).
+//!
+//! Routing: each request goes, on arrival, to the picker's choice among the serving
+//! engines (the EPP's default). With a saturation threshold
+//! ([`PlannerSetup::max_waiting_requests`]) a request that finds every serving engine
+//! saturated waits in the picker's queue, FCFS, and goes to the first engine that is
+//! not (one that finishes a step, or one that starts serving); without one, a backlog
+//! stays on the engines that took it, even once new engines serve.
+//!
+//! Scaling: a scale-up creates engines at once (they cost GPU time from then on) that
+//! become routable `startup_s` later, standing for a pod's start (scheduling, container
+//! start, model load; 30 s by default). A scale-down stops routing to the serving engines
+//! with the fewest requests in flight, which finish what they hold and are removed when
+//! empty. Until every started engine serves and every drained one is gone the planner is
+//! told `rolling_out`, so it holds (one of its safeguards). Engines are never reused: a
+//! new engine starts with an empty cache.
+//!
+//! Figures: a request is within the TTFT target when its first token came within it
+//! (picker queueing included), and within the ITL target when its mean gap
+//! (`(last token - first token) / (tokens - 1)`) is; a request with one output token has
+//! no gap and meets the ITL target; a refused request meets neither. An SLA breach is a
+//! request outside either target. GPU-seconds are the engines' lifetimes (created to
+//! removed, or to the end of the run: the later of the schedule's end and the last
+//! token) times the GPUs per engine, starting and draining engines included.
+//!
+//! Engines are stepped as in the disaggregated replay: always the busy engine furthest
+//! behind, until every busy engine has passed the next event (an arrival, a planner tick,
+//! an engine becoming ready); an engine may overshoot an event by part of one step, and a
+//! tick then sees that step's tokens in the next interval, not this one.
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::fmt;
+use std::time::Instant;
+
+use dynamo_kvcache::{BlockHasher, RequestId};
+use dynamo_mocker::replay::{Collector, Percentiles, Router};
+use dynamo_mocker::{Clock, Engine, EngineConfig, Request, SimClock};
+use dynamo_planner::decide::{
+    Decision, EngineLoad, Forecast, Limits, LoadInputs, LoadTarget, Observed, PerRole, SlaTargets,
+    ThroughputConfig, ThroughputInputs, decide_load, decide_throughput,
+};
+use dynamo_planner::predict::{LoadPredictor, Predictor, PredictorConfig};
+use dynamo_planner::profile::Profile;
+use serde::Serialize;
+
+use crate::arrivals::RateSchedule;
+use crate::replay::{KvRouter, RouterSetup, Side, check_arrivals, furthest_behind};
+use crate::workload::{WorkItem, Workload};
+
+/// Who sets the replicas.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub enum PlannerMode {
+    /// `decide_throughput` every `interval_s`, from forecasts and the profile.
+    Throughput,
+    /// `decide_load` every `load_interval_s`, from the engines' queues and KV.
+    Load,
+    /// Both, as Dynamo runs them together (`optimization_target: sla`): throughput mode
+    /// sets the replicas every `interval_s`, load mode adjusts them every
+    /// `load_interval_s` in between, never below what the last throughput tick asked for
+    /// (Dynamo's throughput lower bound on load-based scale-down).
+    ThroughputLoad,
+    /// No planner: this many engines throughout, serving from the start.
+    Static(u32),
+}
+
+impl PlannerMode {
+    /// `throughput`, `load`, `throughput+load` or `static:N` (N at least 1).
+    pub fn parse(s: &str) -> Result<Self, String> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "throughput" => Ok(Self::Throughput),
+            "load" => Ok(Self::Load),
+            "throughput+load" | "load+throughput" => Ok(Self::ThroughputLoad),
+            other => {
+                let n = other.strip_prefix("static:").ok_or_else(|| {
+                    format!(
+                        "{s:?}: a planner mode is throughput, load, throughput+load or static:N"
+                    )
+                })?;
+                match n.parse::<u32>() {
+                    Ok(n) if n > 0 => Ok(Self::Static(n)),
+                    _ => Err(format!(
+                        "{s:?}: static:N takes a whole number of engines >= 1"
+                    )),
+                }
+            }
+        }
+    }
+
+    pub fn is_static(&self) -> bool {
+        matches!(self, Self::Static(_))
+    }
+}
+
+impl fmt::Display for PlannerMode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Throughput => f.write_str("throughput"),
+            Self::Load => f.write_str("load"),
+            Self::ThroughputLoad => f.write_str("throughput+load"),
+            Self::Static(n) => write!(f, "static:{n}"),
+        }
+    }
+}
+
+/// The graph, the planner's configuration and the simulation's knobs.
+#[derive(Clone, Debug)]
+pub struct PlannerSetup {
+    /// Every engine's configuration.
+    pub engine: EngineConfig,
+    pub router: RouterSetup,
+    /// The engines' profile (throughput mode), e.g. from
+    /// `dynamo_mocker::profile::planner_profile` of `engine`.
+    pub profile: Profile,
+    pub targets: SlaTargets,
+    pub limits: Limits,
+    /// The predictor of each of requests, ISL and OSL.
+    pub predictor: PredictorConfig,
+    /// Throughput mode's correction factors (observed / expected TTFT and ITL).
+    pub correction: bool,
+    /// Throughput mode's adjustment interval, s.
+    pub interval_s: f64,
+    /// Load mode's adjustment interval, s.
+    pub load_interval_s: f64,
+    pub load_target: LoadTarget,
+    /// The model's context length: load mode measures the prefill queue in full
+    /// contexts.
+    pub context_length: f64,
+    /// Seconds from a scale-up to the new engine taking requests (a pod's start).
+    pub startup_s: f64,
+    /// Replicas a planner starts with (serving from time 0).
+    pub initial_replicas: u32,
+    /// The picker's saturation threshold (`--max-waiting-requests` of the EPP): an
+    /// engine with more requests than this waiting in it is saturated, and a request that
+    /// finds every serving engine saturated waits in the picker's queue (FCFS) until one
+    /// is not. `None` (the EPP's default) routes every request on arrival.
+    pub max_waiting_requests: Option<u64>,
+}
+
+impl PlannerSetup {
+    /// GPUs per engine, as the profile was measured.
+    pub fn gpus_per_engine(&self) -> u32 {
+        self.profile.gpus_per_engine().max(1)
+    }
+
+    fn throughput_config(&self) -> ThroughputConfig<'_> {
+        ThroughputConfig {
+            targets: self.targets,
+            prefill_profile: &self.profile,
+            decode_profile: &self.profile,
+            gpus: PerRole::Aggregated {
+                worker: self.gpus_per_engine(),
+            },
+            correction: self.correction,
+            limits: self.limits,
+        }
+    }
+
+    /// The replicas the profile gives a constant `rate` (req/s) of `isl`/`osl` requests:
+    /// throughput mode's formula over one interval, without correction, budget or step
+    /// cap (at least 1). The static count a deployment sized for that rate would use.
+    pub fn replicas_for(&self, rate: f64, isl: f64, osl: f64) -> u32 {
+        let config = ThroughputConfig {
+            correction: false,
+            limits: Limits {
+                min_endpoint: 1,
+                max_gpu_budget: u32::MAX,
+                max_step: u32::MAX,
+            },
+            ..self.throughput_config()
+        };
+        let inputs = ThroughputInputs {
+            forecast: Forecast {
+                requests: Some(rate * self.interval_s),
+                isl: Some(isl),
+                osl: Some(osl),
+            },
+            observed: Observed::default(),
+            interval_s: self.interval_s,
+            current: PerRole::Aggregated { worker: 1 },
+            rolling_out: false,
+        };
+        match decide_throughput(&config, &inputs).replicas {
+            PerRole::Aggregated { worker } => worker.max(1),
+            PerRole::Disaggregated { .. } => 1,
+        }
+    }
+}
+
+/// Requests within the targets, out of `requests`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct Attainment {
+    pub requests: usize,
+    pub ttft_ok: usize,
+    pub itl_ok: usize,
+    pub both_ok: usize,
+}
+
+impl Attainment {
+    fn pct(n: usize, of: usize) -> f64 {
+        if of == 0 {
+            100.0
+        } else {
+            n as f64 * 100.0 / of as f64
+        }
+    }
+
+    /// % of requests within the TTFT target.
+    pub fn ttft_pct(&self) -> f64 {
+        Self::pct(self.ttft_ok, self.requests)
+    }
+
+    /// % of requests within the ITL target.
+    pub fn itl_pct(&self) -> f64 {
+        Self::pct(self.itl_ok, self.requests)
+    }
+
+    /// % of requests within both.
+    pub fn both_pct(&self) -> f64 {
+        Self::pct(self.both_ok, self.requests)
+    }
+
+    /// Requests outside either target (refused ones included).
+    pub fn breaches(&self) -> usize {
+        self.requests - self.both_ok
+    }
+}
+
+/// The replicas at a moment: `replicas` is what the planner set (serving + starting);
+/// draining engines still hold GPUs.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+pub struct TimelinePoint {
+    pub t_s: f64,
+    pub replicas: u32,
+    pub serving: u32,
+    pub starting: u32,
+    pub draining: u32,
+}
+
+/// A planner decision that changed the replicas.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct ScaleRecord {
+    pub t_s: f64,
+    pub from: u32,
+    pub to: u32,
+    /// Throughput mode: the request rate the decision was sized for (req/s).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub forecast_rate: Option<f64>,
+    /// The decision as the planner logs it.
+    pub decision: String,
+}
+
+/// What one run (a planner mode or a static count) gave.
+#[derive(Clone, Debug, Serialize)]
+pub struct PlannerRun {
+    /// `throughput`, `load` or `static:N`.
+    pub label: String,
+    pub requests: usize,
+    pub completed: usize,
+    pub rejected: usize,
+    pub attainment: Attainment,
+    /// The same per step of the schedule, by the request's arrival.
+    pub per_step: Vec<Attainment>,
+    pub gpu_seconds: f64,
+    /// From 0 to the later of the schedule's end and the last token, simulated s.
+    pub duration_s: f64,
+    pub ttft_ms: Percentiles,
+    /// Every token gap.
+    pub itl_ms: Percentiles,
+    pub min_replicas: u32,
+    pub max_replicas: u32,
+    /// Decisions that changed the replicas.
+    pub scalings: Vec<ScaleRecord>,
+    /// Decisions taken (holds included).
+    pub decisions: usize,
+    pub timeline: Vec<TimelinePoint>,
+    /// Host seconds the simulation took.
+    pub wall_s: f64,
+}
+
+impl PlannerRun {
+    /// Requests outside either target.
+    pub fn breaches(&self) -> usize {
+        self.attainment.breaches()
+    }
+
+    /// How many times the replicas the planner set changed.
+    pub fn replica_changes(&self) -> usize {
+        self.scalings.len()
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum SlotState {
+    Starting { ready_ms: f64 },
+    Serving,
+    Draining,
+    Gone,
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Slot {
+    state: SlotState,
+    created_ms: f64,
+    gone_ms: Option<f64>,
+}
+
+/// What the timeline is rebuilt from, in time order.
+#[derive(Clone, Copy, Debug)]
+enum Change {
+    Target(u32),
+    Created,
+    Ready,
+    Drained,
+    Gone,
+}
+
+/// One planner interval's observations (events at `[k * interval, (k + 1) * interval)`).
+#[derive(Clone, Copy, Debug, Default)]
+struct Window {
+    arrivals: usize,
+    isl_sum: f64,
+    first_tokens: usize,
+    ttft_sum: f64,
+    ttft_isl_sum: f64,
+    gaps: usize,
+    itl_sum: f64,
+    finished: usize,
+    osl_sum: f64,
+    decode_ms_sum: f64,
+}
+
+/// A request's outcome: TTFT and mean ITL, ms (`None` ITL with one output token).
+#[derive(Clone, Copy, Debug)]
+struct Outcome {
+    ttft_ms: f64,
+    itl_ms: Option<f64>,
+}
+
+struct Sim<'a> {
+    setup: &'a PlannerSetup,
+    mode: PlannerMode,
+    workload: &'a Workload,
+    arrivals_ms: &'a [f64],
+    hasher: BlockHasher,
+    engines: Vec<Engine>,
+    slots: Vec<Slot>,
+    router: KvRouter,
+    collector: Collector,
+    /// Requests routed to an engine and without a first token: (engine, prompt tokens).
+    awaiting: HashMap<u64, (usize, usize)>,
+    /// Per engine: prompt tokens and count of its requests without a first token.
+    awaiting_tokens: Vec<f64>,
+    awaiting_count: Vec<usize>,
+    /// The picker's queue (every serving engine saturated): request indices, with their
+    /// prompt tokens.
+    picker_queue: VecDeque<(usize, WorkItem)>,
+    picker_queued_tokens: f64,
+    windows: BTreeMap<u64, Window>,
+    window_ms: f64,
+    outcomes: Vec<Option<Outcome>>,
+    rejected: usize,
+    changes: Vec<(f64, Change)>,
+    scalings: Vec<ScaleRecord>,
+    decisions: usize,
+    target: u32,
+    /// What the last throughput tick would have set, had nothing been rolling out: load
+    /// mode's floor in the combined mode.
+    floor: u32,
+    last_token_ms: f64,
+    predictors: [LoadPredictor; 3],
+}
+
+impl Sim<'_> {
+    fn add_engine(&mut self, now_ms: f64, ready_ms: f64) -> anyhow::Result<()> {
+        let mut e = Engine::new(self.setup.engine.clone(), SimClock::new(now_ms))?;
+        e.set_emit_kv_events(self.router.reads_kv_events());
+        self.engines.push(e);
+        self.awaiting_tokens.push(0.0);
+        self.awaiting_count.push(0);
+        let state = if ready_ms <= now_ms {
+            SlotState::Serving
+        } else {
+            SlotState::Starting { ready_ms }
+        };
+        self.slots.push(Slot {
+            state,
+            created_ms: now_ms,
+            gone_ms: None,
+        });
+        self.changes.push((now_ms, Change::Created));
+        if state == SlotState::Serving {
+            self.changes.push((now_ms, Change::Ready));
+        }
+        Ok(())
+    }
+
+    fn serving(&self) -> Vec<usize> {
+        (0..self.slots.len())
+            .filter(|&k| self.slots[k].state == SlotState::Serving)
+            .collect()
+    }
+
+    /// Whether the picker counts engine `k` as saturated (`max_waiting_requests`).
+    fn saturated(&self, k: usize) -> bool {
+        self.setup
+            .max_waiting_requests
+            .is_some_and(|max| self.engines[k].metrics().num_requests_waiting as u64 > max)
+    }
+
+    fn rolling_out(&self) -> bool {
+        self.slots
+            .iter()
+            .any(|s| matches!(s.state, SlotState::Starting { .. } | SlotState::Draining))
+    }
+
+    fn next_ready_ms(&self) -> f64 {
+        self.slots
+            .iter()
+            .filter_map(|s| match s.state {
+                SlotState::Starting { ready_ms } => Some(ready_ms),
+                _ => None,
+            })
+            .fold(f64::INFINITY, f64::min)
+    }
+
+    fn window(&mut self, t_ms: f64) -> &mut Window {
+        let k = (t_ms.max(0.0) / self.window_ms).floor() as u64;
+        self.windows.entry(k).or_default()
+    }
+
+    fn gone(&mut self, k: usize, at_ms: f64) {
+        self.slots[k].state = SlotState::Gone;
+        self.slots[k].gone_ms = Some(at_ms);
+        self.router.remove_engine(k);
+        self.changes.push((at_ms, Change::Gone));
+    }
+
+    /// Request `i` arrives at `now_ms`: to the picker's pick among the serving engines
+    /// that are not saturated, or into its queue when every one is.
+    fn arrive(&mut self, i: usize, now_ms: f64) -> anyhow::Result<()> {
+        let item = self.workload.request(i);
+        let w = self.window(now_ms);
+        w.arrivals += 1;
+        w.isl_sum += item.token_ids.len() as f64;
+        let serving = self.serving();
+        anyhow::ensure!(!serving.is_empty(), "no engine serves at {now_ms} ms");
+        let open: Vec<usize> = serving
+            .into_iter()
+            .filter(|&k| !self.saturated(k))
+            .collect();
+        if open.is_empty() {
+            self.picker_queued_tokens += item.token_ids.len() as f64;
+            self.picker_queue.push_back((i, item));
+        } else {
+            self.send(i, item, &open, now_ms);
+        }
+        Ok(())
+    }
+
+    /// Routes request `i` to one of `candidates` at `now_ms`.
+    fn send(&mut self, i: usize, item: WorkItem, candidates: &[usize], now_ms: f64) {
+        let len = item.token_ids.len();
+        let hashes = self.hasher.seq_hashes(&item.token_ids);
+        let engines = &self.engines;
+        self.router
+            .observe_metrics(candidates.iter().map(|&k| (k, &engines[k])));
+        let id = RequestId(i as u64);
+        let k = self
+            .router
+            .pick(Side::Aggregated, candidates, id, &hashes, now_ms);
+        let request = Request {
+            id: i as u64,
+            token_ids: item.token_ids,
+            max_tokens: item.max_tokens,
+            seed: None,
+        };
+        // The engine counts its TTFT from the arrival, the picker's wait included.
+        if self.engines[k]
+            .submit_at(request, self.arrivals_ms[i])
+            .is_err()
+        {
+            self.rejected += 1;
+            self.router.finished(id);
+        } else {
+            self.awaiting.insert(i as u64, (k, len));
+            self.awaiting_tokens[k] += len as f64;
+            self.awaiting_count[k] += 1;
+        }
+    }
+
+    /// Hands engine `k` (serving, its clock now) the picker's queued requests while it is
+    /// not saturated.
+    fn drain_picker_queue(&mut self, k: usize) {
+        while !self.picker_queue.is_empty()
+            && self.slots[k].state == SlotState::Serving
+            && !self.saturated(k)
+        {
+            let (i, item) = self.picker_queue.pop_front().expect("checked");
+            self.picker_queued_tokens -= item.token_ids.len() as f64;
+            let now = self.engines[k].clock().now_ms();
+            self.send(i, item, &[k], now);
+        }
+    }
+
+    /// Steps engine `k` once and takes in what it did; returns the step's duration.
+    fn step(&mut self, k: usize) -> f64 {
+        let o = self.engines[k].step();
+        self.collector.take(&o);
+        self.router.observe(k, &o);
+        let end = o.ended_ms();
+        if !o.outputs.is_empty() {
+            self.last_token_ms = self.last_token_ms.max(end);
+        }
+        for t in &o.outputs {
+            if let Some(ttft) = t.ttft_ms {
+                let isl = match self.awaiting.remove(&t.id) {
+                    Some((e, len)) => {
+                        self.awaiting_tokens[e] -= len as f64;
+                        self.awaiting_count[e] -= 1;
+                        len as f64
+                    }
+                    None => 0.0,
+                };
+                let w = self.window(end);
+                w.first_tokens += 1;
+                w.ttft_sum += ttft;
+                w.ttft_isl_sum += isl;
+            }
+            if let Some(itl) = t.itl_ms {
+                let w = self.window(end);
+                w.gaps += 1;
+                w.itl_sum += itl;
+            }
+        }
+        for f in &o.finished {
+            let i = f.id as usize;
+            let first = f.first_token_ms.unwrap_or(f.finished_ms);
+            let itl_ms = (f.output_tokens > 1)
+                .then(|| (f.finished_ms - first) / (f.output_tokens - 1) as f64);
+            self.outcomes[i] = Some(Outcome {
+                ttft_ms: first - self.arrivals_ms[i],
+                itl_ms,
+            });
+            let w = self.window(f.finished_ms);
+            w.finished += 1;
+            w.osl_sum += f.output_tokens as f64;
+            w.decode_ms_sum += f.finished_ms - first;
+        }
+        if self.slots[k].state == SlotState::Draining && !self.engines[k].has_work() {
+            self.gone(k, end);
+        }
+        self.drain_picker_queue(k);
+        o.duration_ms
+    }
+
+    /// Sets the replicas to `n` at `now_ms` (see the module doc).
+    fn scale_to(&mut self, n: u32, now_ms: f64) -> anyhow::Result<()> {
+        if n > self.target {
+            let ready = now_ms + self.setup.startup_s * 1000.0;
+            for _ in self.target..n {
+                self.add_engine(now_ms, ready)?;
+            }
+        } else if n < self.target {
+            let mut serving = self.serving();
+            let in_flight = |e: &Engine| {
+                let m = e.metrics();
+                m.num_requests_running + m.num_requests_waiting
+            };
+            serving.sort_by_key(|&k| (in_flight(&self.engines[k]), std::cmp::Reverse(k)));
+            let drop = (self.target - n) as usize;
+            anyhow::ensure!(
+                serving.len() > drop,
+                "scaling {} -> {n} would leave no engine serving",
+                self.target
+            );
+            for &k in &serving[..drop] {
+                self.slots[k].state = SlotState::Draining;
+                self.changes.push((now_ms, Change::Drained));
+                if !self.engines[k].has_work() {
+                    self.gone(k, now_ms);
+                }
+            }
+        }
+        if n != self.target {
+            self.target = n;
+            self.changes.push((now_ms, Change::Target(n)));
+        }
+        Ok(())
+    }
+
+    /// One throughput-mode decision at `now_ms`, the end of interval `k - 1`.
+    fn throughput_tick(&mut self, k: u64, now_ms: f64) -> anyhow::Result<()> {
+        let w = self.windows.remove(&(k - 1)).unwrap_or_default();
+        self.windows.retain(|&i, _| i >= k);
+        let interval_s = self.setup.interval_s;
+        let mean = |sum: f64, n: usize| (n > 0).then(|| sum / n as f64);
+        let serving = self.serving().len().max(1) as f64;
+        let rolling_out = self.rolling_out();
+        let [requests, isl, osl] = &mut self.predictors;
+        requests.observe(w.arrivals as f64);
+        if let Some(x) = mean(w.isl_sum, w.arrivals) {
+            isl.observe(x);
+        }
+        if let Some(x) = mean(w.osl_sum, w.finished) {
+            osl.observe(x);
+        }
+        let observed = Observed {
+            ttft_ms: mean(w.ttft_sum, w.first_tokens),
+            itl_ms: mean(w.itl_sum, w.gaps),
+            isl: mean(w.ttft_isl_sum, w.first_tokens),
+            osl: mean(w.osl_sum, w.finished),
+            decode_concurrency: mean(w.decode_ms_sum, w.finished)
+                .map(|d| w.finished as f64 / interval_s * (d / 1000.0) / serving),
+        };
+        let inputs = ThroughputInputs {
+            forecast: Forecast {
+                requests: requests.predict(),
+                isl: isl.predict(),
+                osl: osl.predict(),
+            },
+            observed,
+            interval_s,
+            current: PerRole::Aggregated {
+                worker: self.target,
+            },
+            rolling_out,
+        };
+        let config = self.setup.throughput_config();
+        let d = decide_throughput(&config, &inputs);
+        let rate = inputs.forecast.requests.map(|r| r / interval_s);
+        // Load mode's floor is what throughput mode would set now, rolling out or not.
+        let unheld = ThroughputInputs {
+            rolling_out: false,
+            ..inputs
+        };
+        let floor = decide_throughput(&config, &unheld);
+        if let (false, PerRole::Aggregated { worker }) = (floor.is_hold(), floor.replicas) {
+            self.floor = worker;
+        }
+        self.apply(d, now_ms, rate)
+    }
+
+    /// One load-mode decision at `now_ms`. An engine's queued prefill tokens are those of
+    /// its waiting requests (its requests without a first token, times the share of them
+    /// still waiting), plus an even share of the picker's queue, which the serving
+    /// engines will take.
+    fn load_tick(&mut self, now_ms: f64) -> anyhow::Result<()> {
+        let config = &self.setup.engine;
+        let max_kv = (config.num_gpu_blocks * config.block_size) as f64;
+        let serving = self.serving();
+        let picker_share = self.picker_queued_tokens.max(0.0) / serving.len().max(1) as f64;
+        let loads: Vec<EngineLoad> = serving
+            .into_iter()
+            .map(|k| {
+                let m = self.engines[k].metrics();
+                let waiting = m.num_requests_waiting.min(self.awaiting_count[k]);
+                let queued = if self.awaiting_count[k] > 0 {
+                    self.awaiting_tokens[k].max(0.0) * waiting as f64
+                        / self.awaiting_count[k] as f64
+                } else {
+                    0.0
+                };
+                EngineLoad {
+                    queued_prefill_tokens: queued + picker_share,
+                    context_length: self.setup.context_length,
+                    scheduled_decode_kv: m.kv_cache_usage * max_kv,
+                    queued_decode_kv: 0.0,
+                    max_kv_tokens: max_kv,
+                }
+            })
+            .collect();
+        let inputs = LoadInputs {
+            engines: PerRole::Aggregated { worker: &loads },
+            current: PerRole::Aggregated {
+                worker: self.target,
+            },
+            rolling_out: self.rolling_out(),
+        };
+        let gpus = PerRole::Aggregated {
+            worker: self.setup.gpus_per_engine(),
+        };
+        let mut d = decide_load(&inputs, self.setup.load_target, gpus, &self.setup.limits);
+        if self.mode == PlannerMode::ThroughputLoad {
+            // Load mode scales down no further than the last throughput decision.
+            if let PerRole::Aggregated { worker } = d.replicas
+                && worker < self.target
+            {
+                let capped = worker.max(self.floor.min(self.target));
+                d.replicas = PerRole::Aggregated { worker: capped };
+            }
+        }
+        self.apply(d, now_ms, None)
+    }
+
+    /// Takes decision `d` at `now_ms`; `rate` is the forecast it was sized for (req/s).
+    fn apply(&mut self, d: Decision, now_ms: f64, rate: Option<f64>) -> anyhow::Result<()> {
+        self.decisions += 1;
+        let PerRole::Aggregated { worker: n } = d.replicas else {
+            anyhow::bail!("an aggregated graph got a disaggregated decision: {d}");
+        };
+        if n != self.target {
+            let decision = match rate {
+                Some(r) => format!("{d} (forecast {r:.1} req/s)"),
+                None => d.to_string(),
+            };
+            self.scalings.push(ScaleRecord {
+                t_s: now_ms / 1000.0,
+                from: self.target,
+                to: n,
+                forecast_rate: rate,
+                decision,
+            });
+            self.scale_to(n, now_ms)?;
+        }
+        Ok(())
+    }
+
+    fn tick_ms(&self) -> Option<f64> {
+        match self.mode {
+            PlannerMode::Throughput => Some(self.setup.interval_s * 1000.0),
+            PlannerMode::Load | PlannerMode::ThroughputLoad => {
+                Some(self.setup.load_interval_s * 1000.0)
+            }
+            PlannerMode::Static(_) => None,
+        }
+    }
+}
+
+/// Runs `workload` (request `i` arriving at `arrivals_ms[i]`, which follow `schedule`)
+/// through an aggregated graph of engines whose replicas `mode` sets (module doc).
+pub fn simulate(
+    workload: &Workload,
+    arrivals_ms: &[f64],
+    schedule: &RateSchedule,
+    setup: &PlannerSetup,
+    mode: PlannerMode,
+) -> anyhow::Result<PlannerRun> {
+    anyhow::ensure!(
+        workload.conversations().is_none(),
+        "the planner replay sends requests, not conversations"
+    );
+    check_arrivals(workload, arrivals_ms)?;
+    for (name, v, min) in [
+        ("interval", setup.interval_s, f64::MIN_POSITIVE),
+        ("load interval", setup.load_interval_s, f64::MIN_POSITIVE),
+        ("startup time", setup.startup_s, 0.0),
+        ("context length", setup.context_length, f64::MIN_POSITIVE),
+    ] {
+        anyhow::ensure!(
+            v.is_finite() && v >= min,
+            "the {name} must be a finite number >= {min}"
+        );
+    }
+    setup.router.validate()?;
+    setup.engine.validate()?;
+    let started = Instant::now();
+    let initial = match mode {
+        PlannerMode::Static(n) => n,
+        _ => setup.initial_replicas.max(setup.limits.min_endpoint).max(1),
+    };
+    // The KV index's bound: every engine that may exist at once.
+    let most = u64::from(initial)
+        .max(u64::from(setup.limits.max_gpu_budget) / u64::from(setup.gpus_per_engine()));
+    let capacity = (most as usize).max(1) * setup.engine.num_gpu_blocks;
+    let predictor = || setup.predictor.build();
+    let hasher = Engine::simulated(setup.engine.clone())?.hasher().clone();
+    let mut sim = Sim {
+        setup,
+        mode,
+        workload,
+        arrivals_ms,
+        hasher,
+        engines: Vec::new(),
+        slots: Vec::new(),
+        router: KvRouter::new(setup.router, capacity),
+        collector: Collector::default(),
+        awaiting: HashMap::new(),
+        awaiting_tokens: Vec::new(),
+        awaiting_count: Vec::new(),
+        picker_queue: VecDeque::new(),
+        picker_queued_tokens: 0.0,
+        windows: BTreeMap::new(),
+        window_ms: setup.interval_s * 1000.0,
+        outcomes: vec![None; workload.len()],
+        rejected: 0,
+        changes: Vec::new(),
+        scalings: Vec::new(),
+        decisions: 0,
+        target: initial,
+        // Until the first throughput decision, the replicas it started with.
+        floor: initial,
+        last_token_ms: 0.0,
+        predictors: [predictor()?, predictor()?, predictor()?],
+    };
+    sim.changes.push((0.0, Change::Target(initial)));
+    for _ in 0..initial {
+        sim.add_engine(0.0, 0.0)?;
+    }
+    let schedule_end_ms = schedule.duration_s() * 1000.0;
+    let tick_ms = sim.tick_ms();
+    // Load ticks per throughput tick, in the combined mode.
+    let per = (setup.interval_s / setup.load_interval_s).round().max(1.0) as u64;
+    anyhow::ensure!(
+        mode != PlannerMode::ThroughputLoad
+            || (per as f64 * setup.load_interval_s - setup.interval_s).abs() < 1e-9,
+        "throughput+load needs the interval ({} s) to be a whole number of load intervals ({} s)",
+        setup.interval_s,
+        setup.load_interval_s
+    );
+    let mut next_tick: u64 = 1;
+    let mut next_arrival = 0;
+    loop {
+        let arrival = arrivals_ms
+            .get(next_arrival)
+            .copied()
+            .unwrap_or(f64::INFINITY);
+        let busy = !sim.picker_queue.is_empty() || sim.engines.iter().any(Engine::has_work);
+        let tick = match tick_ms {
+            Some(ms) => {
+                let t = next_tick as f64 * ms;
+                if t <= schedule_end_ms || arrival.is_finite() || busy {
+                    t
+                } else {
+                    f64::INFINITY
+                }
+            }
+            None => f64::INFINITY,
+        };
+        let ready = sim.next_ready_ms();
+        let next_ms = arrival.min(tick).min(ready);
+        // Step engines (the one furthest behind first) until all busy ones are past the
+        // next event.
+        if let Some(k) = furthest_behind(&sim.engines, next_ms) {
+            if sim.step(k) == 0.0 {
+                // Nothing could be scheduled (cannot happen with admitted requests).
+                anyhow::ensure!(next_ms.is_finite(), "engine {k} is stuck");
+                sim.engines[k].clock_mut().advance_to(next_ms);
+            }
+            continue;
+        }
+        if next_ms == f64::INFINITY {
+            anyhow::ensure!(
+                sim.picker_queue.is_empty(),
+                "{} requests left in the picker's queue",
+                sim.picker_queue.len()
+            );
+            break;
+        }
+        for e in &mut sim.engines {
+            e.clock_mut().advance_to(next_ms);
+        }
+        // At equal times: an engine becoming ready, then the planner, then an arrival.
+        if ready == next_ms {
+            for k in 0..sim.slots.len() {
+                if sim.slots[k].state == (SlotState::Starting { ready_ms: next_ms }) {
+                    sim.slots[k].state = SlotState::Serving;
+                    sim.changes.push((next_ms, Change::Ready));
+                    sim.drain_picker_queue(k);
+                }
+            }
+            continue;
+        }
+        if tick == next_ms {
+            match mode {
+                PlannerMode::Throughput => sim.throughput_tick(next_tick, next_ms)?,
+                PlannerMode::Load => sim.load_tick(next_ms)?,
+                PlannerMode::ThroughputLoad => {
+                    // Every `per`-th load tick is also a throughput tick, taken first.
+                    if next_tick.is_multiple_of(per) {
+                        sim.throughput_tick(next_tick / per, next_ms)?;
+                    }
+                    sim.load_tick(next_ms)?;
+                }
+                PlannerMode::Static(_) => {}
+            }
+            next_tick += 1;
+            continue;
+        }
+        sim.arrive(next_arrival, next_ms)?;
+        next_arrival += 1;
+    }
+    let end_ms = schedule_end_ms.max(sim.last_token_ms);
+    let gpus = f64::from(setup.gpus_per_engine());
+    let gpu_seconds = sim
+        .slots
+        .iter()
+        .map(|s| (s.gone_ms.unwrap_or(end_ms) - s.created_ms) / 1000.0 * gpus)
+        .sum();
+    // Attainment, overall and per step of the schedule (by arrival).
+    let mut bounds = Vec::new();
+    let mut t = 0.0;
+    for s in schedule.steps() {
+        t += s.duration_s * 1000.0;
+        bounds.push(t);
+    }
+    let mut attainment = Attainment::default();
+    let mut per_step = vec![Attainment::default(); bounds.len()];
+    let targets = setup.targets;
+    for (i, o) in sim.outcomes.iter().enumerate() {
+        let step = bounds
+            .partition_point(|&b| b <= arrivals_ms[i])
+            .min(bounds.len().saturating_sub(1));
+        let (ttft_ok, itl_ok) = match o {
+            Some(o) => (
+                o.ttft_ms <= targets.ttft_ms,
+                o.itl_ms.is_none_or(|x| x <= targets.itl_ms),
+            ),
+            None => (false, false),
+        };
+        for a in [&mut attainment, &mut per_step[step]] {
+            a.requests += 1;
+            a.ttft_ok += usize::from(ttft_ok);
+            a.itl_ok += usize::from(itl_ok);
+            a.both_ok += usize::from(ttft_ok && itl_ok);
+        }
+    }
+    let completed = sim.outcomes.iter().filter(|o| o.is_some()).count();
+    let report =
+        std::mem::take(&mut sim.collector).report(&sim.engines, workload.len(), sim.rejected, 0.0);
+    let timeline = timeline(&mut sim.changes);
+    let min_replicas = timeline.iter().map(|p| p.replicas).min().unwrap_or(initial);
+    let max_replicas = timeline.iter().map(|p| p.replicas).max().unwrap_or(initial);
+    Ok(PlannerRun {
+        label: mode.to_string(),
+        requests: workload.len(),
+        completed,
+        rejected: sim.rejected,
+        attainment,
+        per_step,
+        gpu_seconds,
+        duration_s: end_ms / 1000.0,
+        ttft_ms: report.ttft_ms,
+        itl_ms: report.itl_ms,
+        min_replicas,
+        max_replicas,
+        scalings: sim.scalings,
+        decisions: sim.decisions,
+        timeline,
+        wall_s: started.elapsed().as_secs_f64(),
+    })
+}
+
+/// The replica counts after each moment something changed, in time order.
+fn timeline(changes: &mut [(f64, Change)]) -> Vec<TimelinePoint> {
+    changes.sort_by(|a, b| a.0.total_cmp(&b.0));
+    let mut points: Vec<TimelinePoint> = Vec::new();
+    let mut p = TimelinePoint {
+        t_s: 0.0,
+        replicas: 0,
+        serving: 0,
+        starting: 0,
+        draining: 0,
+    };
+    for &(t_ms, change) in changes.iter() {
+        match change {
+            Change::Target(n) => p.replicas = n,
+            Change::Created => p.starting += 1,
+            Change::Ready => {
+                p.starting -= 1;
+                p.serving += 1;
+            }
+            Change::Drained => {
+                p.serving -= 1;
+                p.draining += 1;
+            }
+            Change::Gone => p.draining -= 1,
+        }
+        p.t_s = t_ms / 1000.0;
+        match points.last_mut() {
+            Some(last) if last.t_s == p.t_s => *last = p,
+            _ => points.push(p),
+        }
+    }
+    points
+}
+
+/// A planner run against one static count.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Versus {
+    /// The planner's run (`throughput`, `load`).
+    pub planner: String,
+    /// Which static count: `best static`, `same cost` or `peak` (see [`compare`]).
+    pub against: &'static str,
+    pub static_replicas: u32,
+    pub planner_breaches: usize,
+    pub static_breaches: usize,
+    /// `(static - planner) / static` breaches, %: how many fewer the planner had
+    /// (negative: more); `None` when the static count had none.
+    pub fewer_breaches_pct: Option<f64>,
+    pub planner_gpu_seconds: f64,
+    pub static_gpu_seconds: f64,
+    /// The planner's GPU-seconds / the static count's: below 1 the planner is cheaper.
+    pub gpu_seconds_ratio: f64,
+}
+
+/// Each planner run of `runs` against the static runs among them:
+/// - `best static`: the cheapest static count whose attainment of both targets is at
+///   least the planner's; if none reaches it, the one with the best attainment (the
+///   cheaper on a tie);
+/// - `same cost`: the cheapest static count that costs at least the planner's
+///   GPU-seconds (what the planner's budget buys statically, rounded up);
+/// - `peak`: `static:peak`, the count sized for the schedule's peak
+///   ([`PlannerSetup::replicas_for`] at the peak rate), when it ran.
+pub fn compare(runs: &[PlannerRun], peak: u32) -> Vec<Versus> {
+    let statics: Vec<(u32, &PlannerRun)> = runs
+        .iter()
+        .filter_map(|r| match PlannerMode::parse(&r.label) {
+            Ok(PlannerMode::Static(n)) => Some((n, r)),
+            _ => None,
+        })
+        .collect();
+    let mut out = Vec::new();
+    for p in runs.iter().filter(|r| !r.label.starts_with("static")) {
+        let both = p.attainment.both_pct();
+        let cheapest = |ok: &dyn Fn(&PlannerRun) -> bool| {
+            statics
+                .iter()
+                .filter(|(_, r)| ok(r))
+                .min_by_key(|(n, _)| *n)
+                .copied()
+        };
+        let best = cheapest(&|r| r.attainment.both_pct() >= both).or_else(|| {
+            statics.iter().copied().max_by(|a, b| {
+                a.1.attainment
+                    .both_pct()
+                    .total_cmp(&b.1.attainment.both_pct())
+                    .then(b.0.cmp(&a.0))
+            })
+        });
+        let same_cost = cheapest(&|r| r.gpu_seconds >= p.gpu_seconds);
+        let peak_run = statics.iter().find(|(n, _)| *n == peak).copied();
+        for (against, s) in [
+            ("best static", best),
+            ("same cost", same_cost),
+            ("peak", peak_run),
+        ] {
+            let Some((n, s)) = s else { continue };
+            let (pb, sb) = (p.breaches(), s.breaches());
+            out.push(Versus {
+                planner: p.label.clone(),
+                against,
+                static_replicas: n,
+                planner_breaches: pb,
+                static_breaches: sb,
+                fewer_breaches_pct: (sb > 0).then(|| (sb as f64 - pb as f64) * 100.0 / sb as f64),
+                planner_gpu_seconds: p.gpu_seconds,
+                static_gpu_seconds: s.gpu_seconds,
+                gpu_seconds_ratio: p.gpu_seconds / s.gpu_seconds.max(f64::MIN_POSITIVE),
+            });
+        }
+    }
+    out
+}
+
+/// The runs' table: replicas, GPU-seconds, attainment, breaches, latencies.
+pub fn runs_table(runs: &[PlannerRun]) -> String {
+    let mut md = String::from(
+        "| run | replicas min-max | changes | GPU-s | TTFT attainment | ITL attainment | both | SLA breaches | TTFT p50 / p99 ms | ITL p50 / p99 ms |\n|---|---|---|---|---|---|---|---|---|---|\n",
+    );
+    for r in runs {
+        let a = &r.attainment;
+        md.push_str(&format!(
+            "| {} | {}-{} | {} | {:.0} | {:.1}% | {:.1}% | {:.1}% | {} of {} | {:.0} / {:.0} | {:.1} / {:.1} |\n",
+            r.label,
+            r.min_replicas,
+            r.max_replicas,
+            r.replica_changes(),
+            r.gpu_seconds,
+            a.ttft_pct(),
+            a.itl_pct(),
+            a.both_pct(),
+            a.breaches(),
+            a.requests,
+            r.ttft_ms.p50,
+            r.ttft_ms.p99,
+            r.itl_ms.p50,
+            r.itl_ms.p99,
+        ));
+    }
+    md
+}
+
+/// The comparison table ([`compare`]).
+pub fn versus_table(versus: &[Versus]) -> String {
+    let mut md = String::from(
+        "| planner | against | static replicas | SLA breaches planner / static | fewer breaches | GPU-s planner / static |\n|---|---|---|---|---|---|\n",
+    );
+    for v in versus {
+        let fewer = match v.fewer_breaches_pct {
+            Some(p) => format!("{p:.0}%"),
+            None => "n/a (static had none)".to_owned(),
+        };
+        md.push_str(&format!(
+            "| {} | {} | {} | {} / {} | {} | {:.0} / {:.0} = {:.2} |\n",
+            v.planner,
+            v.against,
+            v.static_replicas,
+            v.planner_breaches,
+            v.static_breaches,
+            fewer,
+            v.planner_gpu_seconds,
+            v.static_gpu_seconds,
+            v.gpu_seconds_ratio,
+        ));
+    }
+    md
+}
+
+/// Attainment of both targets per step of `schedule` (by arrival), one row per run.
+pub fn steps_table(runs: &[PlannerRun], schedule: &RateSchedule) -> String {
+    let steps = schedule.steps();
+    let mut md = String::from("| run |");
+    for (i, s) in steps.iter().enumerate() {
+        md.push_str(&format!(
+            " step {} ({} req/s x {} s) |",
+            i + 1,
+            s.rate,
+            s.duration_s
+        ));
+    }
+    md.push_str("\n|---|");
+    md.push_str(&"---|".repeat(steps.len()));
+    md.push('\n');
+    for r in runs {
+        md.push_str(&format!("| {} |", r.label));
+        for a in &r.per_step {
+            let n = a.breaches();
+            let noun = if n == 1 { "breach" } else { "breaches" };
+            md.push_str(&format!(" {:.1}% ({n} {noun}) |", a.both_pct()));
+        }
+        md.push('\n');
+    }
+    md
+}
+
+/// A run's replica timeline: the moments the set replicas or the serving engines
+/// changed.
+pub fn timeline_table(run: &PlannerRun) -> String {
+    let mut md = String::from(
+        "| t (s) | replicas set | serving | starting | draining |\n|---|---|---|---|---|\n",
+    );
+    for p in &run.timeline {
+        md.push_str(&format!(
+            "| {:.1} | {} | {} | {} | {} |\n",
+            p.t_s, p.replicas, p.serving, p.starting, p.draining
+        ));
+    }
+    md
+}
+
+/// Every run's timeline as CSV: `run,t_s,replicas,serving,starting,draining`.
+pub fn timeline_csv(runs: &[PlannerRun]) -> String {
+    let mut csv = String::from("run,t_s,replicas,serving,starting,draining\n");
+    for r in runs {
+        for p in &r.timeline {
+            csv.push_str(&format!(
+                "{},{:.3},{},{},{},{}\n",
+                r.label, p.t_s, p.replicas, p.serving, p.starting, p.draining
+            ));
+        }
+    }
+    csv
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn modes_parse_and_print() {
+        for (text, mode) in [
+            ("throughput", PlannerMode::Throughput),
+            (" LOAD ", PlannerMode::Load),
+            ("throughput+load", PlannerMode::ThroughputLoad),
+            ("load+throughput", PlannerMode::ThroughputLoad),
+            ("static:3", PlannerMode::Static(3)),
+        ] {
+            assert_eq!(PlannerMode::parse(text), Ok(mode), "{text}");
+            assert_eq!(PlannerMode::parse(&mode.to_string()), Ok(mode));
+        }
+        for bad in ["", "static", "static:0", "static:-1", "static:x", "sla"] {
+            let err = PlannerMode::parse(bad).unwrap_err();
+            assert!(
+                err.contains("throughput, load") || err.contains("static:N takes"),
+                "{bad}: {err}"
+            );
+        }
+        assert!(PlannerMode::Static(1).is_static() && !PlannerMode::Load.is_static());
+    }
+
+    #[test]
+    fn the_timeline_replays_changes_in_time_order() {
+        // Two engines serve; a scale-up to 3 at 10 s (ready at 40 s); a scale-down to 1
+        // at 100 s whose two engines drain at 103 and 101 s (recorded out of order).
+        let mut changes = vec![
+            (0.0, Change::Target(2)),
+            (0.0, Change::Created),
+            (0.0, Change::Ready),
+            (0.0, Change::Created),
+            (0.0, Change::Ready),
+            (10_000.0, Change::Created),
+            (10_000.0, Change::Target(3)),
+            (40_000.0, Change::Ready),
+            (100_000.0, Change::Drained),
+            (100_000.0, Change::Drained),
+            (100_000.0, Change::Target(1)),
+            (103_000.0, Change::Gone),
+            (101_000.0, Change::Gone),
+        ];
+        let t = timeline(&mut changes);
+        let at = |t_s, replicas, serving, starting, draining| TimelinePoint {
+            t_s,
+            replicas,
+            serving,
+            starting,
+            draining,
+        };
+        assert_eq!(
+            t,
+            [
+                at(0.0, 2, 2, 0, 0),
+                at(10.0, 3, 2, 1, 0),
+                at(40.0, 3, 3, 0, 0),
+                at(100.0, 1, 1, 0, 2),
+                at(101.0, 1, 1, 0, 1),
+                at(103.0, 1, 1, 0, 0),
+            ]
+        );
+    }
+
+    fn fake(label: &str, both_ok: usize, gpu_seconds: f64) -> PlannerRun {
+        PlannerRun {
+            label: label.into(),
+            requests: 100,
+            completed: 100,
+            rejected: 0,
+            attainment: Attainment {
+                requests: 100,
+                ttft_ok: both_ok,
+                itl_ok: 100,
+                both_ok,
+            },
+            per_step: Vec::new(),
+            gpu_seconds,
+            duration_s: 100.0,
+            ttft_ms: Percentiles::default(),
+            itl_ms: Percentiles::default(),
+            min_replicas: 1,
+            max_replicas: 1,
+            scalings: Vec::new(),
+            decisions: 0,
+            timeline: Vec::new(),
+            wall_s: 0.0,
+        }
+    }
+
+    #[test]
+    fn the_planner_is_compared_with_the_best_the_same_cost_and_the_peak_static() {
+        let runs = [
+            fake("throughput", 90, 250.0),
+            fake("static:1", 40, 100.0),
+            fake("static:2", 80, 200.0),
+            fake("static:3", 95, 300.0),
+            fake("static:4", 100, 400.0),
+        ];
+        let v = compare(&runs, 4);
+        let by = |against: &str| v.iter().find(|x| x.against == against).unwrap();
+        // Best: the cheapest reaching 90%: static:3 (5 breaches to the planner's 10).
+        let best = by("best static");
+        assert_eq!(
+            (
+                best.static_replicas,
+                best.planner_breaches,
+                best.static_breaches
+            ),
+            (3, 10, 5)
+        );
+        assert_eq!(best.fewer_breaches_pct, Some(-100.0));
+        // Same cost: the cheapest at 250 GPU-s or more, static:3 again.
+        assert_eq!(by("same cost").static_replicas, 3);
+        // Peak: static:4, with no breaches: no ratio.
+        let peak = by("peak");
+        assert_eq!((peak.static_replicas, peak.fewer_breaches_pct), (4, None));
+        assert!((peak.gpu_seconds_ratio - 0.625).abs() < 1e-12);
+        // Against static:2 the planner had 10 breaches to 20: 50% fewer.
+        let v = compare(&runs[..3], 2);
+        let peak = v.iter().find(|x| x.against == "peak").unwrap();
+        assert_eq!(peak.fewer_breaches_pct, Some(50.0));
+        // No static reaches the planner: the best attainment stands in.
+        assert_eq!(
+            v.iter()
+                .find(|x| x.against == "best static")
+                .unwrap()
+                .static_replicas,
+            2
+        );
+        assert!(v.iter().all(|x| x.against != "same cost"));
+        let md = versus_table(&v);
+        assert!(
+            md.contains("| throughput | peak | 2 | 10 / 20 | 50% | 250 / 200 = 1.25 |"),
+            "{md}"
+        );
+    }
+}

@@ -37,11 +37,16 @@ pub async fn run(
     label: &str,
 ) -> anyhow::Result<Report> {
     let records = run_records(http, target, workload, arrivals).await?;
+    Ok(report(label, &records))
+}
+
+/// The figures of a run's records; it lasted until its last answer ended.
+pub fn report(label: &str, records: &[RequestRecord]) -> Report {
     let end_ms = records
         .iter()
         .map(|r| r.sent_ms + r.e2e_ms)
         .fold(0.0, f64::max);
-    Ok(Report::from_records(label, &records, end_ms / 1000.0))
+    Report::from_records(label, records, end_ms / 1000.0)
 }
 
 /// [`run`]'s requests, as measured, in no particular order.

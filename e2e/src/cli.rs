@@ -22,9 +22,10 @@ use dynamo_planner::profile::Profile;
 use crate::arrivals::{self, Arrivals, RateSchedule};
 use crate::client::{Api, Target, Words};
 use crate::disagg::{self, Topology};
+use crate::graph_watch::GraphWatch;
 use crate::launch::{self, Launched};
 use crate::planner_replay::{self, PlannerMode, PlannerRun, PlannerSetup};
-use crate::report::{self, Report};
+use crate::report::{self, Attainment, Report};
 use crate::workload::{Sessions, SharedPrefix, Workload};
 use crate::{bench, replay};
 
@@ -203,6 +204,18 @@ pub struct BenchArgs {
     /// first of `--modes`].
     #[arg(long, env = "DYNAMO_E2E_BASELINE")]
     pub baseline: Option<String>,
+    /// Count the requests within this TTFT target (with `--itl-target-ms`).
+    #[arg(long, requires = "itl_target_ms", env = "DYNAMO_E2E_TTFT_TARGET_MS")]
+    pub ttft_target_ms: Option<f64>,
+    /// Count the requests whose mean gap between tokens is within this (with
+    /// `--ttft-target-ms`).
+    #[arg(long, requires = "ttft_target_ms", env = "DYNAMO_E2E_ITL_TARGET_MS")]
+    pub itl_target_ms: Option<f64>,
+    /// Follow a local graph's worker replicas during each run: its runner's admin
+    /// `GET /graph` URL (e.g. with `dynamo run --admin-port 9901`:
+    /// `http://127.0.0.1:9901/graph`).
+    #[arg(long, env = "DYNAMO_E2E_WATCH_GRAPH")]
+    pub watch_graph: Option<String>,
     /// How long a launched graph may take to become healthy.
     #[arg(long, default_value_t = 120.0, env = "DYNAMO_E2E_HEALTH_TIMEOUT_S")]
     pub health_timeout_s: f64,
@@ -1111,7 +1124,7 @@ async fn run_bench(args: BenchArgs) -> anyhow::Result<()> {
                         .workload()?,
                     ),
                 };
-                let mut run = bench::run(&http, &target, workload, plan, &args.url).await?;
+                let mut run = measure(&http, &args, &target, workload, plan, &args.url).await?;
                 run.request_rate = *rate;
                 runs.push(run);
             }
@@ -1136,7 +1149,7 @@ async fn run_bench(args: BenchArgs) -> anyhow::Result<()> {
                         let target = target(&http, &args, &url, words.clone()).await?;
                         let before = bench::scrape_transfers(&http, &url).await;
                         let mut run =
-                            bench::run(&http, &target, workload.clone(), plan, mode).await?;
+                            measure(&http, &args, &target, workload.clone(), plan, mode).await?;
                         let after = bench::scrape_transfers(&http, &url).await;
                         run.request_rate = *rate;
                         // A mode named as a graph (`agg4`, `2p2d`): its engines and KV
@@ -1181,6 +1194,32 @@ async fn run_bench(args: BenchArgs) -> anyhow::Result<()> {
         None => runs.first().map(|r| r.label.clone()).unwrap_or_default(),
     };
     publish("bench", &title, config, &runs, &baseline, &args.output)
+}
+
+/// One live run: the load, then what `--ttft-target-ms`, `--itl-target-ms` and
+/// `--watch-graph` ask for.
+async fn measure(
+    http: &reqwest::Client,
+    args: &BenchArgs,
+    target: &Target,
+    workload: Arc<Workload>,
+    plan: &Arrivals,
+    label: &str,
+) -> anyhow::Result<Report> {
+    let watch = match &args.watch_graph {
+        Some(url) => Some(GraphWatch::start(http, url).await?),
+        None => None,
+    };
+    let records = bench::run_records(http, target, workload, plan).await?;
+    let mut run = bench::report(label, &records);
+    if let (Some(ttft_ms), Some(itl_ms)) = (args.ttft_target_ms, args.itl_target_ms) {
+        let targets = SlaTargets { ttft_ms, itl_ms };
+        run.attainment = Some(Attainment::of_records(&records, targets));
+    }
+    if let Some(watch) = watch {
+        run.replicas = Some(watch.finish().await?);
+    }
+    Ok(run)
 }
 
 fn load_words(model_path: &Path) -> anyhow::Result<Words> {
@@ -1249,6 +1288,13 @@ fn publish(
         }
         let ratios = report::ratios(runs, baseline);
         md.push_str(&report::markdown_table(runs));
+        if runs
+            .iter()
+            .any(|r| r.attainment.is_some() || r.replicas.is_some())
+        {
+            md.push_str("\nTargets and replicas:\n\n");
+            md.push_str(&report::targets_table(runs));
+        }
         if runs.iter().any(|r| r.tiers.is_some()) {
             md.push_str("\nKV block tiers (hit rates: GPU + onboarded tokens / prompt tokens; vs baseline: its TTFT p50 / the run's):\n\n");
             md.push_str(&report::tier_table(runs, baseline));

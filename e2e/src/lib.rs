@@ -22,6 +22,7 @@ pub mod bench;
 pub mod cli;
 pub mod client;
 pub mod disagg;
+pub mod graph_watch;
 pub mod launch;
 pub mod planner_replay;
 pub mod replay;

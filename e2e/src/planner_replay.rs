@@ -67,6 +67,7 @@ use serde::Serialize;
 
 use crate::arrivals::RateSchedule;
 use crate::replay::{KvRouter, RouterSetup, Side, check_arrivals, furthest_behind};
+use crate::report::Attainment;
 use crate::workload::{WorkItem, Workload};
 
 /// Who sets the replicas.
@@ -205,45 +206,6 @@ impl PlannerSetup {
             PerRole::Aggregated { worker } => worker.max(1),
             PerRole::Disaggregated { .. } => 1,
         }
-    }
-}
-
-/// Requests within the targets, out of `requests`.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
-pub struct Attainment {
-    pub requests: usize,
-    pub ttft_ok: usize,
-    pub itl_ok: usize,
-    pub both_ok: usize,
-}
-
-impl Attainment {
-    fn pct(n: usize, of: usize) -> f64 {
-        if of == 0 {
-            100.0
-        } else {
-            n as f64 * 100.0 / of as f64
-        }
-    }
-
-    /// % of requests within the TTFT target.
-    pub fn ttft_pct(&self) -> f64 {
-        Self::pct(self.ttft_ok, self.requests)
-    }
-
-    /// % of requests within the ITL target.
-    pub fn itl_pct(&self) -> f64 {
-        Self::pct(self.itl_ok, self.requests)
-    }
-
-    /// % of requests within both.
-    pub fn both_pct(&self) -> f64 {
-        Self::pct(self.both_ok, self.requests)
-    }
-
-    /// Requests outside either target (refused ones included).
-    pub fn breaches(&self) -> usize {
-        self.requests - self.both_ok
     }
 }
 
@@ -929,12 +891,8 @@ pub fn simulate(
             ),
             None => (false, false),
         };
-        for a in [&mut attainment, &mut per_step[step]] {
-            a.requests += 1;
-            a.ttft_ok += usize::from(ttft_ok);
-            a.itl_ok += usize::from(itl_ok);
-            a.both_ok += usize::from(ttft_ok && itl_ok);
-        }
+        attainment.count(ttft_ok, itl_ok);
+        per_step[step].count(ttft_ok, itl_ok);
     }
     let completed = sim.outcomes.iter().filter(|o| o.is_some()).count();
     let report =

@@ -6,6 +6,8 @@ use std::fmt::Write;
 use dynamo_mocker::replay::{Percentiles, ReplayReport};
 use serde::Serialize;
 
+use dynamo_planner::decide::SlaTargets;
+
 use crate::client::RequestRecord;
 
 /// At most this many distinct error messages are kept per run.
@@ -47,6 +49,84 @@ pub struct Report {
     /// A topology replay (`--topology`): engines per role, KV transfers.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub disagg: Option<DisaggStats>,
+    /// Requests within the bench's `--ttft-target-ms` and `--itl-target-ms`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub attainment: Option<Attainment>,
+    /// The graph's replicas over the run (`--watch-graph`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub replicas: Option<ReplicaTimeline>,
+}
+
+/// Requests within the targets, out of `requests`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct Attainment {
+    pub requests: usize,
+    pub ttft_ok: usize,
+    pub itl_ok: usize,
+    pub both_ok: usize,
+}
+
+impl Attainment {
+    /// Counts one request.
+    pub fn count(&mut self, ttft_ok: bool, itl_ok: bool) {
+        self.requests += 1;
+        self.ttft_ok += usize::from(ttft_ok);
+        self.itl_ok += usize::from(itl_ok);
+        self.both_ok += usize::from(ttft_ok && itl_ok);
+    }
+
+    /// Live requests against `targets`: a request meets the ITL target when its mean gap
+    /// between tokens does (as the replay counts it); a failed one meets neither.
+    pub fn of_records(records: &[RequestRecord], targets: SlaTargets) -> Self {
+        let mut a = Self::default();
+        for r in records {
+            let ttft_ok = r.error.is_none() && r.ttft_ms.is_some_and(|t| t <= targets.ttft_ms);
+            let mean_itl = (!r.itl_ms.is_empty())
+                .then(|| r.itl_ms.iter().sum::<f64>() / r.itl_ms.len() as f64);
+            let itl_ok = r.error.is_none() && mean_itl.is_none_or(|x| x <= targets.itl_ms);
+            a.count(ttft_ok, itl_ok);
+        }
+        a
+    }
+
+    fn pct(n: usize, of: usize) -> f64 {
+        if of == 0 {
+            100.0
+        } else {
+            n as f64 * 100.0 / of as f64
+        }
+    }
+
+    /// % of requests within the TTFT target.
+    pub fn ttft_pct(&self) -> f64 {
+        Self::pct(self.ttft_ok, self.requests)
+    }
+
+    /// % of requests within the ITL target.
+    pub fn itl_pct(&self) -> f64 {
+        Self::pct(self.itl_ok, self.requests)
+    }
+
+    /// % of requests within both.
+    pub fn both_pct(&self) -> f64 {
+        Self::pct(self.both_ok, self.requests)
+    }
+
+    /// Requests outside either target (refused ones included).
+    pub fn breaches(&self) -> usize {
+        self.requests - self.both_ok
+    }
+}
+
+/// A live graph's worker replicas over a run, as its runner's `GET /graph` said.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct ReplicaTimeline {
+    /// (seconds from the run's start, worker replicas, of them ready) at each change.
+    pub changes: Vec<(f64, u32, u32)>,
+    /// Worker replicas integrated over the run: GPU-seconds at one GPU per replica.
+    pub replica_seconds: f64,
+    pub min: u32,
+    pub max: u32,
 }
 
 /// A run over an aggregated or a disaggregated graph of simulated engines.
@@ -255,6 +335,8 @@ impl Report {
             tiers: None,
             request_rate: None,
             disagg: None,
+            attainment: None,
+            replicas: None,
         }
     }
 
@@ -288,6 +370,8 @@ impl Report {
             tiers: None,
             request_rate: None,
             disagg: None,
+            attainment: None,
+            replicas: None,
         }
     }
 }
@@ -317,6 +401,37 @@ pub fn markdown_table(reports: &[Report]) -> String {
             r.e2e_ms.p99,
             r.requests_per_s,
             r.output_tokens_per_s,
+        )
+        .expect("writing to a String");
+    }
+    out
+}
+
+/// Requests within the targets and the graph's replicas, for the runs that measured them.
+pub fn targets_table(reports: &[Report]) -> String {
+    let mut out = String::from(
+        "| run | within TTFT | within ITL | within both | replicas (min-max) | replica-seconds |\n\
+         |---|---|---|---|---|---|\n",
+    );
+    for r in reports {
+        let pct = |f: fn(&Attainment) -> f64| {
+            r.attainment
+                .map_or_else(|| "n/a".to_owned(), |a| format!("{:.1}%", f(&a)))
+        };
+        let (range, seconds) = match &r.replicas {
+            Some(t) => (
+                format!("{}-{}", t.min, t.max),
+                format!("{:.0}", t.replica_seconds),
+            ),
+            None => ("n/a".to_owned(), "n/a".to_owned()),
+        };
+        writeln!(
+            out,
+            "| {} | {} | {} | {} | {range} | {seconds} |",
+            r.label,
+            pct(Attainment::ttft_pct),
+            pct(Attainment::itl_pct),
+            pct(Attainment::both_pct),
         )
         .expect("writing to a String");
     }
@@ -665,6 +780,39 @@ mod tests {
             error: Some(message.to_owned()),
             ..RequestRecord::default()
         }
+    }
+
+    #[test]
+    fn live_attainment_judges_ttft_and_mean_itl_and_fails_errors() {
+        let records = vec![
+            record(400.0, &[40.0, 70.0], 10, None), // mean ITL 55: TTFT only
+            record(600.0, &[10.0], 10, None),       // ITL only
+            record(500.0, &[50.0, 50.0], 10, None), // both, at the targets
+            record(100.0, &[], 10, None),           // one token: no gap to judge
+            failed("503"),
+        ];
+        let targets = SlaTargets {
+            ttft_ms: 500.0,
+            itl_ms: 50.0,
+        };
+        let a = Attainment::of_records(&records, targets);
+        assert_eq!(
+            a,
+            Attainment {
+                requests: 5,
+                ttft_ok: 3,
+                itl_ok: 3,
+                both_ok: 2,
+            }
+        );
+        assert_eq!(a.breaches(), 3);
+        let mut run = Report::from_records("planner", &records, 1.0);
+        run.attainment = Some(a);
+        let table = targets_table(&[run]);
+        assert!(
+            table.contains("| planner | 60.0% | 60.0% | 40.0% | n/a | n/a |"),
+            "{table}"
+        );
     }
 
     #[test]

@@ -377,8 +377,9 @@ pub struct SharedMemorySpec {
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct ScalingAdapter {
-    /// When true, a DGDSA is created for the service and only it changes `replicas`;
-    /// the planner, HPA and KEDA scale through the DGDSA's scale subresource.
+    /// When true, a DGDSA is created for the service and only it changes `replicas` (an
+    /// engine service of a graph with a planner gets one regardless); the planner, HPA and
+    /// KEDA scale through the DGDSA's scale subresource.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub enabled: Option<bool>,
 }

@@ -113,7 +113,7 @@ pub struct ComponentSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sub_component_type: Option<String>,
     /// Number of pods (of gangs, for a multinode service). Owned by the scaling adapter when
-    /// `scalingAdapter.enabled` is true.
+    /// `scalingAdapter.enabled` is true, and for an engine service of a graph with a planner.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 0))]
     pub replicas: Option<i32>,

@@ -134,7 +134,7 @@ pub struct Component {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pod_template: Option<PodTemplate>,
     /// Number of pods (of gangs, for a multinode component). Owned by the scaling adapter
-    /// when `scalingAdapter` is set.
+    /// when `scalingAdapter` is set, and for an engine component of a graph with a planner.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 0))]
     pub replicas: Option<i32>,

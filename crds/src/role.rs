@@ -46,7 +46,8 @@ impl EngineRole {
 /// Python modules and programs that start a Dynamo frontend or planner, as Dynamo's
 /// manifests run them (`python3 -m dynamo.frontend`, `python3 -m planner_sla`, ...).
 const FRONTEND_PROGRAMS: [&str; 1] = ["dynamo.frontend"];
-const PLANNER_PROGRAMS: [&str; 3] = [
+/// Dynamo's planner launchers (the operator runs its own planner in their place).
+pub const PLANNER_PROGRAMS: [&str; 3] = [
     "dynamo.planner",
     "planner_sla",
     "dynamo.planner.planner_sla",
@@ -116,8 +117,7 @@ impl ComponentSpec {
         argv
     }
 
-    /// What the command runs: the module of `python3 -m MODULE`, else the program's file
-    /// name (`/usr/local/bin/vllm` -> `vllm`).
+    /// What the main container's command runs (see [`launched_program`]).
     fn launched_program(&self) -> Option<&str> {
         let main = self.extra_pod_spec.as_ref()?.main_container.as_ref()?;
         let argv: Vec<&str> = main
@@ -127,14 +127,20 @@ impl ComponentSpec {
             .chain(main.args.iter().flatten())
             .map(String::as_str)
             .collect();
-        let program = *argv.first()?;
-        let file = program.rsplit('/').next().unwrap_or(program);
-        if file.starts_with("python") {
-            let module = argv.iter().position(|a| *a == "-m")?;
-            return argv.get(module + 1).copied();
-        }
-        Some(file)
+        launched_program(&argv)
     }
+}
+
+/// What a command line runs: the module of `python3 -m MODULE`, else the program's file
+/// name (`/usr/local/bin/vllm` -> `vllm`).
+pub fn launched_program<'a>(argv: &[&'a str]) -> Option<&'a str> {
+    let program = *argv.first()?;
+    let file = program.rsplit('/').next().unwrap_or(program);
+    if file.starts_with("python") {
+        let module = argv.iter().position(|a| *a == "-m")?;
+        return argv.get(module + 1).copied();
+    }
+    Some(file)
 }
 
 impl DynamoGraphDeploymentSpec {

@@ -20,6 +20,7 @@ use std::collections::{HashMap, VecDeque};
 use std::ops::Range;
 
 use dynamo_kvcache::{BlockHasher, SeqHash};
+use dynamo_perfmodel::attention_pairs;
 use thiserror::Error;
 
 use crate::block_pool::{BlockId, BlockPool};
@@ -353,11 +354,19 @@ impl Scheduler {
             }
         }
 
+        // Contexts for the hardware model: `num_computed` is still the pre-step count.
         for s in &batch.scheduled {
+            let computed = self.seqs[&s.id].num_computed;
+            let work = &mut batch.work;
             if s.is_prefill {
-                batch.work.prefill_tokens += s.num_tokens;
+                work.prefill_tokens += s.num_tokens;
+                work.prefill_seqs += 1;
+                work.prefill_context_tokens += computed;
+                work.prefill_attention_pairs +=
+                    attention_pairs(s.num_tokens as u64, computed as u64);
             } else {
-                batch.work.decode_seqs += 1;
+                work.decode_seqs += 1;
+                work.decode_context_tokens += computed + 1;
             }
         }
         batch.work.kv_usage = self.pool.usage();

@@ -8,8 +8,14 @@
 //! - decode ms = max(1, -25.74 u^2 + 54.01 u + 5.74), u = fraction of the KV pool in use.
 //!
 //! `Table` replaces it with measured points (e.g. from a profiler run), linearly
-//! interpolated. A step costs the sum of its parts, divided by the speedup ratio.
+//! interpolated. With both, a step costs the sum of its parts, divided by the speedup
+//! ratio.
+//!
+//! `Hardware` is the performance model of a GPU SKU and a model architecture
+//! (`dynamo-perfmodel`): a step is one forward pass over its prefill chunks and decode
+//! tokens together, so it needs the attention contexts of the step as well.
 
+use dynamo_perfmodel::{Estimator, StepLoad};
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
@@ -22,6 +28,28 @@ pub struct StepWork {
     pub decode_seqs: usize,
     /// Fraction of the KV pool referenced during the step, 0..=1.
     pub kv_usage: f64,
+    /// Sequences with a prefill chunk in the step.
+    pub prefill_seqs: usize,
+    /// Already-computed tokens the prefill chunks attend to (their prefixes), summed.
+    pub prefill_context_tokens: usize,
+    /// (query, key) pairs of the prefill chunks' causal attention.
+    pub prefill_attention_pairs: u64,
+    /// Tokens the decoding sequences attend to (each one's whole context), summed.
+    pub decode_context_tokens: usize,
+}
+
+impl StepWork {
+    /// The step as the hardware model sees it.
+    pub fn load(&self) -> StepLoad {
+        StepLoad {
+            prefill_tokens: self.prefill_tokens as u64,
+            prefill_seqs: self.prefill_seqs as u64,
+            prefill_context_tokens: self.prefill_context_tokens as u64,
+            prefill_attention_pairs: self.prefill_attention_pairs,
+            decode_seqs: self.decode_seqs as u64,
+            decode_context_tokens: self.decode_context_tokens as u64,
+        }
+    }
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -30,6 +58,8 @@ pub enum TimingModel {
     #[default]
     Polynomial,
     Table(TimingTable),
+    /// A GPU SKU x model architecture x tensor parallelism (`--perf-model hardware`).
+    Hardware(Box<Estimator>),
 }
 
 impl TimingModel {
@@ -43,9 +73,12 @@ impl TimingModel {
                 4.209989e-7 * t * t + 1.518344e-2 * t + 16.50142
             }
             Self::Table(table) => interpolate(&table.prefill, tokens as f64).max(0.0),
+            Self::Hardware(e) => e.prefill_ms(tokens as u64, 0),
         }
     }
 
+    /// A decode step of `decode_seqs` sequences. `Hardware` needs their contexts, which
+    /// the pool usage does not give: here it takes one token each (`step_ms` has them).
     pub fn decode_ms(&self, decode_seqs: usize, kv_usage: f64) -> f64 {
         if decode_seqs == 0 {
             return 0.0;
@@ -57,13 +90,20 @@ impl TimingModel {
             }
             // Decode steps must take time, or token timestamps would collide.
             Self::Table(table) => interpolate(&table.decode, decode_seqs as f64).max(1.0),
+            Self::Hardware(e) => e.decode_step_ms(decode_seqs as u64, 1.0),
         }
     }
 
     /// Duration of a step in (simulated) ms, already divided by `speedup_ratio`.
     pub fn step_ms(&self, work: StepWork, speedup_ratio: f64) -> f64 {
-        (self.prefill_ms(work.prefill_tokens) + self.decode_ms(work.decode_seqs, work.kv_usage))
-            / speedup_ratio
+        let ms = match self {
+            Self::Hardware(e) => e.step_ms(&work.load()),
+            _ => {
+                self.prefill_ms(work.prefill_tokens)
+                    + self.decode_ms(work.decode_seqs, work.kv_usage)
+            }
+        };
+        ms / speedup_ratio
     }
 }
 
@@ -144,7 +184,7 @@ mod tests {
         let work = StepWork {
             prefill_tokens: 1000,
             decode_seqs: 2,
-            kv_usage: 0.0,
+            ..StepWork::default()
         };
         assert_eq!(m.step_ms(work, 10.0), (m.prefill_ms(1000) + 5.74) / 10.0);
     }
@@ -160,6 +200,46 @@ mod tests {
         assert_eq!(m.prefill_ms(500), 30.0);
         assert_eq!(m.decode_ms(5, 0.9), 10.0);
         assert_eq!(m.decode_ms(1, 0.0), 8.0);
+    }
+
+    #[test]
+    fn hardware_steps_are_one_pass_over_their_contexts() {
+        use dynamo_perfmodel::{GpuSku, ModelArch};
+        let model = ModelArch::by_name("meta-llama/Llama-3.1-8B-Instruct").unwrap();
+        let e = Estimator::new(GpuSku::H100Sxm.spec(), model, 1).unwrap();
+        let m = TimingModel::Hardware(Box::new(e.clone()));
+        let decode = |context: usize| StepWork {
+            decode_seqs: 8,
+            decode_context_tokens: 8 * context,
+            ..StepWork::default()
+        };
+        assert_eq!(m.step_ms(StepWork::default(), 1.0), 0.0);
+        assert_eq!(
+            m.step_ms(decode(1000), 2.0),
+            e.decode_step_ms(8, 1000.0) / 2.0
+        );
+        // Longer contexts read more KV; the pool usage plays no part.
+        assert!(m.step_ms(decode(8000), 1.0) > m.step_ms(decode(1000), 1.0));
+        let mut busy = decode(1000);
+        busy.kv_usage = 0.9;
+        assert_eq!(m.step_ms(busy, 1.0), m.step_ms(decode(1000), 1.0));
+        // A prefill chunk after a cached prefix attends to it.
+        let chunk = |cached: usize| StepWork {
+            prefill_tokens: 512,
+            prefill_seqs: 1,
+            prefill_context_tokens: cached,
+            prefill_attention_pairs: dynamo_perfmodel::attention_pairs(512, cached as u64),
+            ..StepWork::default()
+        };
+        assert_eq!(m.step_ms(chunk(0), 1.0), m.prefill_ms(512));
+        assert!(m.step_ms(chunk(30_000), 1.0) > m.step_ms(chunk(0), 1.0));
+        // The polynomial ignores contexts.
+        let p = TimingModel::Polynomial;
+        assert_eq!(p.step_ms(chunk(30_000), 1.0), p.step_ms(chunk(0), 1.0));
+        // An engine config carries the model as JSON, tagged like the others.
+        let json = serde_json::to_value(&m).unwrap();
+        assert_eq!(json["kind"], "hardware");
+        assert_eq!(serde_json::from_value::<TimingModel>(json).unwrap(), m);
     }
 
     #[test]

@@ -162,6 +162,50 @@ fn chunked_prefill_splits_a_long_prompt_within_the_token_budget() {
 }
 
 #[test]
+fn steps_report_the_contexts_their_tokens_attend_to() {
+    let pairs = dynamo_perfmodel::attention_pairs;
+    let mut cfg = config(1024, 16);
+    cfg.max_num_batched_tokens = 64;
+    let mut e = Engine::simulated(cfg).unwrap();
+    e.submit(req(1, prompt(0, 200), 2)).unwrap();
+    let s = drain(&mut e);
+    // Each chunk attends to the chunks before it.
+    let chunks: Vec<(usize, usize, u64)> = s[..4]
+        .iter()
+        .map(|o| {
+            (
+                o.work.prefill_seqs,
+                o.work.prefill_context_tokens,
+                o.work.prefill_attention_pairs,
+            )
+        })
+        .collect();
+    assert_eq!(
+        chunks,
+        vec![
+            (1, 0, pairs(64, 0)),
+            (1, 64, pairs(64, 64)),
+            (1, 128, pairs(64, 128)),
+            (1, 192, pairs(8, 192))
+        ]
+    );
+    // The decode step's token sees the prompt, the first output and itself.
+    assert_eq!(
+        (s[4].work.decode_seqs, s[4].work.decode_context_tokens),
+        (1, 201)
+    );
+    assert_eq!(s[4].work.prefill_seqs, 0);
+    // A prefix-cache hit is context, not work.
+    e.submit(req(2, prompt(0, 100), 1)).unwrap();
+    let s = drain(&mut e);
+    assert_eq!(
+        (s[0].work.prefill_tokens, s[0].work.prefill_context_tokens),
+        (4, 96)
+    );
+    assert_eq!(s[0].work.prefill_attention_pairs, pairs(4, 96));
+}
+
+#[test]
 fn chunked_prefill_shares_the_budget_with_decodes() {
     let mut cfg = config(1024, 16);
     cfg.max_num_batched_tokens = 64;

@@ -49,6 +49,22 @@ fn the_chart_rbac_is_generated_from_the_operator_tables() {
 }
 
 #[test]
+fn the_pod_monitor_selects_the_label_and_port_every_generated_pod_carries() {
+    use dynamo_operator::reconcile::{METRICS_PORT_NAME, labels};
+
+    let monitor = chart_file("templates/podmonitor.yaml");
+    for wanted in [
+        format!("- key: {}\n        operator: Exists", labels::GRAPH),
+        format!("- port: {METRICS_PORT_NAME}\n"),
+    ] {
+        assert!(
+            monitor.contains(&wanted),
+            "podmonitor.yaml lacks {wanted:?}"
+        );
+    }
+}
+
+#[test]
 fn every_flag_the_chart_passes_is_an_operator_flag() {
     let command = OperatorArgs::augment_args(clap::Command::new("operator"));
     let known: Vec<String> = command

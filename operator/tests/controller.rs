@@ -441,6 +441,31 @@ async fn an_invalid_graph_gets_a_condition_and_nothing_else() {
 }
 
 #[tokio::test]
+async fn a_malformed_planner_flag_gets_the_invalid_spec_condition() {
+    let (client, api) = FakeApi::start();
+    install(&api, "disagg-vllm");
+    api.edit(&graph_path("disagg-vllm"), |g| {
+        g["spec"]["services"]["Planner"]["extraPodSpec"]["mainContainer"]["args"] =
+            serde_json::json!(["--ttft", "abc"]);
+    });
+    pass(&client, &api, "disagg-vllm").await.unwrap();
+    let requests = api.take_requests();
+    assert!(
+        !requests
+            .iter()
+            .any(|r| r.is_apply() && !r.path.ends_with("/status")),
+        "nothing is created for a graph that cannot be reconciled"
+    );
+    let status = &graph_object(&api, "disagg-vllm")["status"];
+    assert_eq!(status["conditions"][0]["reason"], "InvalidSpec");
+    assert_eq!(
+        status["conditions"][0]["message"],
+        "spec.services.Planner: --ttft \"abc\": not a positive number of milliseconds"
+    );
+    assert_eq!(events(&requests), vec!["InvalidSpec".to_string()]);
+}
+
+#[tokio::test]
 async fn refused_writes_fail_the_pass_say_why_and_back_off() {
     let (client, api) = FakeApi::start();
     install(&api, "agg-mocker");

@@ -12,7 +12,7 @@ async fn health_and_metrics_are_served() {
     metrics.observe("dgd", std::time::Duration::from_millis(3), Some("children"));
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
-    tokio::spawn(serve(listener, metrics));
+    tokio::spawn(serve(listener, move || metrics.encode()));
 
     let health = reqwest::get(format!("http://{addr}/healthz"))
         .await

@@ -127,6 +127,8 @@ fn a_second_pass_over_its_own_output_changes_nothing() {
 #[test]
 fn scaling_adapters_are_created_once_and_removed_with_the_setting() {
     let mut dgd = sample("disagg-vllm");
+    // The setting alone: a planner gives every engine service an adapter (at the end).
+    let planner = dgd.spec.services.remove("Planner").unwrap();
     let first = run(&dgd, &observed(vec![], cluster()));
     let adapters: Vec<(&str, i32, &str)> = first
         .scaling_adapters
@@ -167,6 +169,18 @@ fn scaling_adapters_are_created_once_and_removed_with_the_setting() {
             ObjectKind::DynamoGraphDeploymentScalingAdapter,
             "disagg-vllm-vllmdecodeworker"
         )]
+    );
+
+    // With a planner the decode service keeps its adapter without the setting.
+    dgd.spec.services.insert("Planner".into(), planner);
+    let step = run(&dgd, &obs);
+    assert!(
+        !step
+            .deletions
+            .iter()
+            .any(|k| k.kind == ObjectKind::DynamoGraphDeploymentScalingAdapter),
+        "{:?}",
+        step.deletions
     );
 }
 
@@ -569,7 +583,18 @@ fn the_epp_gets_its_own_access_unless_the_graph_names_an_account() {
         epp_pod(&second).service_account_name.as_deref(),
         Some("platform-epp")
     );
-    assert!(second.service_accounts.is_empty() && second.roles.is_empty());
+    // (The planner's own access stays.)
+    let named_epp = |name: Option<&String>| name.is_some_and(|n| n == "disagg-vllm-epp");
+    assert!(
+        !second
+            .service_accounts
+            .iter()
+            .any(|a| named_epp(a.metadata.name.as_ref()))
+            && !second
+                .roles
+                .iter()
+                .any(|r| named_epp(r.metadata.name.as_ref()))
+    );
     let deleted: BTreeSet<(ObjectKind, &str)> = second
         .deletions
         .iter()

@@ -3,8 +3,9 @@
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
-use anyhow::Context;
-use clap::Parser;
+use anyhow::{Context, anyhow};
+use clap::{Parser, ValueEnum};
+use dynamo_perfmodel::{Dtype, Estimator, GpuSpec, ModelArch};
 use dynamo_server::ServerLimits;
 
 use super::ServerConfig;
@@ -29,8 +30,10 @@ pub struct Args {
     pub host: String,
     #[arg(long, default_value_t = 8000)]
     pub port: u16,
-    #[arg(long, default_value_t = 16384)]
-    pub num_gpu_blocks: usize,
+    /// KV blocks in the pool [default: 16384; with `--perf-model hardware`, what the
+    /// GPUs' memory holds after the weights].
+    #[arg(long)]
+    pub num_gpu_blocks: Option<usize>,
     #[arg(long, default_value_t = 64)]
     pub block_size: usize,
     #[arg(long, default_value_t = 256)]
@@ -46,6 +49,30 @@ pub struct Args {
     /// JSON timing table replacing the built-in polynomials (see docs/mocker.md).
     #[arg(long)]
     pub timing_table: Option<PathBuf>,
+    /// Step times: Dynamo's polynomial, or the performance model of `--gpu` running the
+    /// model of `--model-path`'s config.json (else the catalog's `--model-name`).
+    #[arg(long, value_enum, default_value_t = PerfModel::Polynomial)]
+    pub perf_model: PerfModel,
+    /// GPU SKU of `--perf-model hardware`: H100_SXM, H200_SXM, B200_SXM, A100_SXM, L40S.
+    #[arg(long)]
+    pub gpu: Option<String>,
+    /// GPUs one engine spans: the hardware model splits the model across them, and the
+    /// planner profile divides throughputs by them.
+    #[arg(long, default_value_t = 1)]
+    pub tensor_parallel_size: u64,
+    /// Weights' dtype (`--perf-model hardware`): auto (config.json's), bfloat16, float16,
+    /// float32.
+    #[arg(long, default_value = "auto")]
+    pub dtype: String,
+    /// `fp8`: FP8 weights (`--perf-model hardware`).
+    #[arg(long)]
+    pub quantization: Option<String>,
+    /// KV cache dtype (`--perf-model hardware`): auto (the model's), fp8, bfloat16, ...
+    #[arg(long, default_value = "auto")]
+    pub kv_cache_dtype: String,
+    /// Share of GPU memory for weights, activations and KV (`--perf-model hardware`).
+    #[arg(long, default_value_t = dynamo_perfmodel::estimate::GPU_MEMORY_UTILIZATION)]
+    pub gpu_memory_utilization: f64,
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
     #[arg(long)]
@@ -92,18 +119,39 @@ pub struct Args {
     pub server: ServerLimits,
 }
 
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum PerfModel {
+    /// Dynamo mocker's polynomials of an 8B model on an H100.
+    Polynomial,
+    /// `dynamo-perfmodel`: a GPU SKU, a model architecture, tensor parallelism.
+    Hardware,
+}
+
 impl Args {
-    /// The engine configuration these flags ask for (reads the timing table). Serving
-    /// adds the model's vocabulary size and name, which do not change timing.
+    /// The engine configuration these flags ask for (reads the timing table, or the
+    /// model's config.json for the hardware model). Serving adds the model's vocabulary
+    /// size and name, which do not change timing.
     pub fn engine_config(&self) -> anyhow::Result<EngineConfig> {
-        let timing = match &self.timing_table {
-            Some(path) => {
-                TimingModel::Table(TimingTable::from_json(&std::fs::read_to_string(path)?)?)
+        let (timing, fitting_blocks) = match (self.perf_model, &self.timing_table) {
+            (PerfModel::Hardware, Some(_)) => {
+                anyhow::bail!("--timing-table and --perf-model hardware both set the step times")
             }
-            None => TimingModel::Polynomial,
+            (PerfModel::Hardware, None) => {
+                let (estimator, blocks) = self.hardware_model()?;
+                (TimingModel::Hardware(Box::new(estimator)), Some(blocks))
+            }
+            (PerfModel::Polynomial, Some(path)) => (
+                TimingModel::Table(TimingTable::from_json(&std::fs::read_to_string(path)?)?),
+                None,
+            ),
+            (PerfModel::Polynomial, None) => (TimingModel::Polynomial, None),
         };
+        let default = EngineConfig::default();
         Ok(EngineConfig {
-            num_gpu_blocks: self.num_gpu_blocks,
+            num_gpu_blocks: self
+                .num_gpu_blocks
+                .or(fitting_blocks)
+                .unwrap_or(default.num_gpu_blocks),
             block_size: self.block_size,
             max_num_seqs: self.max_num_seqs,
             max_num_batched_tokens: self.max_num_batched_tokens,
@@ -122,19 +170,92 @@ impl Args {
                 timeout_ms: self.kv_blocks_timeout_ms,
                 engine_id: self.engine_id.clone(),
             }),
-            ..EngineConfig::default()
+            ..default
         })
+    }
+
+    /// The performance model these flags describe, and the KV blocks its GPUs hold
+    /// after the weights. Refuses a model whose weights do not fit.
+    fn hardware_model(&self) -> anyhow::Result<(Estimator, usize)> {
+        let gpu = self.gpu.as_deref().ok_or_else(|| {
+            anyhow!(
+                "--perf-model hardware needs --gpu (H100_SXM, H200_SXM, B200_SXM, A100_SXM, L40S)"
+            )
+        })?;
+        let mut e = Estimator::new(
+            GpuSpec::by_name(gpu)?,
+            self.model_arch()?,
+            self.tensor_parallel_size,
+        )?;
+        if self.dtype != "auto" {
+            e.weight_dtype = self.dtype.parse().context("--dtype")?;
+        }
+        match self.quantization.as_deref() {
+            None => {}
+            Some(q) if q.eq_ignore_ascii_case("fp8") => e.weight_dtype = Dtype::Fp8,
+            Some(q) => anyhow::bail!("--quantization {q}: only fp8 is modelled"),
+        }
+        if self.kv_cache_dtype != "auto" {
+            e.kv_dtype = self.kv_cache_dtype.parse().context("--kv-cache-dtype")?;
+        }
+        anyhow::ensure!(
+            self.gpu_memory_utilization > 0.0 && self.gpu_memory_utilization <= 1.0,
+            "--gpu-memory-utilization must be in (0, 1]"
+        );
+        e.gpu_memory_utilization = self.gpu_memory_utilization;
+        e.max_num_batched_tokens = self.max_num_batched_tokens as u64;
+        // At least one block of KV, as a vLLM engine needs to start at all.
+        let capacity = e.fits(self.block_size as u64, 1)?;
+        let blocks = capacity.kv_blocks(self.block_size as u64) as usize;
+        tracing::info!(
+            gpu = %e.gpu.name,
+            model = %e.model.name,
+            tp = e.tp,
+            weights_per_gpu = capacity.weight_bytes,
+            kv_tokens = capacity.kv_tokens,
+            "hardware performance model"
+        );
+        Ok((e, blocks))
+    }
+
+    /// The architecture in the model directory's config.json, else the catalog's of the
+    /// served name (`--model-name`, else the directory's name).
+    fn model_arch(&self) -> anyhow::Result<ModelArch> {
+        let name = self.model_name.clone().unwrap_or_else(|| {
+            let dir = self.model_path.file_name().unwrap_or_default();
+            dir.to_string_lossy().into_owned()
+        });
+        let path = self.model_path.join(dynamo_llm::model_dir::CONFIG_FILE);
+        let from_config = std::fs::read_to_string(&path)
+            .map_err(anyhow::Error::from)
+            .and_then(|json| Ok(ModelArch::from_config_json(&name, &json)?));
+        match from_config {
+            Ok(model) => Ok(model),
+            Err(why) => ModelArch::by_name(&name).map_err(|unknown| {
+                anyhow!(
+                    "no model architecture: {}: {why}; and {unknown}",
+                    path.display()
+                )
+            }),
+        }
     }
 
     /// With `--planner-profile-out PATH`: measures the planner's profile of the engine
     /// these flags configure (the serving engine, on the simulated clock, over
-    /// [`ProfileSweep::default`]), writes it to PATH and returns true: the caller exits
-    /// without serving. Without the flag, false.
+    /// [`ProfileSweep::default`] with `--tensor-parallel-size` GPUs per engine), writes it
+    /// to PATH and returns true: the caller exits without serving. Without the flag,
+    /// false.
     pub fn write_planner_profile(&self) -> anyhow::Result<bool> {
         let Some(path) = &self.planner_profile_out else {
             return Ok(false);
         };
-        let profile = planner_profile(&self.engine_config()?, &ProfileSweep::default())?;
+        // Per-GPU throughputs: the engine stands for all the GPUs it spans.
+        let gpus_per_engine = u32::try_from(self.tensor_parallel_size)?;
+        let sweep = ProfileSweep {
+            gpus_per_engine,
+            ..ProfileSweep::default()
+        };
+        let profile = planner_profile(&self.engine_config()?, &sweep)?;
         let text = serde_json::to_string_pretty(&profile)?;
         std::fs::write(path, text + "\n")
             .with_context(|| format!("writing the planner profile to {}", path.display()))?;
@@ -221,6 +342,188 @@ mod tests {
         let default = KvBlocksConfig::default();
         assert_eq!(default.link_bandwidth_gbps, 50.0, "InfiniBand, 400 Gb/s");
         assert!(default.uses_tiers() && default.engine_id.is_none());
+    }
+
+    fn hardware(extra: &[&str]) -> anyhow::Result<EngineConfig> {
+        let base = ["dynamo-mocker", "--model-path", "/nonexistent/m"];
+        let hw = ["--perf-model", "hardware"];
+        Args::try_parse_from(base.iter().chain(&hw).chain(extra))
+            .unwrap()
+            .engine_config()
+    }
+
+    #[test]
+    fn the_hardware_model_sizes_the_pool_unless_told() {
+        let llama = [
+            "--model-name",
+            "meta-llama/Llama-3.1-8B-Instruct",
+            "--gpu",
+            "h100_sxm",
+        ];
+        let cfg = hardware(&llama).unwrap();
+        let TimingModel::Hardware(e) = &cfg.timing else {
+            panic!("{:?}", cfg.timing)
+        };
+        assert_eq!((e.gpu.name.as_str(), e.tp), ("H100_SXM", 1));
+        assert_eq!(e.max_num_batched_tokens, 8192);
+        let blocks = e.max_kv_tokens() as usize / 64;
+        assert_eq!(cfg.num_gpu_blocks, blocks);
+        // Two GPUs hold more than twice the KV (the weights are split too).
+        let mut tp2 = llama.to_vec();
+        tp2.extend(["--tensor-parallel-size", "2"]);
+        assert!(hardware(&tp2).unwrap().num_gpu_blocks > 2 * blocks);
+        // FP8 KV holds twice the tokens; a smaller share of memory fewer.
+        let mut fp8 = llama.to_vec();
+        fp8.extend(["--kv-cache-dtype", "fp8"]);
+        assert_eq!(hardware(&fp8).unwrap().num_gpu_blocks / 2, blocks);
+        let mut half = llama.to_vec();
+        half.extend(["--gpu-memory-utilization", "0.5"]);
+        assert!(hardware(&half).unwrap().num_gpu_blocks < blocks / 2);
+        // An explicit pool wins; the polynomial keeps its default.
+        let mut fixed = llama.to_vec();
+        fixed.extend(["--num-gpu-blocks", "100"]);
+        assert_eq!(hardware(&fixed).unwrap().num_gpu_blocks, 100);
+        let argv = ["dynamo-mocker", "--model-path", "/m"];
+        let poly = Args::try_parse_from(argv).unwrap().engine_config().unwrap();
+        assert_eq!(
+            (poly.num_gpu_blocks, poly.timing),
+            (16384, TimingModel::Polynomial)
+        );
+    }
+
+    #[test]
+    fn a_model_that_does_not_fit_is_refused_naming_weights_and_memory() {
+        let err = hardware(&[
+            "--model-name",
+            "meta-llama/Llama-3.1-70B-Instruct",
+            "--gpu",
+            "L40S",
+        ])
+        .unwrap_err()
+        .to_string();
+        assert!(
+            err.contains("does not fit on L40S at tensor parallel 1"),
+            "{err}"
+        );
+        assert!(
+            err.contains("bfloat16 weights take 131.4 GiB (141107412992 bytes)"),
+            "{err}"
+        );
+        assert!(err.contains("of 48.0 GiB GPU memory"), "{err}");
+        // FP8 at TP 4 does.
+        let fits = hardware(&[
+            "--model-name",
+            "meta-llama/Llama-3.1-70B-Instruct",
+            "--gpu",
+            "L40S",
+            "--quantization",
+            "fp8",
+            "--tensor-parallel-size",
+            "4",
+        ]);
+        assert!(fits.is_ok(), "{fits:?}");
+    }
+
+    #[test]
+    fn hardware_flags_are_checked() {
+        let name = ["--model-name", "Qwen/Qwen3-0.6B"];
+        let with = |extra: &[&str]| {
+            let mut argv = name.to_vec();
+            argv.extend(extra);
+            hardware(&argv).unwrap_err().to_string()
+        };
+        assert!(with(&[]).contains("needs --gpu"));
+        let err = with(&["--gpu", "V100"]);
+        assert!(err.contains("V100") && err.contains("B200_SXM"), "{err}");
+        assert!(with(&["--gpu", "H100_SXM", "--tensor-parallel-size", "3"]).contains("divide"));
+        assert!(with(&["--gpu", "H100_SXM", "--quantization", "awq"]).contains("awq"));
+        assert!(with(&["--gpu", "H100_SXM", "--dtype", "int4"]).contains("--dtype"));
+        let table = with(&["--gpu", "H100_SXM", "--timing-table", "/t.json"]);
+        assert!(table.contains("both set the step times"), "{table}");
+        let err = hardware(&["--model-name", "acme/secret-7b", "--gpu", "H100_SXM"])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("config.json") && err.contains("acme/secret-7b"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn the_model_dir_config_comes_first_then_the_catalog() {
+        let dir = std::env::temp_dir().join(format!("dynamo-mocker-arch-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let parse = |extra: &[&str]| {
+            let base = ["dynamo-mocker", "--model-path", dir.to_str().unwrap()];
+            let hw = ["--perf-model", "hardware", "--gpu", "H100_SXM"];
+            let args = Args::try_parse_from(base.iter().chain(&hw).chain(extra)).unwrap();
+            match args.engine_config()?.timing {
+                TimingModel::Hardware(e) => Ok(e.model),
+                other => panic!("{other:?}"),
+            }
+        };
+        // A config without an MLP size (like .cache/models/qwen-mock's): the catalog.
+        let config = dir.join("config.json");
+        let partial = r#"{"num_hidden_layers": 24, "hidden_size": 896,
+            "num_attention_heads": 14, "num_key_value_heads": 2, "vocab_size": 151851}"#;
+        std::fs::write(&config, partial).unwrap();
+        let m: anyhow::Result<ModelArch> = parse(&["--model-name", "Qwen/Qwen3-0.6B"]);
+        assert_eq!(m.unwrap().layers, 28);
+        let err = parse(&[]).unwrap_err().to_string();
+        assert!(err.contains("lacks intermediate_size"), "{err}");
+        // A complete one wins over the catalog.
+        let full = r#"{"num_hidden_layers": 24, "hidden_size": 896, "intermediate_size": 4864,
+            "num_attention_heads": 14, "num_key_value_heads": 2, "vocab_size": 151851}"#;
+        std::fs::write(&config, full).unwrap();
+        let m = parse(&["--model-name", "Qwen/Qwen3-0.6B"]).unwrap();
+        std::fs::remove_dir_all(&dir).unwrap();
+        assert_eq!(
+            (m.layers, m.intermediate, m.name.as_str()),
+            (24, 4864, "Qwen/Qwen3-0.6B")
+        );
+    }
+
+    #[test]
+    fn a_hardware_planner_profile_counts_every_gpu_of_the_engine() {
+        let path =
+            std::env::temp_dir().join(format!("dynamo-mocker-hw-{}.json", std::process::id()));
+        let profile = |tp: &str| {
+            let argv = [
+                "dynamo-mocker",
+                "--model-path",
+                "/m",
+                "--model-name",
+                "meta-llama/Llama-3.1-8B",
+                "--perf-model",
+                "hardware",
+                "--gpu",
+                "H100_SXM",
+                "--tensor-parallel-size",
+                tp,
+                "--num-gpu-blocks",
+                "512",
+                "--block-size",
+                "16",
+                "--max-num-seqs",
+                "32",
+                "--planner-profile-out",
+                path.to_str().unwrap(),
+            ];
+            assert!(
+                Args::try_parse_from(argv)
+                    .unwrap()
+                    .write_planner_profile()
+                    .unwrap()
+            );
+            Profile::from_json(&std::fs::read_to_string(&path).unwrap()).unwrap()
+        };
+        let (tp1, tp2) = (profile("1"), profile("2"));
+        std::fs::remove_file(&path).unwrap();
+        assert_eq!((tp1.gpus_per_engine(), tp2.gpus_per_engine()), (1, 2));
+        // Faster per engine, not twice as fast: less per GPU.
+        let first = |p: &Profile| p.prefill_points()[0];
+        assert!(first(&tp2).ttft_ms < first(&tp1).ttft_ms);
+        assert!(first(&tp2).throughput_per_gpu < first(&tp1).throughput_per_gpu);
     }
 
     #[test]

@@ -22,7 +22,7 @@ use tokio::sync::mpsc;
 
 use crate::{Engine, EngineConfig, KvGeometry, RealClock};
 
-pub use args::Args;
+pub use args::{Args, PerfModel};
 pub use engine_loop::{EngineHandle, GenEvent, SubmitError};
 
 /// Everything the server needs to start.

@@ -103,6 +103,9 @@ impl Metrics {
     }
 }
 
+/// Where [`serve`] answers health checks (the planner pods' probes use it).
+pub const HEALTH_PATH: &str = "/healthz";
+
 /// Serves `/metrics` (what `text` encodes at each scrape) and `/healthz` until the task
 /// is dropped: the controller's and the planner's.
 pub async fn serve<F>(listener: TcpListener, text: F) -> std::io::Result<()>
@@ -123,6 +126,6 @@ where
     };
     let app = Router::new()
         .route("/metrics", get(metrics))
-        .route("/healthz", get(|| async { "ok\n" }));
+        .route(HEALTH_PATH, get(|| async { "ok\n" }));
     axum::serve(listener, app).await
 }

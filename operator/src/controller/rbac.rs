@@ -30,11 +30,13 @@ const APPLIED: &[&str] = &["create", "delete", "list", "patch", "watch"];
 /// Cluster-wide access (the ClusterRole): graphs in every namespace, the objects generated
 /// for them, nodes and pods for gang placement, Events.
 pub const CLUSTER_RULES: &[Rule] = &[
-    // Watched; `patch` writes a service's replicas on behalf of its scaling adapter.
+    // Watched; `patch` writes a service's replicas on behalf of its scaling adapter; `get`
+    // only to grant it to planners (reconcile/planner_access.rs: the API server lets the
+    // operator grant only verbs it holds itself, RBAC escalation prevention).
     Rule {
         group: "nvidia.com",
         resource: "dynamographdeployments",
-        verbs: &["list", "patch", "watch"],
+        verbs: &["get", "list", "patch", "watch"],
         names: &[],
     },
     Rule {
@@ -43,11 +45,18 @@ pub const CLUSTER_RULES: &[Rule] = &[
         verbs: &["patch"],
         names: &[],
     },
-    // Created once per scalable service, then only their status is written.
+    // Created once per scalable service, then only their status is written; `get` and the
+    // scale subresource only to grant them to planners, as above.
     Rule {
         group: "nvidia.com",
         resource: "dynamographdeploymentscalingadapters",
-        verbs: &["create", "delete", "list", "watch"],
+        verbs: &["create", "delete", "get", "list", "watch"],
+        names: &[],
+    },
+    Rule {
+        group: "nvidia.com",
+        resource: "dynamographdeploymentscalingadapters/scale",
+        verbs: &["get", "patch", "update"],
         names: &[],
     },
     Rule {
@@ -325,6 +334,35 @@ mod tests {
                 );
             }
         }
+    }
+
+    #[test]
+    fn the_planner_role_grants_nothing_the_operator_lacks() {
+        use dynamo_crds::{DynamoGraphDeployment, DynamoGraphDeploymentScalingAdapter};
+        use kube::Resource;
+
+        for (group, resource, verbs, _) in crate::reconcile::PLANNER_RULES {
+            for verb in *verbs {
+                assert!(
+                    allows(CLUSTER_RULES, group, resource, verb),
+                    "the planner's Role grants {verb} {resource} ({group:?}), which the operator does not hold"
+                );
+            }
+        }
+        // The rules name the resources as the CRDs serve them.
+        let graphs = DynamoGraphDeployment::plural(&()).into_owned();
+        let adapters = DynamoGraphDeploymentScalingAdapter::plural(&()).into_owned();
+        let resources: Vec<String> = crate::reconcile::PLANNER_RULES
+            .iter()
+            .map(|(group, resource, _, _)| {
+                assert_eq!(*group, DynamoGraphDeployment::group(&()));
+                resource.to_string()
+            })
+            .collect();
+        assert_eq!(
+            resources,
+            [graphs, adapters.clone(), format!("{adapters}/scale")]
+        );
     }
 
     #[test]

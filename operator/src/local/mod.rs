@@ -1,15 +1,17 @@
 //! `dynamo run -f FILE`: the same DGD that deploys on a cluster, run on one machine as
 //! processes (`DESIGN.md`, "Local runner"). Per worker replica an engine and its sidecar
 //! on free loopback ports, one endpoint picker with its OpenAI frontend on `--port`, a
-//! small admin API to list and scale replicas. Ctrl-C or SIGTERM stops every child it
-//! started, and nothing else.
+//! small admin API to list and scale replicas, and for a graph with a planner, the
+//! planner and a Prometheus it reads. Ctrl-C or SIGTERM stops every child it started,
+//! and nothing else.
 
 mod admin;
 pub mod plan;
 mod process;
+pub mod prometheus;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
-use std::net::TcpListener;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
@@ -24,6 +26,7 @@ use tokio::sync::Mutex;
 use admin::Admin;
 use plan::{Caps, CommandSpec, Graph, PlanError, ReplicaPorts, RunOptions};
 use process::{Program, Supervised};
+use prometheus::{LocalPrometheus, ScrapeTarget};
 
 #[derive(clap::Args, Debug)]
 pub struct RunArgs {
@@ -75,6 +78,9 @@ pub struct RunArgs {
     /// How long a child may take to exit after SIGTERM before it is killed.
     #[arg(long, default_value = "10", value_parser = parse_duration)]
     pub grace: Duration,
+    /// Do not start the graph's planner (nor the Prometheus it reads).
+    #[arg(long)]
+    pub no_planner: bool,
 }
 
 fn parse_replicas(s: &str) -> Result<(String, u32), String> {
@@ -140,14 +146,32 @@ async fn run_async(args: RunArgs) -> anyhow::Result<()> {
             processes: args.max_processes,
         },
     };
-    let graph = Graph::from_dgd(dgd, &options)?;
+    let mut graph = Graph::from_dgd(dgd, &options)?;
+    if args.no_planner
+        && let Some(planner) = graph.planner.take()
+    {
+        graph.notes.push(format!(
+            "service {:?} (planner) is not started (--no-planner); scale with POST /scale",
+            planner.name
+        ));
+    }
     for note in &graph.notes {
         eprintln!("note: {note}");
     }
     let bins = Bins::new(args.bin_dir.clone())?;
+    // Checked before anything starts, so a missing program is one clear error.
+    let prometheus_bin = match &graph.planner {
+        Some(planner) => Some(
+            bins.find(prometheus::PROGRAM)
+                .ok_or_else(|| prometheus::missing(&planner.name))?,
+        ),
+        None => None,
+    };
+    let admin_token = args.admin_token()?;
+    let admin = Admin::bind(&args.admin_host, args.admin_port, admin_token.clone()).await?;
+    // Made once nothing else can fail before the end removes it.
     let state_dir = std::env::temp_dir().join(format!("dynamo-run-{}", std::process::id()));
     std::fs::create_dir_all(&state_dir)?;
-    let admin = Admin::bind(&args.admin_host, args.admin_port, args.admin_token()?).await?;
 
     let runner = Arc::new(Mutex::new(Runner {
         graph,
@@ -157,19 +181,35 @@ async fn run_async(args: RunArgs) -> anyhow::Result<()> {
         state_dir: state_dir.clone(),
         replicas: BTreeMap::new(),
         epp: None,
+        picker_metrics: String::new(),
+        prometheus: None,
+        planner: None,
         ready: HashSet::new(),
         complete: false,
         used_ports: HashSet::new(),
     }));
-    let result = serve(&runner, &args, admin).await;
-    eprintln!("stopping: the endpoint picker first, then every replica");
+    let result = serve(&runner, &args, admin, prometheus_bin, admin_token).await;
+    eprintln!("stopping: the planner and the endpoint picker first, then every replica");
     runner.lock().await.stop_all().await;
     std::fs::remove_dir_all(&state_dir).ok();
     result
 }
 
 /// Starts everything, then waits for Ctrl-C or SIGTERM.
-async fn serve(runner: &Arc<Mutex<Runner>>, args: &RunArgs, admin: Admin) -> anyhow::Result<()> {
+async fn serve(
+    runner: &Arc<Mutex<Runner>>,
+    args: &RunArgs,
+    admin: Admin,
+    prometheus_bin: Option<PathBuf>,
+    admin_token: Option<String>,
+) -> anyhow::Result<()> {
+    let admin_addr = admin.local_addr()?;
+    let admin_url = format!(
+        "http://{}:{}",
+        reachable(&admin_addr.ip().to_string()),
+        admin_addr.port()
+    );
+    let mut planner = None;
     {
         let mut r = runner.lock().await;
         let services: Vec<(String, u32)> = r
@@ -190,16 +230,114 @@ async fn serve(runner: &Arc<Mutex<Runner>>, args: &RunArgs, admin: Admin) -> any
             .epp_command((&args.host, args.port), ext_proc_port, &r.endpoints_file);
         let epp = r.bins.program(epp)?;
         r.epp = Some(Supervised::start("epp".into(), epp, r.grace));
+        r.picker_metrics = format!("{}:{}", reachable(&args.host), args.port);
+        if let Some(path) = prometheus_bin {
+            r.start_prometheus(path)?;
+            planner = Some(r.plan_planner(&admin_url, admin_token)?);
+        }
         print_table(&r, args, &admin)?;
     }
     let admin = tokio::spawn(admin.serve(runner.clone()));
     let probes = tokio::spawn(probe_readiness(runner.clone()));
     let ready = tokio::spawn(announce_ready(args.host.clone(), args.port));
+    let planner = planner.map(|p| tokio::spawn(start_planner(runner.clone(), p)));
     crate::shutdown_signal().await;
     admin.abort();
     probes.abort();
     ready.abort();
+    if let Some(planner) = planner {
+        planner.abort();
+    }
     Ok(())
+}
+
+/// Where a client on this machine reaches a listener bound to `host`: loopback for the
+/// unspecified address, `[v6]` in brackets.
+fn reachable(host: &str) -> String {
+    match host.parse::<IpAddr>() {
+        Ok(ip) if ip.is_unspecified() => Ipv4Addr::LOCALHOST.to_string(),
+        Ok(IpAddr::V6(ip)) => format!("[{ip}]"),
+        _ => host.to_owned(),
+    }
+}
+
+/// The planner, ready to start once its profile is measured (if it needs one), the
+/// graph is up and Prometheus answers.
+struct PendingPlanner {
+    program: Program,
+    /// Its profile: the mock engine to run, and where it writes it.
+    profile: Option<(Program, PathBuf)>,
+    admin_url: String,
+    metrics_addr: SocketAddr,
+}
+
+/// Measures the profile, waits for the graph (every service has had a ready replica,
+/// so the planner does not size a graph still starting) and for Prometheus' `/-/ready`,
+/// then starts the planner. A failure is printed and leaves the graph serving without it.
+async fn start_planner(runner: Arc<Mutex<Runner>>, pending: PendingPlanner) {
+    if let Some((mocker, out)) = &pending.profile {
+        let measured = tokio::process::Command::new(&mocker.path)
+            .args(&mocker.spec.args)
+            .envs(mocker.spec.env.iter().map(|(k, v)| (k, v)))
+            .stdin(std::process::Stdio::null())
+            .kill_on_drop(true)
+            .output()
+            .await;
+        match measured {
+            Ok(o) if o.status.success() => {
+                println!(
+                    "planner: measured the mock engine's profile: {}",
+                    out.display()
+                );
+            }
+            Ok(o) => {
+                eprintln!(
+                    "planner: not started: measuring the mock engine's profile failed ({}): {}",
+                    o.status,
+                    String::from_utf8_lossy(&o.stderr).trim()
+                );
+                return;
+            }
+            Err(e) => {
+                eprintln!(
+                    "planner: not started: cannot run {}: {e}",
+                    mocker.path.display()
+                );
+                return;
+            }
+        }
+    }
+    let client = reqwest::Client::new();
+    loop {
+        let (complete, prometheus) = {
+            let r = runner.lock().await;
+            (r.complete, r.prometheus.as_ref().map(|p| p.config.clone()))
+        };
+        if complete
+            && let Some(prometheus) = prometheus
+            && prometheus.ready(&client).await
+        {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    let mut r = runner.lock().await;
+    let grace = r.grace;
+    let Some(planner) = r.planner.as_mut() else {
+        return;
+    };
+    planner.process = Some(Supervised::start(
+        planner.service.clone(),
+        pending.program,
+        grace,
+    ));
+    println!(
+        "planner: started against {} (metrics http://{}/metrics)",
+        pending.admin_url, pending.metrics_addr
+    );
+    if let Err(e) = r.write_scrape_targets() {
+        eprintln!("{e:#}");
+    }
 }
 
 /// The processes of a local graph.
@@ -214,6 +352,11 @@ pub(crate) struct Runner {
     /// Replicas of each worker service, in index order.
     replicas: BTreeMap<String, Vec<Replica>>,
     epp: Option<Supervised>,
+    /// `host:port` where the picker serves `/metrics` (its OpenAI frontend).
+    picker_metrics: String,
+    /// The planner's Prometheus, for a graph with a planner.
+    prometheus: Option<RunningPrometheus>,
+    planner: Option<RunningPlanner>,
     /// Replicas whose sidecar answered `/ready` at the last probe; only they are in the
     /// picker's list, as only Ready pods are in a cluster's.
     ready: HashSet<(String, u32)>,
@@ -224,6 +367,18 @@ pub(crate) struct Runner {
     complete: bool,
     /// Ports handed out in this run, so a port the OS offers twice is not used twice.
     used_ports: HashSet<u16>,
+}
+
+struct RunningPrometheus {
+    config: LocalPrometheus,
+    process: Supervised,
+}
+
+struct RunningPlanner {
+    service: String,
+    metrics_addr: SocketAddr,
+    /// `None` until the graph is up and Prometheus ready.
+    process: Option<Supervised>,
 }
 
 struct Replica {
@@ -255,6 +410,32 @@ pub struct GraphStatus {
     /// Each worker service's role (`EngineRole::as_str`), also for a service scaled to 0.
     pub roles: BTreeMap<String, String>,
     pub services: BTreeMap<String, Vec<ReplicaStatus>>,
+    /// The Prometheus the planner reads, for a graph with a planner.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prometheus: Option<ProcessStatus>,
+    /// The graph's planner.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub planner: Option<PlannerStatus>,
+}
+
+#[derive(Serialize, Deserialize)]
+pub struct ProcessStatus {
+    /// Its base URL.
+    pub url: String,
+    /// Its process id, 0 while it restarts.
+    pub pid: u32,
+    pub restarts: u32,
+}
+
+#[derive(Serialize, Deserialize)]
+pub struct PlannerStatus {
+    pub service: String,
+    /// Its `/metrics`.
+    pub metrics: String,
+    /// Its process id, 0 until it starts (once the graph is up and Prometheus ready) and
+    /// while it restarts.
+    pub pid: u32,
+    pub restarts: u32,
 }
 
 #[derive(Serialize, Deserialize)]
@@ -283,6 +464,118 @@ impl Runner {
             }
         }
         bail!("no free loopback port found")
+    }
+
+    /// Starts Prometheus (the program at `path`) on a free loopback port, scraping what
+    /// runs now; [`Self::write_scrape_targets`] keeps its list current.
+    fn start_prometheus(&mut self, path: PathBuf) -> anyhow::Result<()> {
+        let port = self.free_port()?;
+        let config = LocalPrometheus::new(&self.state_dir, port, &self.graph.name);
+        let spec = config.prepare().with_context(|| {
+            format!(
+                "cannot write Prometheus' config in {}",
+                self.state_dir.display()
+            )
+        })?;
+        let process = Supervised::start("prometheus".into(), Program { path, spec }, self.grace);
+        self.prometheus = Some(RunningPrometheus { config, process });
+        self.write_scrape_targets()
+    }
+
+    /// The planner's command and what must happen before it starts; its metrics port is
+    /// chosen now, so the table shows it.
+    fn plan_planner(
+        &mut self,
+        admin_url: &str,
+        admin_token: Option<String>,
+    ) -> anyhow::Result<PendingPlanner> {
+        let prometheus = self
+            .prometheus
+            .as_ref()
+            .context("Prometheus starts before the planner")?
+            .config
+            .url();
+        let metrics_addr = SocketAddr::from((Ipv4Addr::LOCALHOST, self.free_port()?));
+        let out = self.state_dir.join("planner-profile.json");
+        let profile = match self.graph.profile_command(&out) {
+            Some(command) => Some((self.bins.program(command)?, out)),
+            None => None,
+        };
+        let mut spec = self
+            .graph
+            .planner_command(
+                admin_url,
+                &prometheus,
+                metrics_addr,
+                profile.as_ref().map(|(_, out)| out.as_path()),
+            )
+            .context("the graph has no planner")??;
+        if let Some(token) = admin_token {
+            // By environment, not a flag: flags show in `ps`.
+            spec.env.push(("DYNAMO_ADMIN_TOKEN".into(), token));
+        }
+        let service = self
+            .graph
+            .planner
+            .as_ref()
+            .map(|p| p.name.clone())
+            .unwrap_or_default();
+        self.planner = Some(RunningPlanner {
+            service,
+            metrics_addr,
+            process: None,
+        });
+        Ok(PendingPlanner {
+            program: self.bins.program(spec)?,
+            profile,
+            admin_url: admin_url.to_owned(),
+            metrics_addr,
+        })
+    }
+
+    /// What Prometheus scrapes: the picker, every replica's sidecar (the pod's metrics
+    /// port on a cluster) and the planner once it runs. A restarted child keeps its
+    /// port, so only starting and removing processes changes the list.
+    fn scrape_targets(&self) -> Vec<ScrapeTarget> {
+        let mut targets = vec![ScrapeTarget {
+            address: self.picker_metrics.clone(),
+            component: self.graph.picker_service.clone(),
+            role: "epp".into(),
+        }];
+        for (service, replicas) in &self.replicas {
+            let role = self.graph.workers[service].role.as_str();
+            targets.extend(replicas.iter().map(|r| ScrapeTarget {
+                address: format!("127.0.0.1:{}", r.ports.sidecar_metrics),
+                component: service.clone(),
+                role: role.into(),
+            }));
+        }
+        if let Some(planner) = &self.planner
+            && planner.process.is_some()
+        {
+            targets.push(ScrapeTarget {
+                address: planner.metrics_addr.to_string(),
+                component: planner.service.clone(),
+                role: "planner".into(),
+            });
+        }
+        targets
+    }
+
+    /// Rewrites Prometheus' target list (a no-op without Prometheus).
+    fn write_scrape_targets(&self) -> anyhow::Result<()> {
+        let Some(prometheus) = &self.prometheus else {
+            return Ok(());
+        };
+        prometheus
+            .config
+            .write_targets(&self.scrape_targets())
+            .with_context(|| {
+                format!(
+                    "cannot write {}",
+                    prometheus.config.targets_file().display()
+                )
+            })
     }
 
     /// Starts the next replica of `service` (engine, then its sidecar).
@@ -403,6 +696,7 @@ impl Runner {
             self.ready.remove(&(service.to_owned(), r.index));
         }
         self.write_endpoints()?;
+        self.write_scrape_targets()?;
         futures::future::join_all(removed.into_iter().map(Replica::stop)).await;
         Ok(())
     }
@@ -446,16 +740,36 @@ impl Runner {
                 .map(|(service, w)| (service.clone(), w.role.as_str().to_string()))
                 .collect(),
             services,
+            prometheus: self.prometheus.as_ref().map(|p| ProcessStatus {
+                url: p.config.url(),
+                pid: p.process.pid(),
+                restarts: p.process.restarts(),
+            }),
+            planner: self.planner.as_ref().map(|p| PlannerStatus {
+                service: p.service.clone(),
+                metrics: format!("http://{}/metrics", p.metrics_addr),
+                pid: p.process.as_ref().map_or(0, Supervised::pid),
+                restarts: p.process.as_ref().map_or(0, Supervised::restarts),
+            }),
         }
     }
 
-    /// Stops the picker, then every replica at once.
+    /// Stops the planner (so it scales nothing while the graph goes away), then the
+    /// picker, then every replica and Prometheus at once.
     async fn stop_all(&mut self) {
+        if let Some(planner) = self.planner.take().and_then(|p| p.process) {
+            planner.stop().await;
+        }
         if let Some(epp) = self.epp.take() {
             epp.stop().await;
         }
         let replicas = std::mem::take(&mut self.replicas);
-        futures::future::join_all(replicas.into_values().flatten().map(Replica::stop)).await;
+        let prometheus = self.prometheus.take().map(|p| p.process.stop());
+        futures::future::join(
+            futures::future::join_all(replicas.into_values().flatten().map(Replica::stop)),
+            futures::future::OptionFuture::from(prometheus),
+        )
+        .await;
     }
 }
 
@@ -547,23 +861,27 @@ impl Bins {
         Ok(Self { dir })
     }
 
+    /// `program` as a path: as given when it has a directory, else the first file of
+    /// that name beside us (or in `--bin-dir`), then on PATH.
+    fn find(&self, program: &str) -> Option<PathBuf> {
+        let name = Path::new(program);
+        if name.components().count() > 1 {
+            return Some(name.to_path_buf());
+        }
+        self.dir
+            .iter()
+            .cloned()
+            .chain(
+                std::env::var_os("PATH")
+                    .iter()
+                    .flat_map(std::env::split_paths),
+            )
+            .map(|d| d.join(name))
+            .find(|p| p.is_file())
+    }
+
     fn program(&self, spec: CommandSpec) -> anyhow::Result<Program> {
-        let name = Path::new(&spec.program);
-        let path = if name.components().count() > 1 {
-            Some(name.to_path_buf())
-        } else {
-            self.dir
-                .iter()
-                .cloned()
-                .chain(
-                    std::env::var_os("PATH")
-                        .iter()
-                        .flat_map(std::env::split_paths),
-                )
-                .map(|d| d.join(name))
-                .find(|p| p.is_file())
-        };
-        let path = path.with_context(|| {
+        let path = self.find(&spec.program).with_context(|| {
             format!(
                 "cannot find {:?}: build it (`cargo build --bins`) or put it on PATH",
                 spec.program
@@ -599,6 +917,19 @@ fn print_table(runner: &Runner, args: &RunArgs, admin: &Admin) -> anyhow::Result
         }
     }
     println!("  OpenAI API   http://{}:{}/v1", args.host, args.port);
+    if let Some(prometheus) = &runner.prometheus {
+        println!(
+            "  Prometheus   {} (scrapes the picker and the sidecars; {})",
+            prometheus.config.url(),
+            prometheus.config.config_file().display()
+        );
+    }
+    if let Some(planner) = &runner.planner {
+        println!(
+            "  planner      {} (http://{}/metrics), once the graph is up",
+            planner.service, planner.metrics_addr
+        );
+    }
     println!(
         "  admin API    http://{} (GET /graph, POST /scale{})",
         admin.local_addr()?,
@@ -618,11 +949,7 @@ fn print_table(runner: &Runner, args: &RunArgs, admin: &Admin) -> anyhow::Result
 
 /// Prints one line when the frontend answers `/health` with 200.
 async fn announce_ready(host: String, port: u16) {
-    let host = if host == "0.0.0.0" {
-        "127.0.0.1".into()
-    } else {
-        host
-    };
+    let host = reachable(&host);
     let url = format!("http://{host}:{port}/health");
     let client = reqwest::Client::new();
     loop {

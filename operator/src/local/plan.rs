@@ -1,17 +1,22 @@
 //! What a local run starts, decided from the DGD alone (no processes, no sockets): one
-//! endpoint picker with its OpenAI frontend, and per worker replica an engine and its
-//! sidecar. The commands are the wiring plan's ([`crate::wiring`]), the same the operator
-//! puts in pods, rendered on loopback ports chosen at run time.
+//! endpoint picker with its OpenAI frontend, per worker replica an engine and its
+//! sidecar, and the graph's planner. The commands are the wiring plan's
+//! ([`crate::wiring`]), the same the operator puts in pods, rendered on loopback ports
+//! chosen at run time.
 
 use std::collections::BTreeMap;
-use std::net::{IpAddr, Ipv4Addr};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
 
-use dynamo_crds::{BackendFramework, DynamoGraphDeployment, EngineRole, ServiceRole};
+use dynamo_crds::{
+    BackendFramework, ComponentSpec, DynamoGraphDeployment, EngineRole, ServiceRole,
+};
 
+use crate::planner::ModeArg;
+use crate::wiring::planner::{PlannerInputs, PlannerTarget, PlannerWiringError, planner_args};
 use crate::wiring::{
-    self, Addresses, Defaults, EPP_BINARY, EngineService, EnvValue, GraphWiring, HF_HOME, Picker,
-    PickerPods, PrefillPeers, SIDECAR_BINARY, WiringError, kvbm,
+    self, Addresses, DYNAMO_BINARY, Defaults, EPP_BINARY, EngineService, EnvValue, GraphWiring,
+    HF_HOME, MOCKER_BINARY, Picker, PickerPods, PrefillPeers, SIDECAR_BINARY, WiringError, kvbm,
 };
 
 /// How the user asked to run the graph.
@@ -66,6 +71,10 @@ pub enum PlanError {
     )]
     NoModelPath,
     #[error(
+        "service {0:?} (planner) runs in throughput mode without a profile, and no worker runs the mock engine whose profile the runner could measure: give it --profile FILE, or --mode load, or run without it (--no-planner)"
+    )]
+    PlannerProfile(String),
+    #[error(
         "service {service:?}: {replicas} replicas is more than the local cap of {cap} per service (--max-replicas)"
     )]
     TooManyReplicas {
@@ -109,8 +118,9 @@ impl CommandSpec {
     }
 }
 
-/// The loopback ports of one replica ("pod").
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// The loopback ports of one replica ("pod"); all 0 for a command that serves nothing
+/// (the profile measurement).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct ReplicaPorts {
     pub engine: u16,
     pub engine_kv_events: u16,
@@ -147,8 +157,20 @@ pub struct WorkerService {
     env: Vec<(String, String)>,
 }
 
+/// The graph's planner service, run as `dynamo planner` against the runner's admin API.
+#[derive(Clone, Debug, PartialEq)]
+pub struct PlannerService {
+    pub name: String,
+    spec: ComponentSpec,
+    env: Vec<(String, String)>,
+    /// The worker service whose mock engine the runner measures for the planner's
+    /// profile: set when, given a profile, the planner plans throughput and the service
+    /// names none of its own.
+    pub profile_from: Option<String>,
+}
+
 /// The whole local graph.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct Graph {
     pub name: String,
     /// The name clients send: the engines', else the model directory's (the picker's
@@ -159,6 +181,11 @@ pub struct Graph {
     pub router_mode: String,
     wiring: GraphWiring,
     pub workers: BTreeMap<String, WorkerService>,
+    /// The service the picker stands for (the graph's frontend or epp), as its metrics
+    /// are labelled.
+    pub picker_service: String,
+    /// The planner the run starts, if the graph has one it can run.
+    pub planner: Option<PlannerService>,
     /// Services that are not started, and why.
     pub notes: Vec<String>,
     pub caps: Caps,
@@ -187,11 +214,10 @@ impl Graph {
         let mut notes = Vec::new();
         let global_env = env_pairs(spec.envs.as_deref(), &mut notes);
         let mut workers = BTreeMap::new();
+        let mut planners = Vec::new();
         for (service, component) in &spec.services {
             if component.role() == ServiceRole::Planner {
-                notes.push(format!(
-                    "service {service:?} (planner) is not started: the planner is not part of local runs yet; scale with POST /scale"
-                ));
+                planners.push((service, component));
             }
             let Some(engine) = wiring.engines.get(service) else {
                 continue;
@@ -202,13 +228,9 @@ impl Graph {
                     component.node_count(),
                 ));
             }
-            let main = component
-                .extra_pod_spec
-                .as_ref()
-                .and_then(|e| e.main_container.as_ref());
             let mut env = global_env.clone();
             env.extend(env_pairs(component.envs.as_deref(), &mut notes));
-            if let Some(m) = main {
+            if let Some(m) = main_container(component) {
                 env.extend(env_pairs(m.env.as_deref(), &mut notes));
             }
             let replicas = options
@@ -236,16 +258,37 @@ impl Graph {
             .clone()
             .or_else(|| wiring::router_mode(spec))
             .unwrap_or_else(|| "kv".into());
-        let graph = Self {
+        let picker_service = spec
+            .services
+            .iter()
+            .find(|(_, s)| matches!(s.role(), ServiceRole::Frontend | ServiceRole::Epp))
+            .map_or_else(|| "epp".into(), |(name, _)| name.clone());
+        let mut graph = Self {
             name,
             model_name,
             model_path,
             router_mode,
             wiring,
             workers,
+            picker_service,
+            planner: None,
             notes,
             caps: options.caps,
         };
+        for (service, component) in planners {
+            if graph.planner.is_some() {
+                graph.notes.push(format!(
+                    "service {service:?} (planner) is not started: a local run starts one planner"
+                ));
+                continue;
+            }
+            let mut env = global_env.clone();
+            env.extend(env_pairs(component.envs.as_deref(), &mut graph.notes));
+            if let Some(m) = main_container(component) {
+                env.extend(env_pairs(m.env.as_deref(), &mut graph.notes));
+            }
+            graph.planner = graph.plan_planner(service, component, env)?;
+        }
         let planned = graph
             .workers
             .iter()
@@ -253,6 +296,116 @@ impl Graph {
             .collect();
         graph.check_caps(&planned)?;
         Ok(graph)
+    }
+
+    /// The planner service `service`, checked by rendering its command: `None` (with a
+    /// note) for a planner program that is not ours to run. It gets the mock engine's
+    /// profile when, given one, it would plan in throughput mode and the service names
+    /// none of its own (Dynamo's planner, whose profiling results do not carry over, plans
+    /// on load without one; ours cannot plan throughput without one).
+    fn plan_planner(
+        &mut self,
+        service: &str,
+        spec: &ComponentSpec,
+        env: Vec<(String, String)>,
+    ) -> Result<Option<PlannerService>, PlanError> {
+        let render = |profile: Option<&Path>| {
+            let placeholder = PlannerInputs {
+                target: PlannerTarget::Admin("http://127.0.0.1:1"),
+                prometheus: Some("http://127.0.0.1:1"),
+                metrics_addr: SocketAddr::from((Ipv4Addr::LOCALHOST, 1)),
+                profile,
+            };
+            let args = planner_args(service, spec, &placeholder)?;
+            // `planner_args` checked the words with this parser already.
+            wiring::planner::parse(&args).map_err(|e| PlannerWiringError::Refused {
+                service: service.into(),
+                message: e.to_string(),
+            })
+        };
+        let own = match render(None) {
+            Ok(parsed) => parsed,
+            Err(PlannerWiringError::Custom { program, .. }) => {
+                self.notes.push(format!(
+                    "service {service:?} (planner) runs its own program {program:?}, which a local run does not start; scale with POST /scale"
+                ));
+                return Ok(None);
+            }
+            Err(e) => return Err(WiringError::from(e).into()),
+        };
+        let own_profile =
+            own.profile.is_some() || own.prefill_profile.is_some() || own.decode_profile.is_some();
+        let given = render(Some(Path::new("profile.json"))).map_err(WiringError::from)?;
+        let wants = !own_profile && given.mode == ModeArg::Throughput;
+        // The engine that does both phases, else decode's, else prefill's: a profile has
+        // the prefill and decode points of one engine.
+        let mocker = [
+            EngineRole::Aggregated,
+            EngineRole::Decode,
+            EngineRole::Prefill,
+        ]
+        .into_iter()
+        .find_map(|role| {
+            self.workers
+                .iter()
+                .find(|(name, w)| w.role == role && self.engine_program(name) == MOCKER_BINARY)
+        })
+        .map(|(name, _)| name.clone());
+        let profile_from = if wants { mocker } else { None };
+        if wants && profile_from.is_none() && own.mode == ModeArg::Throughput {
+            return Err(PlanError::PlannerProfile(service.into()));
+        }
+        Ok(Some(PlannerService {
+            name: service.into(),
+            spec: spec.clone(),
+            env,
+            profile_from,
+        }))
+    }
+
+    fn engine_program(&self, service: &str) -> String {
+        let at = ReplicaPorts::default().addresses();
+        let argv = self.workers[service].engine.engine_argv(&at);
+        argv.into_iter().next().unwrap_or_default()
+    }
+
+    /// The planner, against the runner's admin API at `admin_url` and Prometheus at
+    /// `prometheus`, its metrics on `metrics_addr`; `profile` replaces the service's.
+    pub fn planner_command(
+        &self,
+        admin_url: &str,
+        prometheus: &str,
+        metrics_addr: SocketAddr,
+        profile: Option<&Path>,
+    ) -> Option<Result<CommandSpec, PlanError>> {
+        let planner = self.planner.as_ref()?;
+        let inputs = PlannerInputs {
+            target: PlannerTarget::Admin(admin_url),
+            prometheus: Some(prometheus),
+            metrics_addr,
+            profile,
+        };
+        Some(
+            planner_args(&planner.name, &planner.spec, &inputs)
+                .map(|args| CommandSpec {
+                    program: DYNAMO_BINARY.into(),
+                    args,
+                    env: planner.env.clone(),
+                    dirs: Vec::new(),
+                })
+                .map_err(|e| WiringError::from(e).into()),
+        )
+    }
+
+    /// The mock engine of the planner's [`PlannerService::profile_from`] worker, with the
+    /// worker's own flags, told to write its planner profile to `out` and exit.
+    pub fn profile_command(&self, out: &Path) -> Option<CommandSpec> {
+        let service = self.planner.as_ref()?.profile_from.as_ref()?;
+        let mut command = self.engine_command(service, ReplicaPorts::default());
+        command
+            .args
+            .extend(["--planner-profile-out".into(), path_arg(out)]);
+        Some(command)
     }
 
     /// The KV block size every engine uses.
@@ -376,6 +529,10 @@ impl Graph {
             dirs: Vec::new(),
         }
     }
+}
+
+fn main_container(spec: &ComponentSpec) -> Option<&k8s_openapi::api::core::v1::Container> {
+    spec.extra_pod_spec.as_ref()?.main_container.as_ref()
 }
 
 /// Literal env values; a `valueFrom` (secrets, downward API) has no local source.
@@ -729,6 +886,134 @@ mod tests {
         opts.replicas.insert("prefill".into(), 1);
         let graph = Graph::from_dgd(&sample("disagg-mocker.yaml"), &opts).unwrap();
         assert_eq!(graph.workers["decode"].replicas, 8);
+    }
+
+    /// A graph of `sample` whose planner service runs `dynamo planner` with `args`.
+    fn with_planner(sample_name: &str, args: &[&str]) -> DynamoGraphDeployment {
+        let mut dgd = sample(sample_name);
+        let yaml = format!(
+            "componentType: planner\nextraPodSpec: {{mainContainer: {{command: [dynamo, planner], args: [{}]}}}}",
+            args.join(", ")
+        );
+        let planner = serde_saphyr::from_str(&yaml).unwrap();
+        dgd.spec.services.insert("planner".into(), planner);
+        dgd
+    }
+
+    #[test]
+    fn the_planner_sample_plans_against_the_run_with_the_mock_engines_profile() {
+        let graph = Graph::from_dgd(&sample("agg-mocker-planner.yaml"), &options()).unwrap();
+        assert!(graph.notes.is_empty(), "{:?}", graph.notes);
+        assert_eq!(graph.picker_service, "epp");
+        let planner = graph.planner.as_ref().unwrap();
+        assert_eq!(planner.name, "planner");
+        assert_eq!(planner.profile_from.as_deref(), Some("worker"));
+        let profile = Path::new("/run/dynamo-run-1/planner-profile.json");
+        let command = graph
+            .planner_command(
+                "http://127.0.0.1:7000",
+                "http://127.0.0.1:9090",
+                "127.0.0.1:9300".parse().unwrap(),
+                Some(profile),
+            )
+            .unwrap()
+            .unwrap();
+        assert_eq!(command.program, "dynamo");
+        let parsed = wiring::planner::parse(&command.args).unwrap();
+        assert_eq!(parsed.admin_url.as_deref(), Some("http://127.0.0.1:7000"));
+        assert_eq!(parsed.prometheus, "http://127.0.0.1:9090");
+        assert_eq!(parsed.metrics_addr, "127.0.0.1:9300".parse().unwrap());
+        assert_eq!(parsed.profile.as_deref(), Some(profile));
+        assert_eq!(parsed.interval, Some(std::time::Duration::from_secs(10)));
+
+        // The profile: the worker's own mock engine, told to measure itself and exit.
+        let measure = graph.profile_command(profile).unwrap();
+        assert_eq!(measure.program, "dynamo-mocker");
+        let args = measure.args.join(" ");
+        assert!(args.contains("--max-num-seqs 8"), "{args}");
+        assert!(
+            args.ends_with("--planner-profile-out /run/dynamo-run-1/planner-profile.json"),
+            "{args}"
+        );
+    }
+
+    #[test]
+    fn a_planner_with_a_profile_or_in_load_mode_needs_no_measurement() {
+        for args in [&["--mode", "load"][..], &["--profile", "/p.json"]] {
+            let graph =
+                Graph::from_dgd(&with_planner("agg-mocker.yaml", args), &options()).unwrap();
+            let planner = graph.planner.as_ref().unwrap();
+            assert_eq!(planner.profile_from, None, "{args:?}");
+            assert!(graph.profile_command(Path::new("/p")).is_none());
+        }
+    }
+
+    #[test]
+    fn a_throughput_planner_without_a_profile_or_a_mock_engine_is_refused() {
+        let dgd = with_planner("agg-vllm.yaml", &[]);
+        let err = Graph::from_dgd(&dgd, &options()).unwrap_err();
+        assert_eq!(err, PlanError::PlannerProfile("planner".into()));
+        assert!(err.to_string().contains("--no-planner"), "{err}");
+        // The same graph on the mock engine measures it.
+        let opts = RunOptions {
+            backend: Some(BackendFramework::Mocker),
+            ..options()
+        };
+        let graph = Graph::from_dgd(&dgd, &opts).unwrap();
+        assert_eq!(
+            graph.planner.unwrap().profile_from.as_deref(),
+            Some("VllmWorker")
+        );
+    }
+
+    #[test]
+    fn dynamos_planner_flags_carry_over_and_a_planner_of_its_own_is_noted() {
+        // Dynamo's published disaggregated graph: `python3 -m planner_sla` flags.
+        let opts = RunOptions {
+            backend: Some(BackendFramework::Mocker),
+            ..options()
+        };
+        // On the mock engine it plans throughput with the decode engine's profile.
+        let graph = Graph::from_dgd(&sample("disagg-vllm.yaml"), &opts).unwrap();
+        let planner = graph.planner.as_ref().unwrap();
+        assert_eq!(planner.profile_from.as_deref(), Some("VllmDecodeWorker"));
+        let profile = Path::new("/run/p.json");
+        let command = graph
+            .planner_command(
+                "http://a",
+                "http://p",
+                "127.0.0.1:1".parse().unwrap(),
+                Some(profile),
+            )
+            .unwrap()
+            .unwrap();
+        let parsed = wiring::planner::parse(&command.args).unwrap();
+        assert_eq!(parsed.interval, Some(std::time::Duration::from_secs(60)));
+        assert_eq!(parsed.mode, ModeArg::Throughput);
+        // On vLLM there is no profile to measure: it plans on load.
+        let graph = Graph::from_dgd(&sample("disagg-vllm.yaml"), &options()).unwrap();
+        assert_eq!(graph.planner.as_ref().unwrap().profile_from, None);
+        let command = graph
+            .planner_command("http://a", "http://p", "127.0.0.1:1".parse().unwrap(), None)
+            .unwrap()
+            .unwrap();
+        assert_eq!(
+            wiring::planner::parse(&command.args).unwrap().mode,
+            ModeArg::Load
+        );
+
+        let mut dgd = sample("agg-mocker.yaml");
+        let own = "componentType: planner\nextraPodSpec: {mainContainer: {command: [python3, my_planner.py]}}";
+        dgd.spec
+            .services
+            .insert("planner".into(), serde_saphyr::from_str(own).unwrap());
+        let graph = Graph::from_dgd(&dgd, &options()).unwrap();
+        assert!(graph.planner.is_none());
+        assert!(
+            graph.notes[0].contains("runs its own program \"python3\""),
+            "{:?}",
+            graph.notes
+        );
     }
 
     #[test]

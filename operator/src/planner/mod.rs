@@ -39,8 +39,6 @@ const DEFAULT_PROMETHEUS: &str =
 pub const PROMETHEUS_ENV: &str = "PROMETHEUS_ENDPOINT";
 pub const GRAPH_ENV: &str = "DYN_PARENT_DGD_K8S_NAME";
 pub const NAMESPACE_ENV: &str = "POD_NAMESPACE";
-/// Where the planner answers health checks, beside `/metrics` on `--metrics-addr`.
-pub const HEALTH_PATH: &str = "/healthz";
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum ModeArg {

@@ -1,5 +1,7 @@
 //! Scaling adapters: one DynamoGraphDeploymentScalingAdapter per service with
-//! `scalingAdapter.enabled`, and the pod selector its status reports (the HPA reads it).
+//! `scalingAdapter.enabled`, and per engine service of a graph with a planner (which writes
+//! replicas only through adapters, `planner/kube.rs`), and the pod selector an adapter's
+//! status reports (the HPA reads it).
 //!
 //! An adapter is created with the service's current replicas and never written again by
 //! the graph's reconciler: from then on its `spec.replicas` belongs to whoever scales it
@@ -10,7 +12,7 @@ use std::collections::BTreeMap;
 
 use dynamo_crds::{
     ComponentSpec, DgdServiceRef, DynamoGraphDeploymentScalingAdapter,
-    DynamoGraphDeploymentScalingAdapterSpec,
+    DynamoGraphDeploymentScalingAdapterSpec, DynamoGraphDeploymentSpec,
 };
 
 use dynamo_crds::ServiceRole;
@@ -22,7 +24,7 @@ use super::{Desired, ObjectKind, Observed, labels, names};
 pub(crate) fn build(g: &Graph, observed: &Observed, desired: &mut Desired) -> Vec<String> {
     let mut wanted = Vec::new();
     for (service, spec) in &g.spec.services {
-        if !adapter_enabled(spec) {
+        if !adapter_enabled(g.spec, spec) {
             continue;
         }
         let name = names::scaling_adapter(g.name, service);
@@ -50,12 +52,21 @@ pub(crate) fn build(g: &Graph, observed: &Observed, desired: &mut Desired) -> Ve
     wanted
 }
 
-/// Whether a service's replicas belong to a scaling adapter.
-pub fn adapter_enabled(spec: &ComponentSpec) -> bool {
-    spec.scaling_adapter
+/// Whether a service of `graph` has a scaling adapter, which then owns its replicas: the
+/// service sets `scalingAdapter.enabled`, or it is an engine service of a graph with a
+/// planner.
+pub fn adapter_enabled(graph: &DynamoGraphDeploymentSpec, spec: &ComponentSpec) -> bool {
+    let enabled = spec
+        .scaling_adapter
         .as_ref()
         .and_then(|a| a.enabled)
-        .unwrap_or(false)
+        .unwrap_or(false);
+    let planned = matches!(spec.role(), ServiceRole::Engine(_))
+        && graph
+            .services
+            .values()
+            .any(|s| s.role() == ServiceRole::Planner);
+    enabled || planned
 }
 
 /// Labels selecting the pods that realize one service of graph `dgd`: engine and planner

@@ -4,8 +4,9 @@
 //! brings its own access and gets none of these.
 
 use k8s_openapi::api::core::v1::ServiceAccount;
-use k8s_openapi::api::rbac::v1::{PolicyRule, Role, RoleBinding, RoleRef, Subject};
+use k8s_openapi::api::rbac::v1::{PolicyRule, Role, RoleBinding};
 
+use super::access::bound_account;
 use super::graph::Graph;
 use super::names;
 
@@ -23,39 +24,14 @@ pub const EPP_RULES: &[(&str, &str, &[&str])] = &[
 
 /// The three objects, all named like the EPP Deployment.
 pub(crate) fn build(g: &Graph) -> (ServiceAccount, Role, RoleBinding) {
-    let name = names::epp(g.name);
-    let metadata = || g.metadata(name.clone(), g.labels());
-    let account = ServiceAccount {
-        metadata: metadata(),
-        ..ServiceAccount::default()
-    };
-    let role = Role {
-        metadata: metadata(),
-        rules: Some(
-            EPP_RULES
-                .iter()
-                .map(|(group, resource, verbs)| PolicyRule {
-                    api_groups: Some(vec![group.to_string()]),
-                    resources: Some(vec![resource.to_string()]),
-                    verbs: verbs.iter().map(|v| v.to_string()).collect(),
-                    ..PolicyRule::default()
-                })
-                .collect(),
-        ),
-    };
-    let binding = RoleBinding {
-        metadata: metadata(),
-        role_ref: RoleRef {
-            api_group: "rbac.authorization.k8s.io".into(),
-            kind: "Role".into(),
-            name: name.clone(),
-        },
-        subjects: Some(vec![Subject {
-            kind: "ServiceAccount".into(),
-            name: name.clone(),
-            namespace: Some(g.namespace.to_string()),
-            ..Subject::default()
-        }]),
-    };
-    (account, role, binding)
+    let rules = EPP_RULES
+        .iter()
+        .map(|(group, resource, verbs)| PolicyRule {
+            api_groups: Some(vec![group.to_string()]),
+            resources: Some(vec![resource.to_string()]),
+            verbs: verbs.iter().map(|v| v.to_string()).collect(),
+            ..PolicyRule::default()
+        })
+        .collect();
+    bound_account(g, names::epp(g.name), g.labels(), rules)
 }

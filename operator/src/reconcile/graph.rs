@@ -8,9 +8,12 @@ use dynamo_crds::{
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 use kube::Resource;
 
-use crate::wiring::{Defaults, EngineService, GraphWiring};
+use crate::planner::PROMETHEUS_ENV;
+use crate::wiring::planner::{PlannerInputs, PlannerTarget, PlannerWiringError, planner_args};
+use crate::wiring::{Defaults, EngineService, GraphWiring, WiringError};
 
 use super::batch_scheduler::BatchScheduler;
+use super::pods::PLANNER_METRICS_ADDR;
 use super::{
     Desired, ObjectKey, ObjectKind, Observed, OperatorConfig, ReconcileError, adapters, labels,
     names, replicas, services, serving, status, volumes,
@@ -29,6 +32,9 @@ pub(crate) struct Graph<'a> {
     pub batch_scheduler: Option<BatchScheduler>,
     /// The engines' commands and the picker's settings; `None` without engine services.
     pub wiring: Option<GraphWiring>,
+    /// Each planner service's `dynamo planner` arguments; `None`: a command of the user's
+    /// that runs as written.
+    pub planners: BTreeMap<String, Option<Vec<String>>>,
 }
 
 impl<'a> Graph<'a> {
@@ -57,6 +63,7 @@ impl<'a> Graph<'a> {
             batch_scheduler: BatchScheduler::from_annotations(&annotations)?,
             annotations,
             wiring: None,
+            planners: BTreeMap::new(),
         })
     }
 
@@ -67,6 +74,31 @@ impl<'a> Graph<'a> {
             mocker_model_path: Some(self.config.mocker_model_path.clone()),
         };
         self.wiring = GraphWiring::new(self.spec, &defaults)?;
+        for (service, spec) in &self.spec.services {
+            if spec.role() != ServiceRole::Planner {
+                continue;
+            }
+            // The service's own variable, else the graph's; else the planner's default.
+            let prometheus = spec
+                .envs
+                .iter()
+                .flatten()
+                .chain(self.spec.envs.iter().flatten())
+                .find(|e| e.name == PROMETHEUS_ENV)
+                .and_then(|e| e.value.as_deref());
+            let inputs = PlannerInputs {
+                target: PlannerTarget::Graph(self.name),
+                prometheus,
+                metrics_addr: PLANNER_METRICS_ADDR,
+                profile: None,
+            };
+            let args = match planner_args(service, spec, &inputs) {
+                Ok(args) => Some(args),
+                Err(PlannerWiringError::Custom { .. }) => None,
+                Err(e) => return Err(WiringError::from(e).into()),
+            };
+            self.planners.insert(service.clone(), args);
+        }
         Ok(())
     }
 

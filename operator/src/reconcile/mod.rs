@@ -10,10 +10,12 @@
 //! Pods are created directly (Grove-style, no external scheduler); multinode replicas are
 //! gangs held behind a scheduling gate until [`gang`] finds one domain that fits them all.
 
+mod access;
 mod adapters;
 mod batch_scheduler;
 mod epp_access;
 mod graph;
+mod planner_access;
 mod pods;
 mod replicas;
 mod services;
@@ -40,7 +42,8 @@ pub use adapters::{adapter_enabled, pod_selector};
 pub use batch_scheduler::{QUEUE_ANNOTATION, SCHEDULER_ANNOTATION};
 pub use epp_access::EPP_RULES;
 pub use graph::reconcile;
-pub use pods::{is_gated, pinned_domain};
+pub use planner_access::{PLANNER_RULES, PlannerScope};
+pub use pods::{METRICS_PORT_NAME, is_gated, pinned_domain};
 pub use status::{GANG_SCHEDULED, READY};
 
 /// Field manager of every server-side apply the operator makes.
@@ -59,6 +62,9 @@ pub struct OperatorConfig {
     pub sidecar_image: String,
     /// Image of the endpoint picker with its OpenAI HTTP frontend (default: [`DEFAULT_IMAGE`]).
     pub epp_image: String,
+    /// Image of planner services that run `dynamo planner` or Dynamo's planner launcher
+    /// (default: [`DEFAULT_IMAGE`]).
+    pub planner_image: String,
     /// Engine image for services that name none (vllm, sglang, trtllm).
     pub default_engine_image: String,
     /// Engine image for `backendFramework: mocker` services that name none (default:
@@ -93,6 +99,7 @@ impl Default for OperatorConfig {
         Self {
             sidecar_image: DEFAULT_IMAGE.into(),
             epp_image: DEFAULT_IMAGE.into(),
+            planner_image: DEFAULT_IMAGE.into(),
             default_engine_image: "vllm/vllm-openai:v0.11.0".into(),
             mocker_image: DEFAULT_IMAGE.into(),
             mocker_model_path: "/models/model".into(),
@@ -173,7 +180,7 @@ pub struct Desired {
     pub deployments: Vec<Deployment>,
     pub inference_pools: Vec<InferencePool>,
     pub http_routes: Vec<HttpRoute>,
-    /// The EPP's API access (see `epp_access`).
+    /// The EPP's and the planners' API access (see `epp_access`, `planner_access`).
     pub service_accounts: Vec<ServiceAccount>,
     pub roles: Vec<Role>,
     pub role_bindings: Vec<RoleBinding>,

@@ -64,6 +64,11 @@ pub fn scaling_adapter(dgd: &str, service: &str) -> String {
     replica_base(dgd, service)
 }
 
+/// A planner service's Deployment, and its ServiceAccount, Role and RoleBinding.
+pub fn planner(dgd: &str, service: &str) -> String {
+    replica_base(dgd, service)
+}
+
 /// The endpoint picker's Deployment and Service.
 pub fn epp(dgd: &str) -> String {
     format!("{dgd}-epp")

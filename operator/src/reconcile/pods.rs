@@ -3,6 +3,7 @@
 //! parts of a gang.
 
 use std::collections::BTreeMap;
+use std::net::SocketAddr;
 
 use dynamo_crds::common::{ExtraPodSpec, ResourceItem};
 use dynamo_crds::{BackendFramework, ComponentSpec};
@@ -31,8 +32,24 @@ use crate::wiring::{Addresses, EngineService, EnvValue, HF_HOME, SIDECAR_BINARY}
 pub const HTTP_PORT: i32 = Addresses::POD.sidecar_http as i32;
 /// Sidecar gRPC port (KV events, KV blocks, transfers).
 pub const SIDECAR_GRPC_PORT: i32 = Addresses::POD.sidecar_grpc as i32;
-/// Sidecar metrics and health port.
+/// Sidecar metrics and health port; the EPP's and the planner's too.
 pub const METRICS_PORT: i32 = Addresses::POD.sidecar_metrics as i32;
+/// Name of the container port at [`METRICS_PORT`] on every pod of ours: the chart's
+/// PodMonitor (charts/dynamo-platform/templates/podmonitor.yaml) scrapes the port of that
+/// name on every pod with the graph label ([`labels::GRAPH`]).
+pub const METRICS_PORT_NAME: &str = "metrics";
+/// The container port Prometheus scrapes on a pod of ours.
+pub(crate) fn metrics_port() -> ContainerPort {
+    ContainerPort {
+        name: Some(METRICS_PORT_NAME.into()),
+        container_port: METRICS_PORT,
+        ..ContainerPort::default()
+    }
+}
+
+/// Where the planner's `/metrics` and `/healthz` listen in its pod.
+pub const PLANNER_METRICS_ADDR: SocketAddr =
+    SocketAddr::new(Addresses::POD.sidecar_host, METRICS_PORT as u16);
 
 const MAIN: &str = "main";
 const SIDECAR: &str = "sidecar";
@@ -550,7 +567,7 @@ fn sidecar_container(
         ports: Some(vec![
             port("http", HTTP_PORT),
             port("grpc", SIDECAR_GRPC_PORT),
-            port("metrics", METRICS_PORT),
+            metrics_port(),
         ]),
         env: Some(env),
         env_from,
@@ -757,7 +774,7 @@ pub(crate) fn plain_env(name: &str, value: &str) -> EnvVar {
 }
 
 /// A variable from a field of the pod (the downward API).
-fn field_env(name: &str, path: &str) -> EnvVar {
+pub(crate) fn field_env(name: &str, path: &str) -> EnvVar {
     EnvVar {
         name: name.into(),
         value: None,
@@ -884,8 +901,10 @@ mod tests {
             json!({
                 "worker": {"componentType": "worker", "replicas": 1, "extraPodSpec": {
                     "mainContainer": {"command": ["vllm", "serve", "Qwen/Qwen3-0.6B"]}}},
+                // A planner of the user's own, not `dynamo planner`.
                 "planner": {"componentType": "planner",
-                    "extraPodSpec": {"mainContainer": {"image": "planner:1"}}},
+                    "extraPodSpec": {"mainContainer": {"image": "planner:1",
+                        "command": ["python3", "planner.py"]}}},
             }),
         );
         let pod = d.pods[0].spec.as_ref().unwrap();

@@ -25,14 +25,16 @@ use k8s_openapi::api::core::v1::{
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
-use super::epp_access;
+use super::{epp_access, planner_access};
 use dynamo_crds::{EngineRole, ServiceRole};
 
 use super::graph::Graph;
-use super::pods::{self, HTTP_PORT, METRICS_PORT};
+use super::pods::{self, HTTP_PORT, METRICS_PORT, METRICS_PORT_NAME};
 use super::services::http_service;
 use super::{Desired, Observed, labels, names};
-use crate::wiring::{self, Addresses, EPP_BINARY, Picker, PickerPods};
+use crate::controller::metrics::HEALTH_PATH;
+use crate::planner::{GRAPH_ENV, NAMESPACE_ENV};
+use crate::wiring::{self, Addresses, DYNAMO_BINARY, EPP_BINARY, Picker, PickerPods};
 
 /// EPP ext_proc (gRPC) port, the Inference Extension's default.
 pub const EPP_GRPC_PORT: i32 = 9002;
@@ -90,7 +92,7 @@ pub(crate) fn build(
     }
     for (service, spec) in &g.spec.services {
         if spec.role() == ServiceRole::Planner {
-            let (deployment, ready) = planner_deployment(g, observed, service, spec);
+            let (deployment, ready) = planner_deployment(g, observed, service, spec, desired);
             let (status, ready) = deployment_status(observed, &deployment, ready);
             desired.deployments.push(deployment);
             outcomes.push(DeploymentOutcome {
@@ -208,7 +210,7 @@ fn epp_deployment(
         ports: Some(vec![
             port("grpc", EPP_GRPC_PORT),
             port("http", HTTP_PORT),
-            port("metrics", METRICS_PORT),
+            pods::metrics_port(),
         ]),
         readiness_probe: Some(grpc_probe("readiness")),
         liveness_probe: Some(grpc_probe("liveness")),
@@ -244,18 +246,79 @@ fn epp_deployment(
     )
 }
 
+/// A planner service's Deployment. When the service runs our planner or Dynamo's planner
+/// launcher ([`Graph::planners`]), the container runs `dynamo planner` on this graph (in
+/// our image in place of Dynamo's), with its metrics and health on the pod's metrics port; any other command runs as written. Every
+/// planner pod is told its graph and namespace as Dynamo's planner reads them, and runs
+/// as its own account with access to this graph's adapters only, unless it names one.
 fn planner_deployment(
     g: &Graph,
     observed: &Observed,
     service: &str,
     spec: &ComponentSpec,
+    desired: &mut Desired,
 ) -> (Deployment, bool) {
     let extra = spec.extra_pod_spec.clone().unwrap_or_default();
     let mut pod_spec = pods::base_pod_spec(&extra);
-    pod_spec.containers = vec![pods::main_container(g, spec, None)];
+    let mut main = pods::main_container(g, spec, None);
+    if let Some(args) = &g.planners[service] {
+        // Dynamo's launcher ran in Dynamo's Python image, from one of its directories; an
+        // empty command or ours runs in the user's image (a mirror of ours, say) if named.
+        let command = spec.main_command();
+        let dynamos = command
+            .first()
+            .is_some_and(|p| p.rsplit('/').next() != Some(DYNAMO_BINARY));
+        let user_image = extra
+            .main_container
+            .as_ref()
+            .and_then(|c| c.image.clone())
+            .filter(|i| !i.is_empty() && !dynamos);
+        main.image = Some(user_image.unwrap_or_else(|| g.config.planner_image.clone()));
+        if dynamos {
+            main.working_dir = None;
+        }
+        main.command = Some(vec![DYNAMO_BINARY.into()]);
+        main.args = Some(args.clone());
+        let mut ports = main.ports.take().unwrap_or_default();
+        ports.retain(|p| {
+            p.container_port != METRICS_PORT && p.name.as_deref() != Some(METRICS_PORT_NAME)
+        });
+        ports.push(pods::metrics_port());
+        main.ports = Some(ports);
+        // Probes written for Dynamo's image (an `exec` of its shell, say) cannot run in
+        // ours, which has no shell (distroless, `Dockerfile`).
+        let health = Some(pods::http_probe(HEALTH_PATH, METRICS_PORT));
+        let users = |probe: &Option<Probe>| probe.clone().filter(|_| !dynamos);
+        main.readiness_probe = users(&spec.readiness_probe).or(health.clone());
+        main.liveness_probe = users(&spec.liveness_probe).or(health);
+        // Our own binary: the full restricted profile (it writes no file).
+        let user = extra
+            .main_container
+            .as_ref()
+            .and_then(|c| c.security_context.as_ref());
+        main.security_context = Some(pods::merge_security_context(
+            pods::restricted_container(),
+            user,
+        ));
+    }
+    let env = main.env.get_or_insert_with(Vec::new);
+    if !env.iter().any(|e| e.name == GRAPH_ENV) {
+        env.push(pods::plain_env(GRAPH_ENV, g.name));
+    }
+    if !env.iter().any(|e| e.name == NAMESPACE_ENV) {
+        env.push(pods::field_env(NAMESPACE_ENV, "metadata.namespace"));
+    }
+    pod_spec.containers = vec![main];
     let mut volumes = pod_spec.volumes.take().unwrap_or_default();
     volumes.extend(pods::service_volumes(g, spec));
     pod_spec.volumes = (!volumes.is_empty()).then_some(volumes);
+    if pod_spec.service_account_name.is_none() {
+        let (account, role, binding) = planner_access::build(g, service);
+        pod_spec.service_account_name = account.metadata.name.clone();
+        desired.service_accounts.push(account);
+        desired.roles.push(role);
+        desired.role_bindings.push(binding);
+    }
     let selector = BTreeMap::from([
         (labels::GRAPH.to_string(), g.name.to_string()),
         (labels::COMPONENT.to_string(), service.to_string()),
@@ -263,7 +326,7 @@ fn planner_deployment(
     deployment(
         g,
         observed,
-        names::service(g.name, service),
+        names::planner(g.name, service),
         g.service_labels(service, spec),
         selector,
         spec.replicas.unwrap_or(1),
@@ -379,7 +442,7 @@ fn epp_service(g: &Graph) -> Service {
                 // ext_proc is gRPC over cleartext HTTP/2.
                 port("grpc", EPP_GRPC_PORT, Some("kubernetes.io/h2c")),
                 port("http", HTTP_PORT, None),
-                port("metrics", METRICS_PORT, None),
+                port(METRICS_PORT_NAME, METRICS_PORT, None),
             ]),
             ..ServiceSpec::default()
         }),
@@ -454,4 +517,314 @@ fn http_route(g: &Graph) -> Option<HttpRoute> {
     );
     route.metadata = g.metadata(names::http_route(g.name), g.labels());
     Some(route)
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::{Parser, Subcommand};
+    use dynamo_crds::DynamoGraphDeployment;
+    use k8s_openapi::api::core::v1::EnvVar;
+    use serde_json::{Value, json};
+
+    use super::super::{OperatorConfig, ReconcileError, reconcile};
+    use super::*;
+    use crate::planner::{ModeArg, PlannerArgs};
+    use crate::wiring::WiringError;
+    use crate::wiring::planner::PlannerWiringError;
+
+    /// The `dynamo` binary's command line, as its own parser reads it.
+    #[derive(Parser)]
+    struct Dynamo {
+        #[command(subcommand)]
+        command: Sub,
+    }
+
+    #[derive(Subcommand)]
+    enum Sub {
+        Planner(PlannerArgs),
+    }
+
+    fn dgd(services: Value) -> DynamoGraphDeployment {
+        serde_json::from_value(json!({
+            "apiVersion": "nvidia.com/v1alpha1",
+            "kind": "DynamoGraphDeployment",
+            "metadata": {"name": "g", "namespace": "ns", "uid": "u"},
+            "spec": {"backendFramework": "mocker", "services": services},
+        }))
+        .unwrap()
+    }
+
+    fn desired(services: Value) -> Result<Desired, ReconcileError> {
+        reconcile(
+            &dgd(services),
+            &Observed::default(),
+            &OperatorConfig::default(),
+        )
+    }
+
+    fn mocker(component_type: &str) -> Value {
+        json!({"componentType": component_type, "extraPodSpec": {"mainContainer": {
+            "command": ["dynamo-mocker"], "args": ["--model-name", "m"]}}})
+    }
+
+    /// Dynamo's planner as its disaggregated manifests run it.
+    fn dynamos_planner(args: &str) -> Value {
+        json!({"componentType": "planner", "envs": [
+                {"name": "PROMETHEUS_ENDPOINT", "value": "http://prom.monitoring:9090"}],
+            "livenessProbe": {"exec": {"command": ["/bin/sh", "-c", "exit 0"]}},
+            "extraPodSpec": {"mainContainer": {
+                "image": "nvcr.io/nvidia/ai-dynamo/vllm-runtime:0.6.0",
+                "workingDir": "/workspace/components/src/dynamo/planner/utils",
+                "command": ["/bin/sh", "-c"],
+                "args": [format!("python3 -m planner_sla {args}")]}}})
+    }
+
+    fn disagg_with(planner: Value) -> Value {
+        json!({"prefill": mocker("prefill"), "decode": mocker("decode"), "planner": planner})
+    }
+
+    fn planner_pod(d: &Desired) -> &PodSpec {
+        d.deployments
+            .iter()
+            .find(|d| d.metadata.name.as_deref() == Some("g-planner"))
+            .and_then(|d| d.spec.as_ref()?.template.spec.as_ref())
+            .expect("the planner's Deployment")
+    }
+
+    fn env<'a>(c: &'a Container, name: &str) -> Option<&'a EnvVar> {
+        c.env.iter().flatten().find(|e| e.name == name)
+    }
+
+    #[test]
+    fn dynamos_planner_becomes_ours_on_the_graph_with_its_flags() {
+        let d = desired(disagg_with(dynamos_planner(
+            "--environment=kubernetes --backend=vllm --adjustment-interval=60 \
+             --profile-results-dir=/data/profiling_results --ttft 200 --no-operation",
+        )))
+        .unwrap();
+        let pod = planner_pod(&d);
+        let main = &pod.containers[0];
+        assert_eq!(main.image.as_deref(), Some(super::super::DEFAULT_IMAGE));
+        assert_eq!(main.working_dir, None);
+
+        let argv: Vec<String> = main
+            .command
+            .iter()
+            .flatten()
+            .chain(main.args.iter().flatten())
+            .cloned()
+            .collect();
+        assert_eq!(argv[0], DYNAMO_BINARY);
+        let Sub::Planner(args) = Dynamo::try_parse_from(&argv).unwrap().command;
+        assert_eq!(args.graph.as_deref(), Some("g"));
+        assert_eq!(args.admin_url, None);
+        assert_eq!(args.prometheus, "http://prom.monitoring:9090");
+        assert_eq!(args.metrics_addr.port(), METRICS_PORT as u16);
+        assert_eq!(args.mode, ModeArg::Load);
+        assert_eq!(args.interval, Some(std::time::Duration::from_secs(60)));
+        assert_eq!(args.ttft_ms, 200.0);
+        assert!(args.advisory);
+
+        // Scraped and probed on the metrics port; Dynamo's shell probe is not ours.
+        let ports = main.ports.as_deref().unwrap();
+        assert!(ports.contains(&pods::metrics_port()), "{ports:?}");
+        for probe in [&main.readiness_probe, &main.liveness_probe] {
+            let get = probe.as_ref().and_then(|p| p.http_get.as_ref()).unwrap();
+            assert_eq!(get.path.as_deref(), Some(HEALTH_PATH));
+            assert_eq!(get.port, IntOrString::Int(METRICS_PORT));
+        }
+        assert_eq!(
+            env(main, GRAPH_ENV).and_then(|e| e.value.as_deref()),
+            Some("g")
+        );
+        let namespace = env(main, NAMESPACE_ENV).and_then(|e| e.value_from.as_ref());
+        assert_eq!(
+            namespace
+                .and_then(|v| v.field_ref.as_ref())
+                .map(|f| f.field_path.as_str()),
+            Some("metadata.namespace")
+        );
+        assert_eq!(
+            main.security_context,
+            Some(pods::restricted_container()),
+            "our own binary"
+        );
+        assert_eq!(pod.service_account_name.as_deref(), Some("g-planner"));
+    }
+
+    #[test]
+    fn our_planner_keeps_its_flags_image_and_probes_and_another_command_runs_as_written() {
+        let ours = json!({"componentType": "planner",
+            "readinessProbe": {"httpGet": {"path": "/healthz", "port": 9090}, "periodSeconds": 3},
+            "extraPodSpec": {"mainContainer": {"image": "mirror.local/dynamo:1",
+                "command": ["dynamo", "planner"], "args": ["--mode", "load", "--max-gpu-budget", "4"]}}});
+        let d = desired(disagg_with(ours)).unwrap();
+        let main = &planner_pod(&d).containers[0];
+        assert_eq!(main.image.as_deref(), Some("mirror.local/dynamo:1"));
+        assert_eq!(
+            main.readiness_probe.as_ref().unwrap().period_seconds,
+            Some(3)
+        );
+        let argv = [main.command.clone().unwrap(), main.args.clone().unwrap()].concat();
+        let Sub::Planner(args) = Dynamo::try_parse_from(&argv).unwrap().command;
+        assert_eq!((args.mode, args.max_gpu_budget), (ModeArg::Load, 4));
+        assert_eq!(args.graph.as_deref(), Some("g"));
+
+        let custom = json!({"componentType": "planner", "extraPodSpec": {"mainContainer": {
+            "image": "me/planner:1", "command": ["python3", "my_planner.py"]}}});
+        let d = desired(disagg_with(custom)).unwrap();
+        let pod = planner_pod(&d);
+        let main = &pod.containers[0];
+        assert_eq!(main.image.as_deref(), Some("me/planner:1"));
+        assert_eq!(
+            main.command.as_deref(),
+            Some(&["python3".to_string(), "my_planner.py".to_string()][..])
+        );
+        assert_eq!(main.args, None);
+        // Told its graph as Dynamo's planner reads it, with the same narrow access.
+        assert_eq!(
+            env(main, GRAPH_ENV).and_then(|e| e.value.as_deref()),
+            Some("g")
+        );
+        assert_eq!(pod.service_account_name.as_deref(), Some("g-planner"));
+    }
+
+    #[test]
+    fn the_planners_role_grants_its_graph_and_its_adapters_only() {
+        let d = desired(disagg_with(dynamos_planner("--adjustment-interval 60"))).unwrap();
+        let role = d
+            .roles
+            .iter()
+            .find(|r| r.metadata.name.as_deref() == Some("g-planner"))
+            .expect("the planner's Role");
+        let rules = serde_json::to_value(&role.rules).unwrap();
+        let adapters = json!(["g-decode", "g-prefill"]);
+        assert_eq!(
+            rules,
+            json!([
+                {"apiGroups": ["nvidia.com"], "resources": ["dynamographdeployments"],
+                 "resourceNames": ["g"], "verbs": ["get"]},
+                {"apiGroups": ["nvidia.com"], "resources": ["dynamographdeploymentscalingadapters"],
+                 "resourceNames": adapters, "verbs": ["get"]},
+                {"apiGroups": ["nvidia.com"],
+                 "resources": ["dynamographdeploymentscalingadapters/scale"],
+                 "resourceNames": adapters, "verbs": ["get", "patch", "update"]},
+            ])
+        );
+        let binding = d
+            .role_bindings
+            .iter()
+            .find(|b| b.metadata.name.as_deref() == Some("g-planner"))
+            .expect("the planner's RoleBinding");
+        assert_eq!(binding.role_ref.name, "g-planner");
+        let subject = &binding.subjects.as_ref().unwrap()[0];
+        assert_eq!(
+            (subject.kind.as_str(), subject.name.as_str()),
+            ("ServiceAccount", "g-planner")
+        );
+        assert_eq!(subject.namespace.as_deref(), Some("ns"));
+        assert!(
+            d.service_accounts
+                .iter()
+                .any(|a| a.metadata.name.as_deref() == Some("g-planner"))
+        );
+
+        // A graph without engines gives its planner no adapter rule: a rule without names
+        // would cover every adapter of the namespace.
+        let d = desired(json!({"planner": {"componentType": "planner"}})).unwrap();
+        let rules = d.roles[0].rules.as_deref().unwrap();
+        assert_eq!(rules.len(), 1);
+        assert_eq!(
+            rules[0].resource_names.as_deref(),
+            Some(&["g".to_string()][..])
+        );
+
+        // A planner with its own account brings its own access.
+        let mut own = dynamos_planner("");
+        own["extraPodSpec"]["serviceAccountName"] = json!("mine");
+        let d = desired(disagg_with(own)).unwrap();
+        assert_eq!(
+            planner_pod(&d).service_account_name.as_deref(),
+            Some("mine")
+        );
+        assert!(
+            !d.roles
+                .iter()
+                .any(|r| r.metadata.name.as_deref() == Some("g-planner"))
+        );
+    }
+
+    fn adapters(d: &Desired) -> Vec<&str> {
+        d.scaling_adapters
+            .iter()
+            .map(|a| a.metadata.name.as_deref().unwrap())
+            .collect()
+    }
+
+    #[test]
+    fn a_planner_gives_every_engine_service_an_adapter() {
+        let d = desired(disagg_with(dynamos_planner(""))).unwrap();
+        assert_eq!(adapters(&d), ["g-decode", "g-prefill"]);
+        let agg = json!({"worker": mocker("worker"), "planner": {"componentType": "planner"}});
+        assert_eq!(adapters(&desired(agg).unwrap()), ["g-worker"]);
+
+        // Without a planner only the services that ask for one.
+        let mut services = json!({"prefill": mocker("prefill"), "decode": mocker("decode")});
+        assert!(adapters(&desired(services.clone()).unwrap()).is_empty());
+        services["decode"]["scalingAdapter"] = json!({"enabled": true});
+        assert_eq!(adapters(&desired(services).unwrap()), ["g-decode"]);
+    }
+
+    #[test]
+    fn every_pod_of_ours_is_scraped_on_its_metrics_port() {
+        let mut services = disagg_with(dynamos_planner(""));
+        services["epp"] = json!({"componentType": "epp"});
+        let d = desired(services).unwrap();
+        let templates = d.deployments.iter().filter_map(|d| {
+            d.spec
+                .as_ref()?
+                .template
+                .metadata
+                .clone()
+                .zip(d.spec.as_ref()?.template.spec.clone())
+        });
+        let pods = d
+            .pods
+            .iter()
+            .map(|p| (p.metadata.clone(), p.spec.clone().unwrap()));
+        let mut seen = Vec::new();
+        for (meta, spec) in templates.chain(pods) {
+            let labels = meta.labels.unwrap_or_default();
+            assert_eq!(labels.get(labels::GRAPH).map(String::as_str), Some("g"));
+            let scraped = spec.containers.iter().find(|c| {
+                c.ports
+                    .iter()
+                    .flatten()
+                    .any(|p| p.name.as_deref() == Some(METRICS_PORT_NAME))
+            });
+            let scraped = scraped.unwrap_or_else(|| panic!("{labels:?}: no metrics port"));
+            seen.push(scraped.name.clone());
+        }
+        seen.sort();
+        // The EPP, the planner, and one sidecar per prefill and decode replica.
+        assert_eq!(seen, ["epp", "main", "sidecar", "sidecar"]);
+    }
+
+    #[test]
+    fn a_malformed_planner_flag_refuses_the_graph_naming_the_flag() {
+        let e = desired(disagg_with(dynamos_planner("--ttft abc"))).unwrap_err();
+        assert_eq!(
+            e,
+            ReconcileError::Wiring(WiringError::Planner(PlannerWiringError::BadValue {
+                service: "planner".into(),
+                flag: "--ttft".into(),
+                value: "abc".into(),
+                problem: "not a positive number of milliseconds".into(),
+            }))
+        );
+        assert_eq!(
+            e.to_string(),
+            "spec.services.planner: --ttft \"abc\": not a positive number of milliseconds"
+        );
+    }
 }

@@ -18,6 +18,7 @@
 mod argv;
 mod engines;
 pub mod kvbm;
+pub mod planner;
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -26,6 +27,7 @@ use std::path::PathBuf;
 
 use argv::Arity;
 use kvbm::{Kvbm, KvbmError};
+use planner::PlannerWiringError;
 
 use dynamo_crds::{
     BackendFramework, ComponentSpec, DynamoGraphDeploymentSpec, EngineRole, ServiceRole,
@@ -71,7 +73,8 @@ impl Addresses {
 const LOOPBACK: &str = "127.0.0.1";
 
 /// Our binaries, as the image (`Dockerfile`, `/usr/local/bin`) and the local runner
-/// (`target/`) hold them.
+/// (`target/`) hold them; `dynamo` runs the planner ([`planner`]).
+pub const DYNAMO_BINARY: &str = "dynamo";
 pub const SIDECAR_BINARY: &str = "dynamo-sidecar";
 pub const EPP_BINARY: &str = "dynamo-epp";
 pub const MOCKER_BINARY: &str = "dynamo-mocker";
@@ -101,6 +104,8 @@ pub enum WiringError {
     BlockSizeMismatch(u32, u32),
     #[error(transparent)]
     Kvbm(#[from] KvbmError),
+    #[error(transparent)]
+    Planner(#[from] PlannerWiringError),
 }
 
 /// Where a decode pod's sidecar finds the prefill pods it may send a request's prefill

@@ -1,0 +1,24 @@
+//! Hardware performance model shared by the mock engine, the DGDR profiler and the
+//! planner: for a GPU SKU and a model architecture under tensor parallelism, how long a
+//! prefill, a decode step and a KV transfer take, and what fits in GPU memory.
+//!
+//! - [`gpu`]: the GPU catalog (datasheet figures, cited);
+//! - [`model`]: architectures from `config.json` or the built-in catalog; parameter,
+//!   weight and KV bytes;
+//! - [`estimate`]: step and transfer times, memory fit, saturated throughput.
+//!
+//! Equations, efficiency factors and the comparison with published benchmarks:
+//! `docs/perfmodel.md`. No I/O here: callers read `config.json` themselves.
+
+pub mod dtype;
+pub mod estimate;
+pub mod gpu;
+pub mod model;
+
+pub use dtype::{Dtype, UnknownDtype};
+pub use estimate::{
+    Capacity, DoesNotFit, Efficiency, Estimator, InvalidParallelism, Link, StepLoad, StepTime,
+    Throughput, attention_pairs,
+};
+pub use gpu::{GpuSku, GpuSpec, UnknownGpu};
+pub use model::{ConfigError, Mla, ModelArch, Moe, ParamCounts, UnknownModel, catalog_names};

@@ -11,7 +11,7 @@ use dynamo_crds::{BackendFramework, DynamoGraphDeployment, EngineRole};
 use dynamo_e2e::disagg::Topology;
 use dynamo_operator::local::plan::{Caps, Graph, ReplicaPorts, RunOptions};
 use dynamo_operator::reconcile::{Observed, OperatorConfig, reconcile};
-use dynamo_operator::wiring::{EPP_BINARY, MOCKER_BINARY, SIDECAR_BINARY};
+use dynamo_operator::wiring::{DYNAMO_BINARY, EPP_BINARY, MOCKER_BINARY, SIDECAR_BINARY};
 
 /// The sample graphs, and the graphs benchmarks run (`e2e/configs/`).
 fn samples() -> Vec<(PathBuf, DynamoGraphDeployment)> {
@@ -68,6 +68,12 @@ fn parse(argv: &[String], context: &str) -> Option<&'static str> {
                 .unwrap_or_else(|e| fail(context, argv, e));
             Some(MOCKER_BINARY)
         }
+        // Our binary runs the planner only: `dynamo planner ...`.
+        DYNAMO_BINARY => {
+            dynamo_operator::wiring::planner::parse(&argv[1..])
+                .unwrap_or_else(|e| fail(context, argv, e));
+            Some(DYNAMO_BINARY)
+        }
         _ => None,
     }
 }
@@ -85,7 +91,8 @@ fn every_container_of_ours_in_every_generated_pod_parses() {
             .iter()
             .filter_map(|d| d.spec.as_ref()?.template.spec.as_ref());
         for spec in pods.chain(templates) {
-            for container in &spec.containers {
+            let init = spec.init_containers.iter().flatten();
+            for container in spec.containers.iter().chain(init) {
                 let mut argv = container.command.clone().unwrap_or_default();
                 argv.extend(container.args.clone().unwrap_or_default());
                 let context = format!("{}: container {}", path.display(), container.name);
@@ -100,7 +107,7 @@ fn every_container_of_ours_in_every_generated_pod_parses() {
     }
     assert_eq!(
         parsed,
-        BTreeSet::from([EPP_BINARY, MOCKER_BINARY, SIDECAR_BINARY]),
+        BTreeSet::from([DYNAMO_BINARY, EPP_BINARY, MOCKER_BINARY, SIDECAR_BINARY]),
         "every binary of ours appears in some sample"
     );
     assert_eq!(
@@ -118,6 +125,80 @@ const TIER_FLAGS: [&str; 4] = [
     "--kv-blocks-url",
 ];
 
+/// The profile a planner command reads (`--profile`) and the one a mock engine's
+/// command writes (`--planner-profile-out`), each as its own binary's parser reads it.
+fn profile_paths(planner: &[String], mocker: &[String]) -> (Option<PathBuf>, Option<PathBuf>) {
+    let reads = dynamo_operator::wiring::planner::parse(&planner[1..])
+        .unwrap()
+        .profile;
+    let writes = dynamo_mocker::server::Args::try_parse_from(mocker)
+        .unwrap()
+        .planner_profile_out;
+    (reads, writes)
+}
+
+/// On a cluster, the planner sample (our planner in throughput mode, no profile, mock
+/// engine workers) runs its worker's mock engine in an init container that writes the
+/// profile where the planner reads it; run for real (into a file of ours, the pod's path
+/// aside), that command writes a profile the planner starts from.
+#[test]
+fn the_planner_samples_pod_measures_the_profile_its_planner_reads() {
+    let (path, dgd) = samples()
+        .into_iter()
+        .find(|(path, _)| path.ends_with("config/samples/agg-mocker-planner.yaml"))
+        .expect("the planner sample");
+    let desired = reconcile(&dgd, &Observed::default(), &OperatorConfig::default())
+        .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let pod = desired
+        .deployments
+        .iter()
+        .find(|d| d.metadata.name.as_deref() == Some("agg-mocker-planner-planner"))
+        .and_then(|d| d.spec.as_ref()?.template.spec.as_ref())
+        .expect("the planner's Deployment");
+    let argv = |command: &Option<Vec<String>>, args: &Option<Vec<String>>| {
+        command
+            .iter()
+            .chain(args)
+            .flatten()
+            .cloned()
+            .collect::<Vec<_>>()
+    };
+    let main = &pod.containers[0];
+    let planner = argv(&main.command, &main.args);
+    let inits = pod.init_containers.as_deref().unwrap_or_default();
+    assert_eq!(inits.len(), 1, "one profile measurement");
+    let measure = argv(&inits[0].command, &inits[0].args);
+    assert_eq!(parse(&planner, "planner"), Some(DYNAMO_BINARY));
+    assert_eq!(parse(&measure, "its init container"), Some(MOCKER_BINARY));
+    let (reads, writes) = profile_paths(&planner, &measure);
+    assert!(reads.is_some(), "{planner:?}");
+    assert_eq!(reads, writes);
+    // The worker's own engine flags, measured.
+    let worker = desired
+        .pods
+        .iter()
+        .find(|p| p.metadata.name.as_deref() == Some("agg-mocker-planner-worker-0"))
+        .and_then(|p| p.spec.as_ref())
+        .expect("the worker's pod");
+    let engine = &worker.containers[0];
+    assert_eq!(
+        measure[..measure.len() - 2],
+        argv(&engine.command, &engine.args)
+    );
+
+    let dir = std::env::temp_dir().join(format!("planner-sample-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let out = dir.join("profile.json");
+    let mut mocker = dynamo_mocker::server::Args::try_parse_from(&measure).unwrap();
+    mocker.planner_profile_out = Some(out.clone());
+    assert!(mocker.write_planner_profile().unwrap(), "measured and done");
+    let mut args = dynamo_operator::wiring::planner::parse(&planner[1..]).unwrap();
+    args.profile = Some(out);
+    let settings = args.settings();
+    std::fs::remove_dir_all(&dir).unwrap();
+    settings.unwrap_or_else(|e| panic!("the planner refuses the measured profile: {e:#}"));
+}
+
 /// One replica's ports, as the local runner hands them out.
 const PORTS: ReplicaPorts = ReplicaPorts {
     engine: 41001,
@@ -133,6 +214,7 @@ const PORTS: ReplicaPorts = ReplicaPorts {
 fn every_process_the_local_runner_starts_parses() {
     let ports = PORTS;
     let mut ran = 0;
+    let mut planners = 0;
     for (path, dgd) in samples() {
         let options = RunOptions {
             model_path: Some(PathBuf::from("/models/m")),
@@ -165,8 +247,34 @@ fn every_process_the_local_runner_starts_parses() {
             ));
             assert_eq!(parse(&sidecar, &context), Some(SIDECAR_BINARY));
         }
+        if graph.planner.is_some() {
+            let profile = Path::new("/tmp/planner-profile.json");
+            let measure = graph.profile_command(profile).map(argv);
+            let planner = graph
+                .planner_command(
+                    "http://127.0.0.1:41010",
+                    "http://127.0.0.1:41011",
+                    "127.0.0.1:41012".parse().unwrap(),
+                    measure.as_ref().map(|_| profile),
+                )
+                .unwrap()
+                .unwrap_or_else(|e| panic!("{context}: {e}"));
+            let planner = argv(planner);
+            assert_eq!(parse(&planner, &context), Some(DYNAMO_BINARY));
+            if let Some(measure) = measure {
+                assert_eq!(parse(&measure, &context), Some(MOCKER_BINARY));
+                let (reads, writes) = profile_paths(&planner, &measure);
+                assert_eq!(reads.as_deref(), Some(profile), "{context}");
+                assert_eq!(writes.as_deref(), Some(profile), "{context}");
+            }
+            planners += 1;
+        }
         ran += 1;
     }
+    assert!(
+        planners >= 2,
+        "the planner samples run locally ({planners})"
+    );
     assert!(
         ran >= 6,
         "most samples run locally on the mock engine ({ran})"

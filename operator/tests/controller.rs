@@ -466,6 +466,35 @@ async fn a_malformed_planner_flag_gets_the_invalid_spec_condition() {
 }
 
 #[tokio::test]
+async fn a_throughput_planner_with_no_profile_to_measure_gets_the_invalid_spec_condition() {
+    // Our planner in its default mode on vLLM workers: no profile, no mock engine to
+    // measure one on. Refused, rather than a planner pod that exits at every start.
+    let (client, api) = FakeApi::start();
+    install(&api, "disagg-vllm");
+    api.edit(&graph_path("disagg-vllm"), |g| {
+        g["spec"]["services"]["Planner"]["extraPodSpec"]["mainContainer"] = serde_json::json!({
+            "command": ["dynamo", "planner"], "args": ["--interval", "60s"]});
+    });
+    let action = pass(&client, &api, "disagg-vllm").await.unwrap();
+    assert_eq!(action, Action::await_change(), "waits for a spec change");
+    let requests = api.take_requests();
+    assert!(
+        !requests
+            .iter()
+            .any(|r| r.is_apply() && !r.path.ends_with("/status")),
+        "nothing is created for a graph that cannot be reconciled"
+    );
+    let status = &graph_object(&api, "disagg-vllm")["status"];
+    assert_eq!(status["conditions"][0]["reason"], "InvalidSpec");
+    let message = status["conditions"][0]["message"].as_str().unwrap();
+    assert!(message.starts_with("spec.services.Planner: "), "{message}");
+    for way_out in ["--profile FILE", "DGDR", "--mode load"] {
+        assert!(message.contains(way_out), "{message}");
+    }
+    assert_eq!(events(&requests), vec!["InvalidSpec".to_string()]);
+}
+
+#[tokio::test]
 async fn refused_writes_fail_the_pass_say_why_and_back_off() {
     let (client, api) = FakeApi::start();
     install(&api, "agg-mocker");

@@ -66,3 +66,8 @@ fn disagg_vllm() {
 fn multinode_vllm() {
     check("multinode-vllm");
 }
+
+#[test]
+fn agg_mocker_planner() {
+    check("agg-mocker-planner");
+}

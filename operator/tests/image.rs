@@ -97,6 +97,7 @@ fn binaries_run_from_the_image() -> BTreeSet<String> {
     let mut containers: Vec<Container> = Vec::new();
     for name in [
         "agg-mocker",
+        "agg-mocker-planner",
         "disagg-mocker",
         "agg-vllm",
         "disagg-vllm",
@@ -108,7 +109,11 @@ fn binaries_run_from_the_image() -> BTreeSet<String> {
             .deployments
             .iter()
             .filter_map(|d| d.spec.as_ref()?.template.spec.clone());
-        containers.extend(pods.chain(templates).flat_map(|s| s.containers));
+        containers.extend(pods.chain(templates).flat_map(|s| {
+            s.containers
+                .into_iter()
+                .chain(s.init_containers.into_iter().flatten())
+        }));
     }
     let mut binaries: BTreeSet<String> = containers
         .iter()

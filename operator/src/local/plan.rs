@@ -12,11 +12,12 @@ use dynamo_crds::{
     BackendFramework, ComponentSpec, DynamoGraphDeployment, EngineRole, ServiceRole,
 };
 
-use crate::planner::ModeArg;
-use crate::wiring::planner::{PlannerInputs, PlannerTarget, PlannerWiringError, planner_args};
+use crate::wiring::planner::{
+    PlannerInputs, PlannerTarget, PlannerWiringError, planner_args, profile_source,
+};
 use crate::wiring::{
     self, Addresses, DYNAMO_BINARY, Defaults, EPP_BINARY, EngineService, EnvValue, GraphWiring,
-    HF_HOME, MOCKER_BINARY, Picker, PickerPods, PrefillPeers, SIDECAR_BINARY, WiringError, kvbm,
+    HF_HOME, Picker, PickerPods, PrefillPeers, SIDECAR_BINARY, WiringError, kvbm,
 };
 
 /// How the user asked to run the graph.
@@ -70,10 +71,9 @@ pub enum PlanError {
         "no model directory: pass --model-path DIR (a Hugging Face-style directory with tokenizer.json; `make model` builds one)"
     )]
     NoModelPath,
-    #[error(
-        "service {0:?} (planner) runs in throughput mode without a profile, and no worker runs the mock engine whose profile the runner could measure: give it --profile FILE, or --mode load, or run without it (--no-planner)"
-    )]
-    PlannerProfile(String),
+    /// [`PlannerWiringError::NoProfile`], with the local way out.
+    #[error("{0}; or run without it (--no-planner)")]
+    PlannerProfile(PlannerWiringError),
     #[error(
         "service {service:?}: {replicas} replicas is more than the local cap of {cap} per service (--max-replicas)"
     )]
@@ -299,74 +299,33 @@ impl Graph {
     }
 
     /// The planner service `service`, checked by rendering its command: `None` (with a
-    /// note) for a planner program that is not ours to run. It gets the mock engine's
-    /// profile when, given one, it would plan in throughput mode and the service names
-    /// none of its own (Dynamo's planner, whose profiling results do not carry over, plans
-    /// on load without one; ours cannot plan throughput without one).
+    /// note) for a planner program that is not ours to run. Whether it gets the mock
+    /// engine's profile, and whose, is the wiring's choice ([`profile_source`]).
     fn plan_planner(
         &mut self,
         service: &str,
         spec: &ComponentSpec,
         env: Vec<(String, String)>,
     ) -> Result<Option<PlannerService>, PlanError> {
-        let render = |profile: Option<&Path>| {
-            let placeholder = PlannerInputs {
-                target: PlannerTarget::Admin("http://127.0.0.1:1"),
-                prometheus: Some("http://127.0.0.1:1"),
-                metrics_addr: SocketAddr::from((Ipv4Addr::LOCALHOST, 1)),
-                profile,
-            };
-            let args = planner_args(service, spec, &placeholder)?;
-            // `planner_args` checked the words with this parser already.
-            wiring::planner::parse(&args).map_err(|e| PlannerWiringError::Refused {
-                service: service.into(),
-                message: e.to_string(),
-            })
-        };
-        let own = match render(None) {
-            Ok(parsed) => parsed,
+        let profile_from = match profile_source(service, spec, Some(&self.wiring)) {
+            Ok(source) => source.map(|(worker, _)| worker.to_owned()),
             Err(PlannerWiringError::Custom { program, .. }) => {
                 self.notes.push(format!(
                     "service {service:?} (planner) runs its own program {program:?}, which a local run does not start; scale with POST /scale"
                 ));
                 return Ok(None);
             }
+            Err(e @ PlannerWiringError::NoProfile { .. }) => {
+                return Err(PlanError::PlannerProfile(e));
+            }
             Err(e) => return Err(WiringError::from(e).into()),
         };
-        let own_profile =
-            own.profile.is_some() || own.prefill_profile.is_some() || own.decode_profile.is_some();
-        let given = render(Some(Path::new("profile.json"))).map_err(WiringError::from)?;
-        let wants = !own_profile && given.mode == ModeArg::Throughput;
-        // The engine that does both phases, else decode's, else prefill's: a profile has
-        // the prefill and decode points of one engine.
-        let mocker = [
-            EngineRole::Aggregated,
-            EngineRole::Decode,
-            EngineRole::Prefill,
-        ]
-        .into_iter()
-        .find_map(|role| {
-            self.workers
-                .iter()
-                .find(|(name, w)| w.role == role && self.engine_program(name) == MOCKER_BINARY)
-        })
-        .map(|(name, _)| name.clone());
-        let profile_from = if wants { mocker } else { None };
-        if wants && profile_from.is_none() && own.mode == ModeArg::Throughput {
-            return Err(PlanError::PlannerProfile(service.into()));
-        }
         Ok(Some(PlannerService {
             name: service.into(),
             spec: spec.clone(),
             env,
             profile_from,
         }))
-    }
-
-    fn engine_program(&self, service: &str) -> String {
-        let at = ReplicaPorts::default().addresses();
-        let argv = self.workers[service].engine.engine_argv(&at);
-        argv.into_iter().next().unwrap_or_default()
     }
 
     /// The planner, against the runner's admin API at `admin_url` and Prometheus at
@@ -401,11 +360,11 @@ impl Graph {
     /// worker's own flags, told to write its planner profile to `out` and exit.
     pub fn profile_command(&self, out: &Path) -> Option<CommandSpec> {
         let service = self.planner.as_ref()?.profile_from.as_ref()?;
-        let mut command = self.engine_command(service, ReplicaPorts::default());
-        command
-            .args
-            .extend(["--planner-profile-out".into(), path_arg(out)]);
-        Some(command)
+        let ports = ReplicaPorts::default();
+        let engine = &self.workers[service].engine;
+        let argv = engine.profile_argv(&ports.addresses(), &path_arg(out))?;
+        let env = self.engine_command(service, ports).env;
+        Some(CommandSpec::from_argv(argv, env))
     }
 
     /// The KV block size every engine uses.
@@ -561,6 +520,7 @@ fn path_arg(path: &Path) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::planner::ModeArg;
 
     fn sample(name: &str) -> DynamoGraphDeployment {
         let path = format!("{}/../config/samples/{name}", env!("CARGO_MANIFEST_DIR"));
@@ -952,8 +912,16 @@ mod tests {
     fn a_throughput_planner_without_a_profile_or_a_mock_engine_is_refused() {
         let dgd = with_planner("agg-vllm.yaml", &[]);
         let err = Graph::from_dgd(&dgd, &options()).unwrap_err();
-        assert_eq!(err, PlanError::PlannerProfile("planner".into()));
-        assert!(err.to_string().contains("--no-planner"), "{err}");
+        assert_eq!(
+            err,
+            PlanError::PlannerProfile(PlannerWiringError::NoProfile {
+                service: "planner".into()
+            })
+        );
+        let message = err.to_string();
+        for way_out in ["--profile FILE", "--mode load", "--no-planner"] {
+            assert!(message.contains(way_out), "{message}");
+        }
         // The same graph on the mock engine measures it.
         let opts = RunOptions {
             backend: Some(BackendFramework::Mocker),

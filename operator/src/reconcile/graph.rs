@@ -1,6 +1,7 @@
 //! The graph being reconciled, its services' roles, and the top-level [`reconcile`].
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::path::Path;
 
 use dynamo_crds::{
     ComponentSpec, DynamoGraphDeployment, DynamoGraphDeploymentSpec, EngineRole, ServiceRole,
@@ -9,11 +10,13 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference}
 use kube::Resource;
 
 use crate::planner::PROMETHEUS_ENV;
-use crate::wiring::planner::{PlannerInputs, PlannerTarget, PlannerWiringError, planner_args};
+use crate::wiring::planner::{
+    PlannerInputs, PlannerTarget, PlannerWiringError, planner_args, profile_source,
+};
 use crate::wiring::{Defaults, EngineService, GraphWiring, WiringError};
 
 use super::batch_scheduler::BatchScheduler;
-use super::pods::PLANNER_METRICS_ADDR;
+use super::pods::{PLANNER_METRICS_ADDR, PLANNER_PROFILE};
 use super::{
     Desired, ObjectKey, ObjectKind, Observed, OperatorConfig, ReconcileError, adapters, labels,
     names, replicas, services, serving, status, volumes,
@@ -32,9 +35,18 @@ pub(crate) struct Graph<'a> {
     pub batch_scheduler: Option<BatchScheduler>,
     /// The engines' commands and the picker's settings; `None` without engine services.
     pub wiring: Option<GraphWiring>,
-    /// Each planner service's `dynamo planner` arguments; `None`: a command of the user's
-    /// that runs as written.
-    pub planners: BTreeMap<String, Option<Vec<String>>>,
+    /// Each planner service's `dynamo planner`; `None`: a command of the user's that runs
+    /// as written.
+    pub planners: BTreeMap<String, Option<PlannerWiring>>,
+}
+
+/// A planner service that runs `dynamo planner`.
+pub(crate) struct PlannerWiring {
+    /// Its arguments after the `dynamo` binary.
+    pub args: Vec<String>,
+    /// The engine service whose mock engine measures its profile (at
+    /// [`PLANNER_PROFILE`], which `args` read) before it starts.
+    pub profile_from: Option<String>,
 }
 
 impl<'a> Graph<'a> {
@@ -86,18 +98,23 @@ impl<'a> Graph<'a> {
                 .chain(self.spec.envs.iter().flatten())
                 .find(|e| e.name == PROMETHEUS_ENV)
                 .and_then(|e| e.value.as_deref());
+            let profile_from = match profile_source(service, spec, self.wiring.as_ref()) {
+                Ok(source) => source.map(|(worker, _)| worker.to_owned()),
+                Err(PlannerWiringError::Custom { .. }) => {
+                    self.planners.insert(service.clone(), None);
+                    continue;
+                }
+                Err(e) => return Err(WiringError::from(e).into()),
+            };
             let inputs = PlannerInputs {
                 target: PlannerTarget::Graph(self.name),
                 prometheus,
                 metrics_addr: PLANNER_METRICS_ADDR,
-                profile: None,
+                profile: profile_from.as_ref().map(|_| Path::new(PLANNER_PROFILE)),
             };
-            let args = match planner_args(service, spec, &inputs) {
-                Ok(args) => Some(args),
-                Err(PlannerWiringError::Custom { .. }) => None,
-                Err(e) => return Err(WiringError::from(e).into()),
-            };
-            self.planners.insert(service.clone(), args);
+            let args = planner_args(service, spec, &inputs).map_err(WiringError::from)?;
+            let planner = PlannerWiring { args, profile_from };
+            self.planners.insert(service.clone(), Some(planner));
         }
         Ok(())
     }

@@ -51,6 +51,10 @@ pub(crate) fn metrics_port() -> ContainerPort {
 pub const PLANNER_METRICS_ADDR: SocketAddr =
     SocketAddr::new(Addresses::POD.sidecar_host, METRICS_PORT as u16);
 
+/// Where a planner pod's init container writes the mock engine's planner profile and the
+/// planner reads it (`--profile`), on an emptyDir both mount.
+pub const PLANNER_PROFILE: &str = "/var/run/dynamo/planner/profile.json";
+
 const MAIN: &str = "main";
 const SIDECAR: &str = "sidecar";
 const SHM_VOLUME: &str = "shm";
@@ -163,6 +167,38 @@ pub(crate) fn service_volumes(g: &Graph, spec: &ComponentSpec) -> Vec<Volume> {
         });
     }
     volumes
+}
+
+/// The mounts of `main` (a service's main container) whose volumes the service itself
+/// defines, its claims and `extraPodSpec.volumes` (a model directory, a timing table),
+/// read-only and with those volumes: what another container needs to read the same files
+/// at the same paths. `/dev/shm` and the volumes generated beside `main` are left out.
+pub(crate) fn file_mounts(
+    g: &Graph,
+    spec: &ComponentSpec,
+    main: &Container,
+) -> Vec<(VolumeMount, Volume)> {
+    let own = spec
+        .extra_pod_spec
+        .iter()
+        .flat_map(|e| e.volumes.iter().flatten());
+    let volumes: Vec<Volume> = own
+        .cloned()
+        .chain(service_volumes(g, spec))
+        .filter(|v| v.name != SHM_VOLUME)
+        .collect();
+    main.volume_mounts
+        .iter()
+        .flatten()
+        .filter_map(|m| {
+            let volume = volumes.iter().find(|v| v.name == m.name)?;
+            let mount = VolumeMount {
+                read_only: Some(true),
+                ..m.clone()
+            };
+            Some((mount, volume.clone()))
+        })
+        .collect()
 }
 
 /// Where one pod sits in its service.

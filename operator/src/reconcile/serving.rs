@@ -7,6 +7,7 @@
 //! frontend's name in front of the EPP pods (no second hop, no duplicate router).
 
 use std::collections::BTreeMap;
+use std::path::Path;
 
 use dynamo_crds::inference_pool::{
     EndpointPickerFailureMode, EndpointPickerRef, InferencePool, InferencePoolSpec,
@@ -19,9 +20,10 @@ use gateway_api::apis::standard::httproutes::{
 };
 use k8s_openapi::api::apps::v1::{Deployment, DeploymentSpec};
 use k8s_openapi::api::core::v1::{
-    Container, ContainerPort, GRPCAction, PodSpec, PodTemplateSpec, Probe, Service, ServicePort,
-    ServiceSpec,
+    Container, ContainerPort, EmptyDirVolumeSource, GRPCAction, PodSpec, PodTemplateSpec, Probe,
+    ResourceRequirements, Service, ServicePort, ServiceSpec, Volume, VolumeMount,
 };
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
@@ -29,7 +31,7 @@ use super::{epp_access, planner_access};
 use dynamo_crds::{EngineRole, ServiceRole};
 
 use super::graph::Graph;
-use super::pods::{self, HTTP_PORT, METRICS_PORT, METRICS_PORT_NAME};
+use super::pods::{self, HTTP_PORT, METRICS_PORT, METRICS_PORT_NAME, PLANNER_PROFILE};
 use super::services::http_service;
 use super::{Desired, Observed, labels, names};
 use crate::controller::metrics::HEALTH_PATH;
@@ -248,9 +250,11 @@ fn epp_deployment(
 
 /// A planner service's Deployment. When the service runs our planner or Dynamo's planner
 /// launcher ([`Graph::planners`]), the container runs `dynamo planner` on this graph (in
-/// our image in place of Dynamo's), with its metrics and health on the pod's metrics port; any other command runs as written. Every
-/// planner pod is told its graph and namespace as Dynamo's planner reads them, and runs
-/// as its own account with access to this graph's adapters only, unless it names one.
+/// our image in place of Dynamo's), with its metrics and health on the pod's metrics
+/// port, after an init container that measures its profile on a mock engine worker's
+/// flags when it takes one ([`profile_measurement`]); any other command runs as written.
+/// Every planner pod is told its graph and namespace as Dynamo's planner reads them, and
+/// runs as its own account with access to this graph's adapters only, unless it names one.
 fn planner_deployment(
     g: &Graph,
     observed: &Observed,
@@ -261,7 +265,9 @@ fn planner_deployment(
     let extra = spec.extra_pod_spec.clone().unwrap_or_default();
     let mut pod_spec = pods::base_pod_spec(&extra);
     let mut main = pods::main_container(g, spec, None);
-    if let Some(args) = &g.planners[service] {
+    let mut volumes = pod_spec.volumes.take().unwrap_or_default();
+    volumes.extend(pods::service_volumes(g, spec));
+    if let Some(planner) = &g.planners[service] {
         // Dynamo's launcher ran in Dynamo's Python image, from one of its directories; an
         // empty command or ours runs in the user's image (a mirror of ours, say) if named.
         let command = spec.main_command();
@@ -278,7 +284,7 @@ fn planner_deployment(
             main.working_dir = None;
         }
         main.command = Some(vec![DYNAMO_BINARY.into()]);
-        main.args = Some(args.clone());
+        main.args = Some(planner.args.clone());
         let mut ports = main.ports.take().unwrap_or_default();
         ports.retain(|p| {
             p.container_port != METRICS_PORT && p.name.as_deref() != Some(METRICS_PORT_NAME)
@@ -300,6 +306,18 @@ fn planner_deployment(
             pods::restricted_container(),
             user,
         ));
+        if let Some(worker) = &planner.profile_from {
+            let mut init = profile_measurement(g, worker, &mut volumes, &mut pod_spec);
+            // Our own binary too: the planner's restricted profile.
+            init.security_context.clone_from(&main.security_context);
+            main.volume_mounts
+                .get_or_insert_with(Vec::new)
+                .push(profile_mount(Some(true)));
+            pod_spec
+                .init_containers
+                .get_or_insert_with(Vec::new)
+                .push(init);
+        }
     }
     let env = main.env.get_or_insert_with(Vec::new);
     if !env.iter().any(|e| e.name == GRAPH_ENV) {
@@ -309,8 +327,6 @@ fn planner_deployment(
         env.push(pods::field_env(NAMESPACE_ENV, "metadata.namespace"));
     }
     pod_spec.containers = vec![main];
-    let mut volumes = pod_spec.volumes.take().unwrap_or_default();
-    volumes.extend(pods::service_volumes(g, spec));
     pod_spec.volumes = (!volumes.is_empty()).then_some(volumes);
     if pod_spec.service_account_name.is_none() {
         let (account, role, binding) = planner_access::build(g, service);
@@ -333,6 +349,87 @@ fn planner_deployment(
         pod_spec,
     )
 }
+
+/// The emptyDir the profile is written to and read from.
+const PROFILE_VOLUME: &str = "dynamo-planner-profile";
+
+fn profile_mount(read_only: Option<bool>) -> VolumeMount {
+    let dir = Path::new(PLANNER_PROFILE)
+        .parent()
+        .expect("a file in a directory");
+    VolumeMount {
+        name: PROFILE_VOLUME.into(),
+        mount_path: dir.to_string_lossy().into_owned(),
+        read_only,
+        ..VolumeMount::default()
+    }
+}
+
+/// The init container that measures a planner's profile before it starts: the `worker`
+/// service's mock engine in that service's image, with its environment and flags, told to
+/// write the profile of the engine they configure to [`PLANNER_PROFILE`] and exit (well
+/// under a second of CPU: small requests). It reads what the worker reads (a model
+/// directory's config.json, a timing table) from the worker's own volumes, which join the
+/// pod's `volumes` with the profile's emptyDir; the worker's image pull secrets join
+/// `pod`'s.
+fn profile_measurement(
+    g: &Graph,
+    worker: &str,
+    volumes: &mut Vec<Volume>,
+    pod: &mut PodSpec,
+) -> Container {
+    let spec = &g.spec.services[worker];
+    let engine = g.engine(worker);
+    let worker_main = pods::main_container(g, spec, Some(engine));
+    let argv = engine
+        .profile_argv(&Addresses::POD, PLANNER_PROFILE)
+        .expect("the profile engine runs the mock engine");
+    volumes.push(Volume {
+        name: PROFILE_VOLUME.into(),
+        empty_dir: Some(EmptyDirVolumeSource::default()),
+        ..Volume::default()
+    });
+    let mut mounts = vec![profile_mount(None)];
+    for (mount, volume) in pods::file_mounts(g, spec, &worker_main) {
+        match volumes.iter().find(|v| v.name == volume.name) {
+            None => volumes.push(volume),
+            Some(same) if *same == volume => {}
+            // The planner's own volume of that name is another one: not the worker's files.
+            Some(_) => continue,
+        }
+        mounts.push(mount);
+    }
+    let secrets = spec
+        .extra_pod_spec
+        .iter()
+        .flat_map(|e| e.image_pull_secrets.iter().flatten());
+    for secret in secrets {
+        let pulls = pod.image_pull_secrets.get_or_insert_with(Vec::new);
+        if !pulls.contains(secret) {
+            pulls.push(secret.clone());
+        }
+    }
+    let requests = [("cpu", PROFILE_CPU), ("memory", PROFILE_MEMORY)]
+        .map(|(name, q)| (name.to_string(), Quantity(q.into())));
+    Container {
+        name: PROFILE_CONTAINER.into(),
+        image: worker_main.image,
+        command: Some(argv),
+        env: worker_main.env,
+        env_from: worker_main.env_from,
+        volume_mounts: Some(mounts),
+        resources: Some(ResourceRequirements {
+            requests: Some(BTreeMap::from(requests)),
+            ..ResourceRequirements::default()
+        }),
+        ..Container::default()
+    }
+}
+
+/// The profile measurement's container and requests.
+const PROFILE_CONTAINER: &str = "planner-profile";
+const PROFILE_CPU: &str = "100m";
+const PROFILE_MEMORY: &str = "64Mi";
 
 /// A Deployment with `labels` on it and its pods, labelled with the hash of its spec so a
 /// later pass can tell whether the observed one runs this exact spec.
@@ -595,13 +692,23 @@ mod tests {
         c.env.iter().flatten().find(|e| e.name == name)
     }
 
+    fn planner_argv(pod: &PodSpec) -> PlannerArgs {
+        let main = &pod.containers[0];
+        let argv = [main.command.clone().unwrap(), main.args.clone().unwrap()].concat();
+        let Sub::Planner(args) = Dynamo::try_parse_from(&argv).unwrap().command;
+        args
+    }
+
     #[test]
     fn dynamos_planner_becomes_ours_on_the_graph_with_its_flags() {
-        let d = desired(disagg_with(dynamos_planner(
+        let mut services = disagg_with(dynamos_planner(
             "--environment=kubernetes --backend=vllm --adjustment-interval=60 \
              --profile-results-dir=/data/profiling_results --ttft 200 --no-operation",
-        )))
-        .unwrap();
+        ));
+        // Tells the decode engine's command from the prefill engine's.
+        services["decode"]["extraPodSpec"]["mainContainer"]["args"] =
+            json!(["--model-name", "m", "--seed", "42"]);
+        let d = desired(services).unwrap();
         let pod = planner_pod(&d);
         let main = &pod.containers[0];
         assert_eq!(main.image.as_deref(), Some(super::super::DEFAULT_IMAGE));
@@ -620,7 +727,14 @@ mod tests {
         assert_eq!(args.admin_url, None);
         assert_eq!(args.prometheus, "http://prom.monitoring:9090");
         assert_eq!(args.metrics_addr.port(), METRICS_PORT as u16);
-        assert_eq!(args.mode, ModeArg::Load);
+        // On mock engine workers it plans throughput on the decode engine's profile.
+        assert_eq!(args.mode, ModeArg::Throughput);
+        assert_eq!(args.profile.as_deref(), Some(Path::new(PLANNER_PROFILE)));
+        let init = &pod.init_containers.as_deref().unwrap()[0];
+        let measured = init.command.as_deref().unwrap().join(" ");
+        assert!(measured.contains("--seed 42"), "{measured}");
+        // The workers name no image: the operator's mocker image, as theirs.
+        assert_eq!(init.image.as_deref(), Some(super::super::DEFAULT_IMAGE));
         assert_eq!(args.interval, Some(std::time::Duration::from_secs(60)));
         assert_eq!(args.ttft_ms, 200.0);
         assert!(args.advisory);
@@ -731,7 +845,9 @@ mod tests {
 
         // A graph without engines gives its planner no adapter rule: a rule without names
         // would cover every adapter of the namespace.
-        let d = desired(json!({"planner": {"componentType": "planner"}})).unwrap();
+        let load = json!({"componentType": "planner", "extraPodSpec": {"mainContainer": {
+            "command": ["dynamo", "planner", "--mode", "load"]}}});
+        let d = desired(json!({"planner": load})).unwrap();
         let rules = d.roles[0].rules.as_deref().unwrap();
         assert_eq!(rules.len(), 1);
         assert_eq!(
@@ -826,5 +942,154 @@ mod tests {
             e.to_string(),
             "spec.services.planner: --ttft \"abc\": not a positive number of milliseconds"
         );
+    }
+
+    #[test]
+    fn a_throughput_planner_on_mock_engines_measures_their_profile_before_it_starts() {
+        let mut worker = mocker("worker");
+        worker["extraPodSpec"]["mainContainer"]["image"] = json!("mirror.local/dynamo:2");
+        worker["extraPodSpec"]["imagePullSecrets"] = json!([{"name": "mirror"}]);
+        worker["extraPodSpec"]["mainContainer"]["args"] =
+            json!(["--model-name", "worker", "--timing-table", "/tables/t.json"]);
+        worker["extraPodSpec"]["mainContainer"]["volumeMounts"] =
+            json!([{"name": "tables", "mountPath": "/tables"}]);
+        worker["extraPodSpec"]["volumes"] = json!([{"name": "tables", "configMap": {"name": "t"}}]);
+        worker["volumeMounts"] = json!([{"name": "models", "mountPoint": "/models"}]);
+        // The planner mounts the same claim: one volume for both.
+        let planner = json!({"componentType": "planner",
+            "volumeMounts": [{"name": "models", "mountPoint": "/m"}],
+            "extraPodSpec": {"mainContainer": {"securityContext": {"runAsGroup": 2000}}}});
+        let d = desired(json!({"worker": worker, "planner": planner})).unwrap();
+        let pod = planner_pod(&d);
+        let main = &pod.containers[0];
+        let inits = pod.init_containers.as_deref().unwrap();
+        assert_eq!(inits.len(), 1);
+        let init = &inits[0];
+
+        // The worker's own mock engine, in its image, told to write where `--profile` reads.
+        let worker_pod = d
+            .pods
+            .iter()
+            .find(|p| p.metadata.name.as_deref() == Some("g-worker-0"))
+            .and_then(|p| p.spec.as_ref())
+            .unwrap();
+        let engine = &worker_pod.containers[0];
+        assert_eq!(init.image.as_deref(), Some("mirror.local/dynamo:2"));
+        assert_eq!(init.image, engine.image);
+        let argv = init.command.as_deref().unwrap();
+        let (flags, out) = argv.split_at(argv.len() - 2);
+        assert_eq!(flags, engine.command.as_deref().unwrap());
+        assert_eq!(out, ["--planner-profile-out", PLANNER_PROFILE]);
+        assert_eq!(init.args, None);
+        assert_eq!(init.env, engine.env);
+        assert_eq!(
+            planner_argv(pod).profile.as_deref(),
+            Some(Path::new(PLANNER_PROFILE))
+        );
+        assert_eq!(pod.image_pull_secrets.as_ref().unwrap()[0].name, "mirror");
+
+        // Written to an emptyDir the planner reads; the worker's files, read-only.
+        let mount = |c: &Container, volume: &str| {
+            c.volume_mounts
+                .iter()
+                .flatten()
+                .find(|m| m.name == volume)
+                .map(|m| (m.mount_path.clone(), m.read_only))
+        };
+        let dir = "/var/run/dynamo/planner".to_string();
+        assert_eq!(mount(init, PROFILE_VOLUME), Some((dir.clone(), None)));
+        assert_eq!(mount(main, PROFILE_VOLUME), Some((dir, Some(true))));
+        assert_eq!(mount(init, "tables"), Some(("/tables".into(), Some(true))));
+        assert_eq!(mount(init, "models"), Some(("/models".into(), Some(true))));
+        assert_eq!(mount(main, "tables"), None);
+        let volumes: Vec<_> = pod.volumes.iter().flatten().collect();
+        let names: Vec<&str> = volumes.iter().map(|v| v.name.as_str()).collect();
+        assert_eq!(names, ["shm", "models", PROFILE_VOLUME, "tables"]);
+        let volume = |name: &str| volumes.iter().find(|v| v.name == name).unwrap();
+        assert!(volume(PROFILE_VOLUME).empty_dir.is_some());
+        assert!(volume("tables").config_map.is_some());
+        assert_eq!(
+            volume("models")
+                .persistent_volume_claim
+                .as_ref()
+                .map(|c| c.claim_name.as_str()),
+            Some("models")
+        );
+
+        // The planner's restricted context (its user's fields merged), small requests.
+        assert_eq!(init.security_context, main.security_context);
+        let context = init.security_context.as_ref().unwrap();
+        assert_eq!(context.run_as_group, Some(2000));
+        assert_eq!(context.read_only_root_filesystem, Some(true));
+        let requests = init.resources.as_ref().and_then(|r| r.requests.as_ref());
+        assert_eq!(
+            requests.unwrap().get("cpu"),
+            Some(&Quantity(PROFILE_CPU.into()))
+        );
+    }
+
+    #[test]
+    fn a_planner_with_its_own_profile_or_on_load_measures_nothing() {
+        let cases = [
+            (json!(["--mode", "load"]), None),
+            (
+                json!(["--profile", "/p/profile.json"]),
+                Some("/p/profile.json"),
+            ),
+        ];
+        for (args, profile) in cases {
+            let planner = json!({"componentType": "planner", "extraPodSpec": {
+                "mainContainer": {"command": ["dynamo", "planner"], "args": args}}});
+            let d = desired(disagg_with(planner)).unwrap();
+            let pod = planner_pod(&d);
+            assert_eq!(pod.init_containers, None, "{args}");
+            assert!(
+                !pod.volumes
+                    .iter()
+                    .flatten()
+                    .any(|v| v.name == PROFILE_VOLUME),
+                "{args}"
+            );
+            assert_eq!(
+                planner_argv(pod).profile.as_deref(),
+                profile.map(Path::new),
+                "{args}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_throughput_planner_with_no_profile_to_measure_refuses_the_graph() {
+        let vllm = |component_type: &str| {
+            json!({"componentType": component_type, "extraPodSpec": {"mainContainer": {
+                "command": ["vllm", "serve", "Qwen/Qwen3-0.6B"]}}})
+        };
+        let graph = |planner: Value| {
+            let mut dgd = dgd(json!({"worker": vllm("worker"), "planner": planner}));
+            dgd.spec.backend_framework = Some(dynamo_crds::BackendFramework::Vllm);
+            reconcile(&dgd, &Observed::default(), &OperatorConfig::default())
+        };
+        let e = graph(json!({"componentType": "planner"})).unwrap_err();
+        assert_eq!(
+            e,
+            ReconcileError::Wiring(WiringError::Planner(PlannerWiringError::NoProfile {
+                service: "planner".into()
+            }))
+        );
+        let message = e.to_string();
+        for says in [
+            "spec.services.planner",
+            "--profile FILE",
+            "DGDR",
+            "--mode load",
+        ] {
+            assert!(message.contains(says), "{message}");
+        }
+
+        // Dynamo's planner plans on load there, as Dynamo's does without its profiling.
+        let d = graph(dynamos_planner("--adjustment-interval 60")).unwrap();
+        let pod = planner_pod(&d);
+        assert_eq!(pod.init_containers, None);
+        assert_eq!(planner_argv(pod).mode, ModeArg::Load);
     }
 }

@@ -252,6 +252,28 @@ impl EngineService {
         engines::publishes_kv_events(self.backend)
     }
 
+    /// Whether it runs the mock engine, which can measure its own planner profile.
+    pub fn runs_mocker(&self) -> bool {
+        match &self.launch {
+            Launch::Owned { .. } => self.backend == BackendFramework::Mocker,
+            Launch::Custom(argv) => argv
+                .first()
+                .is_some_and(|p| p.rsplit('/').next() == Some(MOCKER_BINARY)),
+        }
+    }
+
+    /// Its mock engine's command line at `at`, told to measure the planner's profile of
+    /// the engine its flags configure, write it to `out` and exit without serving
+    /// (`--planner-profile-out`); `None` unless it runs the mock engine.
+    pub fn profile_argv(&self, at: &Addresses, out: &str) -> Option<Vec<String>> {
+        if !self.runs_mocker() {
+            return None;
+        }
+        let mut argv = self.engine_argv(at);
+        argv.extend(["--planner-profile-out".into(), out.into()]);
+        Some(argv)
+    }
+
     /// The engine's command line (program first) at `at`.
     pub fn engine_argv(&self, at: &Addresses) -> Vec<String> {
         let args = match &self.launch {
@@ -552,6 +574,25 @@ impl GraphWiring {
         self.engines
             .values()
             .any(|e| e.role != EngineRole::Aggregated)
+    }
+
+    /// The engine service whose mock engine measures a planner's profile, for both
+    /// renderings: the one that does both phases, else decode's, else prefill's (a
+    /// profile holds the prefill and the decode points of one engine); `None` when no
+    /// engine runs the mock engine.
+    pub fn profile_engine(&self) -> Option<(&str, &EngineService)> {
+        [
+            EngineRole::Aggregated,
+            EngineRole::Decode,
+            EngineRole::Prefill,
+        ]
+        .into_iter()
+        .find_map(|role| {
+            self.engines
+                .iter()
+                .find(|(_, e)| e.role == role && e.runs_mocker())
+        })
+        .map(|(name, e)| (name.as_str(), e))
     }
 }
 

@@ -1,9 +1,11 @@
 //! The planner's command line, for the operator's planner pods and the local runner's
 //! planner process alike: a planner service runs `dynamo planner` (docs/planner.md) when
 //! its main container runs it, runs Dynamo's planner launcher (whose flags carry over), or
-//! names no command. Any other command is not ours to write: it runs as written.
+//! names no command. Any other command is not ours to write: it runs as written. Which
+//! worker's mock engine measures the profile of a planner that takes one is decided here
+//! too ([`profile_source`]).
 
-use std::net::SocketAddr;
+use std::net::{Ipv4Addr, SocketAddr};
 use std::path::Path;
 
 use clap::{Args, Command, FromArgMatches};
@@ -12,7 +14,8 @@ use dynamo_crds::role::{PLANNER_PROGRAMS, launched_program};
 use dynamo_planner::predict::PredictorConfig;
 
 use super::argv::{self, Arity};
-use crate::planner::PlannerArgs;
+use super::{EngineService, GraphWiring};
+use crate::planner::{ModeArg, PlannerArgs};
 
 /// The subcommand of our binary that runs the planner.
 pub const SUBCOMMAND: &str = "planner";
@@ -65,6 +68,74 @@ pub enum PlannerWiringError {
     UnknownFlag { service: String, flag: String },
     #[error("spec.services.{service}: `dynamo planner` refuses the service's flags: {message}")]
     Refused { service: String, message: String },
+    #[error(
+        "spec.services.{service}: `dynamo planner` plans throughput (its default --mode) from a \
+         performance profile, and the graph has none: the service gives no --profile and no \
+         worker runs the mock engine, whose own profile would be measured; give it --profile \
+         FILE (the planner's profile format, docs/planner.md; from a DGDR's profiling, say) or \
+         --mode load"
+    )]
+    NoProfile { service: String },
+}
+
+/// Whether a planner service takes a profile from the rendering.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ProfileNeed {
+    /// It names its own, or plans on load whatever it is given.
+    Unneeded,
+    /// Dynamo's planner launcher: throughput with one, load without (its profiling
+    /// results do not carry over).
+    Optional,
+    /// Ours in throughput mode: it cannot start without one.
+    Required,
+}
+
+/// What `service`'s planner needs of a profile, from its command alone. Errors as
+/// [`planner_args`] does ([`PlannerWiringError::Custom`] included).
+pub fn profile_need(
+    service: &str,
+    spec: &ComponentSpec,
+) -> Result<ProfileNeed, PlannerWiringError> {
+    // The target and addresses do not change what it needs.
+    let placeholder = PlannerInputs {
+        target: PlannerTarget::Graph("graph"),
+        prometheus: None,
+        metrics_addr: SocketAddr::from((Ipv4Addr::UNSPECIFIED, 0)),
+        profile: None,
+    };
+    let (_, parsed, launcher) = render(service, spec, &placeholder)?;
+    let own = parsed.profile.is_some()
+        || parsed.prefill_profile.is_some()
+        || parsed.decode_profile.is_some();
+    Ok(match (own, launcher, parsed.mode) {
+        (true, _, _) => ProfileNeed::Unneeded,
+        (false, true, _) => ProfileNeed::Optional,
+        (false, false, ModeArg::Throughput) => ProfileNeed::Required,
+        (false, false, ModeArg::Load) => ProfileNeed::Unneeded,
+    })
+}
+
+/// The engine service whose mock engine measures `service`'s profile, for both
+/// renderings: `Some` when the planner takes one ([`profile_need`]) and a worker runs the
+/// mock engine ([`GraphWiring::profile_engine`]); `None` when it takes none or plans on
+/// load without one. A planner that cannot start without one, with none to measure, is
+/// refused ([`PlannerWiringError::NoProfile`]) rather than left to exit at start.
+pub fn profile_source<'w>(
+    service: &str,
+    spec: &ComponentSpec,
+    wiring: Option<&'w GraphWiring>,
+) -> Result<Option<(&'w str, &'w EngineService)>, PlannerWiringError> {
+    let need = profile_need(service, spec)?;
+    if need == ProfileNeed::Unneeded {
+        return Ok(None);
+    }
+    match wiring.and_then(GraphWiring::profile_engine) {
+        Some(engine) => Ok(Some(engine)),
+        None if need == ProfileNeed::Required => Err(PlannerWiringError::NoProfile {
+            service: service.into(),
+        }),
+        None => Ok(None),
+    }
 }
 
 /// The arguments after the `dynamo` binary, starting with "planner": the service's own
@@ -77,12 +148,24 @@ pub fn planner_args(
     spec: &ComponentSpec,
     inputs: &PlannerInputs,
 ) -> Result<Vec<String>, PlannerWiringError> {
+    render(service, spec, inputs).map(|(args, _, _)| args)
+}
+
+/// [`planner_args`], the planner's parse of them, and whether the service runs Dynamo's
+/// planner launcher.
+fn render(
+    service: &str,
+    spec: &ComponentSpec,
+    inputs: &PlannerInputs,
+) -> Result<(Vec<String>, PlannerArgs, bool), PlannerWiringError> {
     let command = command_words(&spec.main_command());
     let words: Vec<&str> = command.iter().map(String::as_str).collect();
+    let mut launcher = false;
     let user = match launched_program(&words) {
         None if words.is_empty() => Vec::new(),
         Some(super::DYNAMO_BINARY) if words.get(1) == Some(&SUBCOMMAND) => command[2..].to_vec(),
         Some(program) if PLANNER_PROGRAMS.contains(&program) => {
+            launcher = true;
             let module = words.iter().position(|w| *w == "-m").map_or(1, |m| m + 2);
             let mut ours = from_dynamo(service, &command[module..])?;
             // Its profiling results (NPZ) do not carry over: without a profile of ours,
@@ -126,11 +209,11 @@ pub fn planner_args(
     if let Some(path) = inputs.profile {
         out.extend(["--profile".into(), path.to_string_lossy().into_owned()]);
     }
-    parse(&out).map_err(|e| PlannerWiringError::Refused {
+    let parsed = parse(&out).map_err(|e| PlannerWiringError::Refused {
         service: service.into(),
         message: first_line(&e.to_string()),
     })?;
-    Ok(out)
+    Ok((out, parsed, launcher))
 }
 
 /// Parses a planner command line (`planner` first, as [`planner_args`] writes it) with the
@@ -508,6 +591,38 @@ extraPodSpec:
         };
         assert!(message.contains("--ttft-ms"), "{message}");
         assert!(ours.to_string().starts_with("spec.services.Planner: "));
+    }
+
+    #[test]
+    fn only_ours_in_throughput_mode_needs_a_profile_and_dynamos_takes_one() {
+        let need = |yaml: &str| profile_need("Planner", &service(yaml));
+        let ours = |args: &str| {
+            let spec = serde_json::json!({"extraPodSpec": {"mainContainer": {
+                "command": ["dynamo", "planner"],
+                "args": args.split_whitespace().collect::<Vec<_>>(),
+            }}});
+            need(&spec.to_string())
+        };
+        assert_eq!(need("componentType: planner"), Ok(ProfileNeed::Required));
+        assert_eq!(ours("--interval 10s"), Ok(ProfileNeed::Required));
+        assert_eq!(ours("--mode throughput"), Ok(ProfileNeed::Required));
+        assert_eq!(ours("--mode load"), Ok(ProfileNeed::Unneeded));
+        for own in ["--profile /p", "--prefill-profile /p --decode-profile /d"] {
+            assert_eq!(ours(own), Ok(ProfileNeed::Unneeded), "{own}");
+        }
+        let dynamos = "extraPodSpec: {mainContainer: {command: [python3, -m, planner_sla], \
+                       args: [--adjustment-interval, '60', --mode, disagg]}}";
+        assert_eq!(need(dynamos), Ok(ProfileNeed::Optional));
+        // The errors of the rendering itself.
+        assert!(matches!(
+            ours("--ttft-ms abc"),
+            Err(PlannerWiringError::Refused { .. })
+        ));
+        let custom = "extraPodSpec: {mainContainer: {command: [python3, my_planner.py]}}";
+        assert!(matches!(
+            need(custom),
+            Err(PlannerWiringError::Custom { .. })
+        ));
     }
 
     #[test]

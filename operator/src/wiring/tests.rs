@@ -449,3 +449,44 @@ fn dynamos_wrapper_flags_decide_an_engines_role() {
     assert_eq!(engine_role(&own), Some(EngineRole::Decode));
     assert_eq!(engine_role(&spec("componentType: epp")), None);
 }
+
+#[test]
+fn the_planners_profile_is_measured_on_the_aggregated_else_decode_else_prefill_mock_engine() {
+    let measured = |yaml: &str| {
+        let wiring = wire(yaml).unwrap().unwrap();
+        let (service, engine) = wiring.profile_engine()?;
+        let argv = engine.profile_argv(&Addresses::POD, "/p.json").unwrap();
+        assert_eq!(argv[..argv.len() - 2], engine.engine_argv(&Addresses::POD));
+        assert_eq!(
+            argv[argv.len() - 2..],
+            words("--planner-profile-out /p.json")
+        );
+        Some(service.to_owned())
+    };
+    let disagg = "
+backendFramework: mocker
+services:
+  a: {componentType: prefill}
+  b: {componentType: decode}
+";
+    assert_eq!(measured(disagg).as_deref(), Some("b"));
+    let with_worker = format!("{disagg}  c: {{componentType: worker}}\n");
+    assert_eq!(measured(&with_worker).as_deref(), Some("c"));
+    let prefill_only = "
+backendFramework: mocker
+services: {a: {componentType: prefill}}
+";
+    assert_eq!(measured(prefill_only).as_deref(), Some("a"));
+    // A command of the user's that runs our mock engine, by any path.
+    let custom = "
+backendFramework: mocker
+services:
+  w: {componentType: worker, extraPodSpec: {mainContainer: {command: [/usr/local/bin/dynamo-mocker, --model-path, /m]}}}
+";
+    assert_eq!(measured(custom).as_deref(), Some("w"));
+    // Real engines measure nothing.
+    assert_eq!(measured(DYNAMO_DISAGG), None);
+    let wiring = wire(DYNAMO_DISAGG).unwrap().unwrap();
+    let decode = &wiring.engines["VllmDecodeWorker"];
+    assert_eq!(decode.profile_argv(&Addresses::POD, "/p.json"), None);
+}

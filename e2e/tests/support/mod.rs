@@ -3,6 +3,7 @@
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use rustix::process::{Pid, Signal, kill_process};
@@ -36,7 +37,8 @@ pub fn free_port() -> u16 {
 }
 
 pub struct LocalGraph {
-    child: Child,
+    /// Locked to look whether `dynamo run` has exited while waiting on it.
+    child: Mutex<Child>,
     pub port: u16,
     pub admin_port: u16,
     pub log: PathBuf,
@@ -81,7 +83,7 @@ impl LocalGraph {
             .spawn()
             .unwrap();
         let graph = Self {
-            child,
+            child: Mutex::new(child),
             port,
             admin_port,
             log,
@@ -103,6 +105,13 @@ impl LocalGraph {
         let url = self.url("/health");
         let start = Instant::now();
         while start.elapsed() < limit {
+            let exited = self.child.lock().unwrap().try_wait().ok().flatten();
+            if let Some(status) = exited {
+                panic!(
+                    "dynamo run exited ({status}) before {url} was healthy\n{}",
+                    self.log_text()
+                );
+            }
             if reqwest::get(&url)
                 .await
                 .is_ok_and(|r| r.status().is_success())
@@ -136,15 +145,16 @@ impl LocalGraph {
 
 impl Drop for LocalGraph {
     fn drop(&mut self) {
-        if let Some(pid) = Pid::from_raw(self.child.id() as i32) {
+        let child = self.child.get_mut().unwrap_or_else(|e| e.into_inner());
+        if let Some(pid) = Pid::from_raw(child.id() as i32) {
             let _ = kill_process(pid, Signal::TERM);
         }
         let stopped = poll(Duration::from_secs(30), || {
-            self.child.try_wait().ok().flatten().is_some()
+            child.try_wait().ok().flatten().is_some()
         });
         if !stopped {
-            let _ = self.child.kill();
-            let _ = self.child.wait();
+            let _ = child.kill();
+            let _ = child.wait();
         }
     }
 }

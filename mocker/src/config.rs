@@ -1,6 +1,7 @@
 //! Engine configuration. Defaults follow vLLM's where vLLM has one (`max_num_seqs`,
 //! `max_num_batched_tokens`) and Dynamo's mocker elsewhere (`num_gpu_blocks`, `block_size`).
 
+use dynamo_perfmodel::{Capacity, DoesNotFit, Estimator};
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
@@ -62,6 +63,26 @@ pub enum ConfigError {
 }
 
 impl EngineConfig {
+    /// This configuration on the hardware model `e` (`--perf-model hardware`): its step
+    /// times, and a KV pool of what the GPUs hold after the weights and the activations of
+    /// a step at this token budget, unless `num_gpu_blocks` names the pool's size. Refuses
+    /// a model whose weights, or a single block, do not fit: a vLLM engine would not start.
+    pub fn on_hardware(
+        self,
+        mut e: Estimator,
+        num_gpu_blocks: Option<usize>,
+    ) -> Result<(Self, Capacity), DoesNotFit> {
+        e.max_num_batched_tokens = self.max_num_batched_tokens as u64;
+        let capacity = e.fits(self.block_size as u64, 1)?;
+        let fitting = capacity.kv_blocks(self.block_size as u64) as usize;
+        let config = Self {
+            num_gpu_blocks: num_gpu_blocks.unwrap_or(fitting),
+            timing: TimingModel::Hardware(Box::new(e)),
+            ..self
+        };
+        Ok((config, capacity))
+    }
+
     pub fn validate(&self) -> Result<(), ConfigError> {
         let checks = [
             (self.num_gpu_blocks > 0, "num_gpu_blocks"),

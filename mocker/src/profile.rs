@@ -86,7 +86,7 @@ fn measuring_config(config: &EngineConfig) -> EngineConfig {
 
 /// Prompt `r` of `len` tokens: its first token is `r`, so no two prompts share a block
 /// (nothing is a prefix cache hit) and every request is distinct.
-fn prompt(r: usize, len: usize, vocab: u32) -> Vec<u32> {
+pub fn prompt(r: usize, len: usize, vocab: u32) -> Vec<u32> {
     (0..len)
         .map(|j| ((r + j) % vocab as usize) as u32)
         .collect()

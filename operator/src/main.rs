@@ -5,6 +5,7 @@
 //! the local runner (`dynamo run`) join as their issues land.
 
 mod crdgen;
+mod profile;
 mod validate;
 
 use std::path::PathBuf;
@@ -45,6 +46,9 @@ enum Command {
     /// Run the SLA planner: replicas from Prometheus' traffic and latencies, written to the
     /// graph's scaling adapters (or a local graph's admin API).
     Planner(dynamo_operator::planner::PlannerArgs),
+    /// Profile a DynamoGraphDeploymentRequest offline: the generated graph on stdout, the
+    /// predictions and the Pareto table on stderr.
+    Profile(profile::ProfileArgs),
 }
 
 fn main() -> ExitCode {
@@ -57,6 +61,7 @@ fn main() -> ExitCode {
             dynamo_operator::controller::run(args).map(|()| ExitCode::SUCCESS)
         }
         Command::Planner(args) => dynamo_operator::planner::run(args).map(|()| ExitCode::SUCCESS),
+        Command::Profile(args) => profile::run(&args).map(|()| ExitCode::SUCCESS),
     };
     match result {
         Ok(code) => code,

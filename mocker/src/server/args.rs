@@ -132,26 +132,19 @@ impl Args {
     /// model's config.json for the hardware model). Serving adds the model's vocabulary
     /// size and name, which do not change timing.
     pub fn engine_config(&self) -> anyhow::Result<EngineConfig> {
-        let (timing, fitting_blocks) = match (self.perf_model, &self.timing_table) {
-            (PerfModel::Hardware, Some(_)) => {
-                anyhow::bail!("--timing-table and --perf-model hardware both set the step times")
+        anyhow::ensure!(
+            !(self.perf_model == PerfModel::Hardware && self.timing_table.is_some()),
+            "--timing-table and --perf-model hardware both set the step times"
+        );
+        let timing = match &self.timing_table {
+            Some(path) => {
+                TimingModel::Table(TimingTable::from_json(&std::fs::read_to_string(path)?)?)
             }
-            (PerfModel::Hardware, None) => {
-                let (estimator, blocks) = self.hardware_model()?;
-                (TimingModel::Hardware(Box::new(estimator)), Some(blocks))
-            }
-            (PerfModel::Polynomial, Some(path)) => (
-                TimingModel::Table(TimingTable::from_json(&std::fs::read_to_string(path)?)?),
-                None,
-            ),
-            (PerfModel::Polynomial, None) => (TimingModel::Polynomial, None),
+            None => TimingModel::Polynomial,
         };
         let default = EngineConfig::default();
-        Ok(EngineConfig {
-            num_gpu_blocks: self
-                .num_gpu_blocks
-                .or(fitting_blocks)
-                .unwrap_or(default.num_gpu_blocks),
+        let config = EngineConfig {
+            num_gpu_blocks: self.num_gpu_blocks.unwrap_or(default.num_gpu_blocks),
             block_size: self.block_size,
             max_num_seqs: self.max_num_seqs,
             max_num_batched_tokens: self.max_num_batched_tokens,
@@ -171,12 +164,26 @@ impl Args {
                 engine_id: self.engine_id.clone(),
             }),
             ..default
-        })
+        };
+        if self.perf_model == PerfModel::Polynomial {
+            return Ok(config);
+        }
+        let e = self.hardware_model()?;
+        let (gpu, model, tp) = (e.gpu.name.clone(), e.model.name.clone(), e.tp);
+        let (config, capacity) = config.on_hardware(e, self.num_gpu_blocks)?;
+        tracing::info!(
+            %gpu,
+            %model,
+            tp,
+            weights_per_gpu = capacity.weight_bytes,
+            kv_tokens = capacity.kv_tokens,
+            "hardware performance model"
+        );
+        Ok(config)
     }
 
-    /// The performance model these flags describe, and the KV blocks its GPUs hold
-    /// after the weights. Refuses a model whose weights do not fit.
-    fn hardware_model(&self) -> anyhow::Result<(Estimator, usize)> {
+    /// The performance model these flags describe.
+    fn hardware_model(&self) -> anyhow::Result<Estimator> {
         let gpu = self.gpu.as_deref().ok_or_else(|| {
             anyhow!(
                 "--perf-model hardware needs --gpu (H100_SXM, H200_SXM, B200_SXM, A100_SXM, L40S)"
@@ -203,19 +210,7 @@ impl Args {
             "--gpu-memory-utilization must be in (0, 1]"
         );
         e.gpu_memory_utilization = self.gpu_memory_utilization;
-        e.max_num_batched_tokens = self.max_num_batched_tokens as u64;
-        // At least one block of KV, as a vLLM engine needs to start at all.
-        let capacity = e.fits(self.block_size as u64, 1)?;
-        let blocks = capacity.kv_blocks(self.block_size as u64) as usize;
-        tracing::info!(
-            gpu = %e.gpu.name,
-            model = %e.model.name,
-            tp = e.tp,
-            weights_per_gpu = capacity.weight_bytes,
-            kv_tokens = capacity.kv_tokens,
-            "hardware performance model"
-        );
-        Ok((e, blocks))
+        Ok(e)
     }
 
     /// The architecture in the model directory's config.json, else the catalog's of the

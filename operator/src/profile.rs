@@ -1,0 +1,78 @@
+//! `dynamo profile -f DGDR.yaml`: the DGDR profiler offline (docs/dgdr.md). The request is
+//! checked as the API server would, profiled, and the generated graph printed on stdout
+//! as YAML (checked by the same validator, so it applies as written); the predictions
+//! and the Pareto table go to stderr.
+
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use anyhow::{Context, bail};
+use clap::Args;
+use dynamo_operator::reconcile::names::validate_manifest;
+use dynamo_perfmodel::ModelArch;
+use dynamo_profiler::graph::{PROFILE_KEY, profile_config_map};
+
+#[derive(Args, Debug)]
+pub struct ProfileArgs {
+    /// The DynamoGraphDeploymentRequest (one YAML document).
+    #[arg(short = 'f', long = "file")]
+    file: PathBuf,
+    /// The model's config.json, for a model the built-in catalog does not know.
+    #[arg(long)]
+    model_config: Option<PathBuf>,
+    /// Write the planner's profile of the selected engines (JSON, docs/planner.md) here. A
+    /// generated planner of real engines reads it from the ConfigMap `{graph}-planner-profile`
+    /// (key `profile.json`).
+    #[arg(long)]
+    profile_out: Option<PathBuf>,
+}
+
+pub fn run(args: &ProfileArgs) -> anyhow::Result<()> {
+    let started = Instant::now();
+    let file = args.file.display();
+    let yaml = std::fs::read_to_string(&args.file).with_context(|| format!("reading {file}"))?;
+    let validated = validate_manifest(&yaml).map_err(|e| anyhow::anyhow!("{file}:\n{e}"))?;
+    let mut requests = validated.requests();
+    let (Some(request), None) = (requests.next(), requests.next()) else {
+        bail!("{file}: expected exactly one DynamoGraphDeploymentRequest");
+    };
+    let model = match &args.model_config {
+        Some(path) => Some(model_config(&request.spec.model, path)?),
+        None => None,
+    };
+    let name = request
+        .metadata
+        .name
+        .clone()
+        .unwrap_or_else(|| dynamo_profiler::default_name(&request.spec.model));
+    let mut profiled = dynamo_profiler::profile_named(&name, &request.spec, model)?;
+    profiled
+        .dgd
+        .metadata
+        .namespace
+        .clone_from(&request.metadata.namespace);
+    let out = serde_saphyr::to_string(&profiled.dgd).context("the graph as YAML")?;
+    // The generated graph must pass what it will meet on apply; a refusal is our bug.
+    validate_manifest(&out).map_err(|e| anyhow::anyhow!("the generated graph is refused:\n{e}"))?;
+    eprint!("{}", profiled.summary());
+    if let Some(path) = &args.profile_out {
+        let json = serde_json::to_string_pretty(&profiled.planner_profile)? + "\n";
+        std::fs::write(path, json).with_context(|| format!("writing {}", path.display()))?;
+        eprintln!(
+            "planner profile written to {}; a planner of real engines reads it from: kubectl \
+             create configmap {} --from-file={PROFILE_KEY}={}",
+            path.display(),
+            profile_config_map(&name),
+            path.display()
+        );
+    }
+    eprintln!("profiled in {:.2} s", started.elapsed().as_secs_f64());
+    print!("{out}");
+    Ok(())
+}
+
+fn model_config(model: &str, path: &Path) -> anyhow::Result<ModelArch> {
+    let json =
+        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    ModelArch::from_config_json(model, &json).with_context(|| format!("{}", path.display()))
+}

@@ -1,0 +1,393 @@
+//! The DGDR profiler: from a DynamoGraphDeploymentRequest's model, backend, hardware,
+//! workload and SLA to the graph that serves it, in seconds and without GPUs.
+//!
+//! 1. [`request::resolve`]: the spec with its defaults, checked.
+//! 2. [`sweep`]: the tensor parallel sizes that fit, every aggregated and disaggregated
+//!    layout within the GPU budget, each role's engine simulated under its share of the
+//!    workload ([`sim`]: the mock engine on the hardware performance model), and the
+//!    choice by the SLA and `optimizationType`.
+//! 3. [`graph::generate`]: the DynamoGraphDeployment of the choice, and the planner's
+//!    profile of its engines (`dynamo_mocker::profile::planner_profile`).
+//!
+//! How it decides, the CLI (`dynamo profile`) and what is not done yet: `docs/dgdr.md`.
+
+pub mod graph;
+pub mod request;
+pub mod sim;
+pub mod sweep;
+
+use std::fmt::Write;
+
+use dynamo_crds::DynamoGraphDeployment;
+use dynamo_crds::dgdr::DynamoGraphDeploymentRequestSpec;
+use dynamo_mocker::EngineConfig;
+use dynamo_mocker::profile::{PlannerProfileError, ProfileSweep, planner_profile};
+use dynamo_perfmodel::{DoesNotFit, InvalidParallelism, ModelArch, UnknownGpu};
+use dynamo_planner::profile::{Profile, ProfileError as InvalidProfile};
+use thiserror::Error;
+
+pub use request::{Load, Request, Sla};
+pub use sweep::{Candidate, Engines, Layout};
+
+use sweep::{Sweep, SweepError};
+
+/// What profiling a request gives.
+#[derive(Clone, Debug)]
+pub struct Profiled {
+    /// The request as profiled, defaults filled in.
+    pub request: Request,
+    /// Every layout predicted, in sweep order.
+    pub candidates: Vec<Candidate>,
+    /// The layouts no other beats on throughput per GPU and latency.
+    pub pareto: Vec<Candidate>,
+    pub selected: Candidate,
+    /// The graph that deploys `selected`.
+    pub dgd: DynamoGraphDeployment,
+    /// The planner's profile of the selected engines (prefill points of its prefill
+    /// engine, decode points of its decode engine; throughputs per GPU).
+    pub planner_profile: Profile,
+    /// Engine simulations run for the sweep.
+    pub simulations: usize,
+}
+
+/// Why a request cannot be profiled; each says what to change.
+#[derive(Debug, Error)]
+pub enum ProfileError {
+    #[error(
+        "model {model:?} is not in the built-in catalog and no config.json was given: give the \
+         model's config.json, or name one of {known}"
+    )]
+    UnknownModel { model: String, known: String },
+    #[error("hardware.gpuSku: {0}")]
+    UnknownGpu(#[from] UnknownGpu),
+    #[error("{field} is {value}: a deployment needs at least 1 GPU")]
+    NoGpus { field: &'static str, value: i32 },
+    #[error("hardware.numGpusPerNode {per_node} is more than hardware.totalGpus {total}")]
+    NodeOverTotal { per_node: u32, total: u32 },
+    #[error("hardware.vramMb {vram_mb} is more than the {datasheet_mb} MiB of one {gpu}")]
+    VramOverDatasheet {
+        vram_mb: f64,
+        gpu: String,
+        datasheet_mb: u64,
+    },
+    #[error("{field} is {value}: it must be a number above 0")]
+    NotPositive { field: &'static str, value: f64 },
+    #[error("workload sets both requestRate and concurrency: set one of them")]
+    ContradictoryWorkload,
+    #[error(
+        "workload sets neither requestRate nor concurrency: the profiler sizes the graph for a \
+         load, so set one of them"
+    )]
+    NoLoad,
+    #[error("set exactly one SLA mode: sla.ttft and sla.itl together, or sla.e2eLatency")]
+    ContradictorySla,
+    #[error(
+        "workload.isl {isl} + workload.osl {osl} is {} tokens, more than {model}'s context of \
+         {max_context} tokens", u64::from(*isl) + u64::from(*osl)
+    )]
+    OverContext {
+        isl: u32,
+        osl: u32,
+        model: String,
+        max_context: u64,
+    },
+    #[error("no tensor parallel size within a node fits the model and one request: {0}")]
+    DoesNotFit(DoesNotFit),
+    #[error("no tensor parallel size within a node suits the model: {0}")]
+    Parallelism(InvalidParallelism),
+    /// No layout meets the SLA: which target is out of reach, and what the best reaches.
+    #[error("{reason}")]
+    Unreachable {
+        reason: String,
+        best: Box<Candidate>,
+    },
+    #[error("the simulated engine: {0}")]
+    Engine(#[from] sim::SimError),
+    #[error("the planner profile of the selected engines: {0}")]
+    PlannerProfile(#[from] PlannerProfileError),
+    #[error("the planner profile of the selected engines: {0}")]
+    InvalidProfile(#[from] InvalidProfile),
+}
+
+impl From<SweepError> for ProfileError {
+    fn from(e: SweepError) -> Self {
+        match e {
+            SweepError::NoFit(no_fit) => Self::DoesNotFit(no_fit),
+            SweepError::NoParallelism(invalid) => Self::Parallelism(invalid),
+            SweepError::Engine(e) => Self::Engine(e),
+        }
+    }
+}
+
+/// `n` GPUs of `kind` ("" for any), in words: "1 H100_SXM GPU", "8 GPUs".
+fn gpus(n: u32, kind: &str) -> String {
+    let kind = if kind.is_empty() {
+        String::new()
+    } else {
+        format!(" {kind}")
+    };
+    format!("{n}{kind} GPU{}", if n == 1 { "" } else { "s" })
+}
+
+/// The generated graph's name when the request has none of its own: the model's last
+/// path segment, lowercased, other characters as `-` (a DNS-1123 label).
+pub fn default_name(model: &str) -> String {
+    let last = model
+        .rsplit('/')
+        .next()
+        .unwrap_or(model)
+        .to_ascii_lowercase();
+    let name: String = last
+        .chars()
+        .map(|c| if c.is_ascii_alphanumeric() { c } else { '-' })
+        .collect();
+    let name = name.trim_matches('-');
+    let name = &name[..name.len().min(63)];
+    if name.is_empty() {
+        "model".into()
+    } else {
+        name.trim_end_matches('-').into()
+    }
+}
+
+/// Profiles `spec` and names the graph after its model ([`default_name`]).
+pub fn profile(
+    spec: &DynamoGraphDeploymentRequestSpec,
+    model_config: Option<ModelArch>,
+) -> Result<Profiled, ProfileError> {
+    profile_named(&default_name(&spec.model), spec, model_config)
+}
+
+/// Profiles `spec` into a graph named `name` (the DGDR's own name, say). `model_config`,
+/// a `config.json` the caller read, serves a model the built-in catalog lacks.
+pub fn profile_named(
+    name: &str,
+    spec: &DynamoGraphDeploymentRequestSpec,
+    model_config: Option<ModelArch>,
+) -> Result<Profiled, ProfileError> {
+    let req = request::resolve(spec, model_config)?;
+    let configs = sweep::engine_configs(&req, &EngineConfig::default())?;
+    let mut sweep = Sweep::new(&req, &configs);
+    let mut candidates = Vec::new();
+    for layout in sweep.layouts() {
+        candidates.push(sweep.evaluate(layout)?);
+    }
+    let simulations = sweep.simulations();
+    let Some(selected) = sweep::select(&candidates, req.optimization) else {
+        return Err(unreachable(&req, &candidates));
+    };
+    let pareto = sweep::pareto(&candidates, &req.sla);
+    let planner_profile = planner_profile_of(&req, &configs, &selected)?;
+    let dgd = graph::generate(name, &req, &selected);
+    Ok(Profiled {
+        request: req,
+        candidates,
+        pareto,
+        selected,
+        dgd,
+        planner_profile,
+        simulations,
+    })
+}
+
+/// The planner's profile of `selected`'s engines: its prefill engine's prefill points
+/// and its decode engine's decode points (one engine both, aggregated), over the mock
+/// engine's default sweep cut at the model's context.
+fn planner_profile_of(
+    req: &Request,
+    configs: &std::collections::BTreeMap<u32, EngineConfig>,
+    selected: &Candidate,
+) -> Result<Profile, ProfileError> {
+    let within = |lengths: Vec<usize>| -> Vec<usize> {
+        let max = req.model.max_context as usize;
+        lengths.into_iter().filter(|&l| l <= max).collect()
+    };
+    let measure = |tp: u32| {
+        let default = ProfileSweep::default();
+        let sweep = ProfileSweep {
+            isls: within(default.isls),
+            context_lengths: within(default.context_lengths),
+            gpus_per_engine: tp,
+            ..default
+        };
+        planner_profile(&configs[&tp], &sweep)
+    };
+    match selected.layout {
+        Layout::Aggregated { workers } => Ok(measure(workers.tp)?),
+        Layout::Disaggregated { prefill, decode } if prefill.tp == decode.tp => {
+            Ok(measure(decode.tp)?)
+        }
+        Layout::Disaggregated { prefill, decode } => {
+            let (p, d) = (measure(prefill.tp)?, measure(decode.tp)?);
+            Ok(Profile::new(
+                decode.tp,
+                p.prefill_points().to_vec(),
+                d.decode_points().to_vec(),
+            )?)
+        }
+    }
+}
+
+/// The error of a request no layout meets: the targets out of reach of every layout (or
+/// that none are met together), and the layout closest to the SLA.
+fn unreachable(req: &Request, candidates: &[Candidate]) -> ProfileError {
+    let best = *candidates
+        .iter()
+        .min_by(|a, b| {
+            a.shortfall(&req.sla)
+                .total_cmp(&b.shortfall(&req.sla))
+                .then(b.requests_per_s.total_cmp(&a.requests_per_s))
+        })
+        .expect("TP 1 always gives a layout");
+    let budget = gpus(req.total_gpus, &req.gpu.name);
+    let stable: Vec<&Candidate> = candidates.iter().filter(|c| !c.overloaded).collect();
+    let mut reason = String::new();
+    if stable.is_empty() {
+        let _ = write!(
+            reason,
+            "no configuration of at most {budget} keeps up with {}: the best, {} ({}), serves \
+             {:.1} req/s",
+            req.load,
+            best.layout,
+            gpus(best.gpus, ""),
+            best.requests_per_s
+        );
+        return ProfileError::Unreachable {
+            reason,
+            best: Box::new(best),
+        };
+    }
+    let lowest = |f: fn(&Candidate) -> f64| {
+        stable
+            .iter()
+            .map(|c| f(c))
+            .min_by(f64::total_cmp)
+            .unwrap_or(f64::INFINITY)
+    };
+    let mut missed = Vec::new();
+    type Metric = fn(&Candidate) -> f64;
+    let targets: Vec<(&str, f64, Metric)> = match req.sla {
+        Sla::TtftItl { ttft_ms, itl_ms } => vec![
+            ("TTFT", ttft_ms, |c: &Candidate| c.ttft_ms),
+            ("ITL", itl_ms, |c: &Candidate| c.itl_ms),
+        ],
+        Sla::E2e { e2e_ms } => vec![("end-to-end", e2e_ms, |c: &Candidate| c.e2e_ms)],
+    };
+    for (what, target, f) in &targets {
+        let low = lowest(*f);
+        if low > *target {
+            missed.push(format!(
+                "the {what} target of {target} ms is out of reach (the lowest any reaches is \
+                 {low:.1} ms)"
+            ));
+        }
+    }
+    let _ = write!(
+        reason,
+        "no configuration of at most {budget} meets the SLA ({}) at {}: ",
+        req.sla, req.load
+    );
+    if missed.is_empty() {
+        let _ = write!(reason, "each target is reached, but not together");
+    } else {
+        reason.push_str(&missed.join("; "));
+    }
+    let _ = write!(
+        reason,
+        "; the best, {} ({}), reaches TTFT {:.1} ms, ITL {:.1} ms, end-to-end {:.0} ms",
+        best.layout,
+        gpus(best.gpus, ""),
+        best.ttft_ms,
+        best.itl_ms,
+        best.e2e_ms
+    );
+    ProfileError::Unreachable {
+        reason,
+        best: Box::new(best),
+    }
+}
+
+impl Profiled {
+    /// The predictions and the Pareto table, for people (`dynamo profile` prints it on
+    /// stderr).
+    pub fn summary(&self) -> String {
+        let r = &self.request;
+        let s = &self.selected;
+        let mut out = String::new();
+        let _ = writeln!(
+            out,
+            "model {} on up to {} ({} per node), backend {}",
+            r.model.name,
+            gpus(r.total_gpus, &r.gpu.name),
+            r.gpus_per_node,
+            serde_json::to_value(r.backend).expect("an enum serializes")
+        );
+        let _ = writeln!(
+            out,
+            "workload ISL {} OSL {} at {}; SLA {}; optimizing {}",
+            r.isl,
+            r.osl,
+            r.load,
+            r.sla,
+            match r.optimization {
+                None => "for the fewest GPUs",
+                Some(dynamo_crds::dgdr::OptimizationType::Throughput) => "throughput per GPU",
+                Some(dynamo_crds::dgdr::OptimizationType::Latency) => "latency",
+            }
+        );
+        let _ = writeln!(
+            out,
+            "{} layouts predicted from {} engine simulations",
+            self.candidates.len(),
+            self.simulations
+        );
+        let _ = writeln!(
+            out,
+            "selected: {} ({}): TTFT {:.1} ms, ITL {:.2} ms, end-to-end {:.0} ms, {:.2} req/s, \
+             {:.0} output tok/s/GPU",
+            s.layout,
+            gpus(s.gpus, ""),
+            s.ttft_ms,
+            s.itl_ms,
+            s.e2e_ms,
+            s.requests_per_s,
+            s.throughput_per_gpu
+        );
+        let _ = writeln!(out, "Pareto set:");
+        let _ = writeln!(
+            out,
+            "  {:<42} {:>4} {:>10} {:>8} {:>9} {:>11}  SLA",
+            "layout", "GPUs", "TTFT ms", "ITL ms", "E2E ms", "tok/s/GPU"
+        );
+        for c in &self.pareto {
+            let mark = if c.layout == s.layout { "*" } else { " " };
+            let _ = writeln!(
+                out,
+                "{mark} {:<42} {:>4} {:>10.1} {:>8.2} {:>9.0} {:>11.0}  {}",
+                c.layout.to_string(),
+                c.gpus,
+                c.ttft_ms,
+                c.itl_ms,
+                c.e2e_ms,
+                c.throughput_per_gpu,
+                if c.meets_sla { "met" } else { "missed" }
+            );
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn default_names_are_dns_labels() {
+        assert_eq!(default_name("Qwen/Qwen3-0.6B"), "qwen3-0-6b");
+        assert_eq!(
+            default_name("meta-llama/Llama-3.1-8B-Instruct"),
+            "llama-3-1-8b-instruct"
+        );
+        assert_eq!(default_name("__"), "model");
+    }
+}

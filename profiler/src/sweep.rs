@@ -1,0 +1,574 @@
+//! The candidates, their predictions and the choice among them.
+//!
+//! - Tensor parallel sizes: the divisors of the GPUs per node (an engine stays inside one
+//!   NVLink domain) that divide the model's attention heads (and go with its KV heads, as
+//!   vLLM requires) and hold the weights plus the KV of one request of ISL + OSL tokens.
+//! - Layouts within the GPU budget: aggregated, `n` engines of TP `t`; disaggregated, `p`
+//!   prefill engines of TP `tp` and `d` decode engines of TP `td`.
+//! - Predictions: each role's engine is simulated under its share of the load
+//!   ([`crate::sim`]), once per (role, TP, share) and reused by every layout that has it.
+//!   A request rate is split round-robin over the engines of each role. A concurrency is
+//!   split over an aggregated layout's engines as evenly as it goes (some hold one more);
+//!   a disaggregated layout's decode engines hold it all (what is in prefill or in
+//!   transfer is counted as decoding: pessimistic on both ITL and TTFT), and its prefill
+//!   engines see the rate the decode engines complete. A disaggregated TTFT is the
+//!   prefill engine's (queueing included) plus the KV transfer across the network (the
+//!   slower side's shard over one GPU's NIC) plus the decode engine's wait for its first
+//!   step.
+//! - Throughput per GPU: output tokens per second of the whole layout over its GPUs (a
+//!   rate that is kept up with is served as offered).
+//! - Choice among the layouts that meet the SLA (means of TTFT and ITL, or of the
+//!   end-to-end time): the fewest GPUs (then the most throughput per GPU); with
+//!   `optimizationType: throughput` the most throughput per GPU; with `latency` the
+//!   lowest mean end-to-end time. Ties go to the lower end-to-end time, then to fewer
+//!   GPUs, then to the aggregated layout.
+//! - Pareto set: the layouts no other beats on throughput per GPU and each latency target.
+
+use std::cmp::Ordering;
+use std::collections::{BTreeMap, HashMap};
+use std::fmt;
+
+use dynamo_crds::dgdr::OptimizationType;
+use dynamo_mocker::{EngineConfig, TimingModel};
+use dynamo_perfmodel::{DoesNotFit, Estimator, InvalidParallelism, Link};
+use serde::Serialize;
+
+use crate::request::{Load, Request, Sla};
+use crate::sim::{Drive, EngineRun, SimError, Stage, full_batch, simulate};
+
+/// An engine offered more than this share of its saturated throughput is overloaded: its
+/// queue grows without bound, or so near it that a short run cannot tell.
+pub const MAX_UTILIZATION: f64 = 0.95;
+
+/// The seed of every simulation: the same arrivals for every candidate, so they differ
+/// by what they are, not by the draw.
+const SEED: u64 = 17;
+
+/// Engines of one role.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+pub struct Engines {
+    /// Tensor parallel size: GPUs per engine.
+    pub tp: u32,
+    pub replicas: u32,
+}
+
+impl Engines {
+    pub fn gpus(&self) -> u32 {
+        self.tp * self.replicas
+    }
+}
+
+/// How a candidate graph serves: every engine both prefills and decodes, or prefill and
+/// decode engines apart.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+#[serde(rename_all = "camelCase", tag = "kind")]
+pub enum Layout {
+    Aggregated { workers: Engines },
+    Disaggregated { prefill: Engines, decode: Engines },
+}
+
+impl Layout {
+    pub fn gpus(&self) -> u32 {
+        match self {
+            Self::Aggregated { workers } => workers.gpus(),
+            Self::Disaggregated { prefill, decode } => prefill.gpus() + decode.gpus(),
+        }
+    }
+}
+
+impl fmt::Display for Layout {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Aggregated { workers: w } => write!(f, "agg {} x TP{}", w.replicas, w.tp),
+            Self::Disaggregated {
+                prefill: p,
+                decode: d,
+            } => write!(
+                f,
+                "disagg {} x TP{} prefill + {} x TP{} decode",
+                p.replicas, p.tp, d.replicas, d.tp
+            ),
+        }
+    }
+}
+
+/// A layout and what the simulation predicts for it (means over the measured requests).
+#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Candidate {
+    pub layout: Layout,
+    pub gpus: u32,
+    pub ttft_ms: f64,
+    pub itl_ms: f64,
+    pub e2e_ms: f64,
+    /// Requests per second the layout serves.
+    pub requests_per_s: f64,
+    /// Output tokens per second per GPU.
+    pub throughput_per_gpu: f64,
+    /// Some engine cannot keep up with its share of the load.
+    pub overloaded: bool,
+    pub meets_sla: bool,
+}
+
+impl Candidate {
+    /// How far it is from the SLA: the largest of achieved / target over the targets
+    /// (at most 1 when it meets them); infinite when overloaded.
+    pub fn shortfall(&self, sla: &Sla) -> f64 {
+        if self.overloaded {
+            return f64::INFINITY;
+        }
+        match *sla {
+            Sla::TtftItl { ttft_ms, itl_ms } => (self.ttft_ms / ttft_ms).max(self.itl_ms / itl_ms),
+            Sla::E2e { e2e_ms } => self.e2e_ms / e2e_ms,
+        }
+    }
+}
+
+/// Why no candidate can be evaluated or chosen.
+#[derive(Debug)]
+pub(crate) enum SweepError {
+    /// No tensor parallel size fits: the reason at the largest one tried.
+    NoFit(DoesNotFit),
+    NoParallelism(InvalidParallelism),
+    Engine(SimError),
+}
+
+/// The tensor parallel sizes worth sweeping, each with its engine configuration.
+pub(crate) fn engine_configs(
+    req: &Request,
+    base: &EngineConfig,
+) -> Result<BTreeMap<u32, EngineConfig>, SweepError> {
+    let mut configs = BTreeMap::new();
+    let mut last_no_fit = None;
+    let mut last_invalid = None;
+    let sizes = (1..=req.gpus_per_node.min(req.total_gpus))
+        .filter(|t| req.gpus_per_node.is_multiple_of(*t));
+    for tp in sizes {
+        let mut e = match Estimator::new(req.gpu.clone(), req.model.clone(), u64::from(tp)) {
+            Ok(e) => e,
+            Err(invalid) => {
+                last_invalid = Some(invalid);
+                continue;
+            }
+        };
+        if let Some(share) = req.gpu_memory_utilization {
+            e.gpu_memory_utilization = share;
+        }
+        let tokens = u64::from(req.isl) + u64::from(req.osl);
+        let fitted = base
+            .clone()
+            .on_hardware(e, None)
+            .and_then(|(config, _)| estimator(&config).fits(tokens, 1).map(|_| config));
+        match fitted {
+            Ok(config) => {
+                configs.insert(tp, config);
+            }
+            Err(no_fit) => last_no_fit = Some(no_fit),
+        }
+    }
+    if configs.is_empty() {
+        return Err(match (last_no_fit, last_invalid) {
+            (Some(no_fit), _) => SweepError::NoFit(no_fit),
+            (None, Some(invalid)) => SweepError::NoParallelism(invalid),
+            (None, None) => unreachable!("TP 1 is always tried"),
+        });
+    }
+    Ok(configs)
+}
+
+/// The hardware model an engine configuration from [`engine_configs`] runs on.
+pub(crate) fn estimator(config: &EngineConfig) -> &Estimator {
+    match &config.timing {
+        TimingModel::Hardware(e) => e,
+        _ => unreachable!("the profiler's engines run on the hardware model"),
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+enum DriveKey {
+    Open { rate_bits: u64, engines: u32 },
+    Closed(u32),
+}
+
+/// Every candidate of `req`, predicted.
+pub(crate) struct Sweep<'r> {
+    req: &'r Request,
+    configs: &'r BTreeMap<u32, EngineConfig>,
+    runs: HashMap<(Stage, u32, DriveKey), EngineRun>,
+    /// Saturated requests/s of one engine, by stage and TP.
+    capacity: HashMap<(Stage, u32), f64>,
+}
+
+impl<'r> Sweep<'r> {
+    pub fn new(req: &'r Request, configs: &'r BTreeMap<u32, EngineConfig>) -> Self {
+        Self {
+            req,
+            configs,
+            runs: HashMap::new(),
+            capacity: HashMap::new(),
+        }
+    }
+
+    /// Engine runs simulated so far.
+    pub fn simulations(&self) -> usize {
+        self.runs.len() + self.capacity.len()
+    }
+
+    /// Requests/s one engine of `stage` and `tp` completes when it runs full.
+    fn capacity(&mut self, stage: Stage, tp: u32) -> Result<f64, SweepError> {
+        if let Some(c) = self.capacity.get(&(stage, tp)) {
+            return Ok(*c);
+        }
+        let (isl, osl) = (self.req.isl as usize, self.req.osl as usize);
+        let config = &self.configs[&tp];
+        let in_flight = full_batch(config, stage, isl, osl);
+        let run = simulate(config, stage, Drive::Closed { in_flight }, isl, osl, SEED)
+            .map_err(SweepError::Engine)?;
+        self.capacity.insert((stage, tp), run.requests_per_s);
+        Ok(run.requests_per_s)
+    }
+
+    fn run(&mut self, stage: Stage, tp: u32, drive: Drive) -> Result<EngineRun, SweepError> {
+        let key = match drive {
+            Drive::Open {
+                rate_per_s,
+                engines,
+            } => DriveKey::Open {
+                rate_bits: rate_per_s.to_bits(),
+                engines,
+            },
+            Drive::Closed { in_flight } => DriveKey::Closed(in_flight),
+        };
+        if let Some(run) = self.runs.get(&(stage, tp, key)) {
+            return Ok(*run);
+        }
+        let (isl, osl) = (self.req.isl as usize, self.req.osl as usize);
+        let run = simulate(&self.configs[&tp], stage, drive, isl, osl, SEED)
+            .map_err(SweepError::Engine)?;
+        self.runs.insert((stage, tp, key), run);
+        Ok(run)
+    }
+
+    /// The layouts within the GPU budget, aggregated first, each by GPUs.
+    pub fn layouts(&self) -> Vec<Layout> {
+        let total = self.req.total_gpus;
+        let tps: Vec<u32> = self.configs.keys().copied().collect();
+        let mut out = Vec::new();
+        for &tp in &tps {
+            for replicas in 1..=total / tp {
+                out.push(Layout::Aggregated {
+                    workers: Engines { tp, replicas },
+                });
+            }
+        }
+        for &tp in &tps {
+            for p in 1..=total / tp {
+                let left = total - p * tp;
+                for &td in &tps {
+                    for d in 1..=left / td {
+                        out.push(Layout::Disaggregated {
+                            prefill: Engines { tp, replicas: p },
+                            decode: Engines {
+                                tp: td,
+                                replicas: d,
+                            },
+                        });
+                    }
+                }
+            }
+        }
+        if let Load::Concurrency(c) = self.req.load {
+            // An engine beyond one per request in flight would idle.
+            out.retain(|l| match l {
+                Layout::Aggregated { workers } => workers.replicas <= c,
+                Layout::Disaggregated { prefill, decode } => {
+                    prefill.replicas <= c && decode.replicas <= c
+                }
+            });
+        }
+        out
+    }
+
+    /// Predicts `layout` under the request's load.
+    pub fn evaluate(&mut self, layout: Layout) -> Result<Candidate, SweepError> {
+        let req = self.req;
+        let osl = f64::from(req.osl);
+        let gpus = layout.gpus();
+        let (ttft, itl, e2e, rps, overloaded) = match (layout, req.load) {
+            (Layout::Aggregated { workers: w }, Load::Rate(rate)) => {
+                let r = self.open(Stage::Aggregated, w.tp, rate, w.replicas)?;
+                let served = if r.overloaded {
+                    r.requests_per_s * f64::from(w.replicas)
+                } else {
+                    rate
+                };
+                (r.ttft_ms, r.itl_ms, r.e2e_ms, served, r.overloaded)
+            }
+            (Layout::Aggregated { workers: w }, Load::Concurrency(c)) => {
+                let s = self.closed_split(Stage::Aggregated, w, c)?;
+                (s.ttft_ms, s.itl_ms, s.e2e_ms, s.requests_per_s, false)
+            }
+            (
+                Layout::Disaggregated {
+                    prefill: p,
+                    decode: d,
+                },
+                load,
+            ) => {
+                let (dec, rate) = match load {
+                    Load::Rate(rate) => {
+                        let r = self.open(Stage::Decode, d.tp, rate, d.replicas)?;
+                        (r, rate)
+                    }
+                    Load::Concurrency(c) => {
+                        let s = self.closed_split(Stage::Decode, d, c)?;
+                        (s, s.requests_per_s)
+                    }
+                };
+                let pre = self.open(Stage::Prefill, p.tp, rate, p.replicas)?;
+                let transfer = self.transfer_ms(p.tp, d.tp);
+                let overloaded = pre.overloaded || dec.overloaded;
+                let served = if overloaded {
+                    let by_prefill = pre.requests_per_s * f64::from(p.replicas);
+                    let by_decode = dec.requests_per_s * f64::from(d.replicas);
+                    by_prefill.min(by_decode).min(rate)
+                } else {
+                    rate
+                };
+                let ttft = pre.ttft_ms + transfer + dec.ttft_ms;
+                let e2e = pre.ttft_ms + transfer + dec.e2e_ms;
+                (ttft, dec.itl_ms, e2e, served, overloaded)
+            }
+        };
+        let mut candidate = Candidate {
+            layout,
+            gpus,
+            ttft_ms: ttft,
+            itl_ms: itl,
+            e2e_ms: e2e,
+            requests_per_s: rps,
+            throughput_per_gpu: rps * osl / f64::from(gpus),
+            overloaded,
+            meets_sla: false,
+        };
+        candidate.meets_sla = candidate.shortfall(&req.sla) <= 1.0;
+        Ok(candidate)
+    }
+
+    /// One of `engines` engines under its round-robin share of `rate`; overloaded
+    /// without simulating past [`MAX_UTILIZATION`] of its capacity.
+    fn open(
+        &mut self,
+        stage: Stage,
+        tp: u32,
+        rate: f64,
+        engines: u32,
+    ) -> Result<EngineRun, SweepError> {
+        let capacity = self.capacity(stage, tp)?;
+        if rate / f64::from(engines) > MAX_UTILIZATION * capacity {
+            return Ok(EngineRun {
+                ttft_ms: f64::INFINITY,
+                itl_ms: f64::INFINITY,
+                e2e_ms: f64::INFINITY,
+                requests_per_s: capacity,
+                overloaded: true,
+            });
+        }
+        let drive = Drive::Open {
+            rate_per_s: rate,
+            engines,
+        };
+        self.run(stage, tp, drive)
+    }
+
+    /// `c` requests in flight over `engines`: `c mod n` engines hold one more than the
+    /// others. Means are weighted by the requests each engine completes.
+    fn closed_split(
+        &mut self,
+        stage: Stage,
+        engines: Engines,
+        c: u32,
+    ) -> Result<EngineRun, SweepError> {
+        let n = engines.replicas;
+        let (q, more) = (c / n, c % n);
+        let mut parts = Vec::new();
+        if more > 0 {
+            parts.push((
+                more,
+                self.run(stage, engines.tp, Drive::Closed { in_flight: q + 1 })?,
+            ));
+        }
+        if q > 0 {
+            parts.push((
+                n - more,
+                self.run(stage, engines.tp, Drive::Closed { in_flight: q })?,
+            ));
+        }
+        let rps: f64 = parts
+            .iter()
+            .map(|(k, r)| f64::from(*k) * r.requests_per_s)
+            .sum();
+        let mean = |f: fn(&EngineRun) -> f64| {
+            parts
+                .iter()
+                .map(|(k, r)| f64::from(*k) * r.requests_per_s * f(r))
+                .sum::<f64>()
+                / rps
+        };
+        Ok(EngineRun {
+            ttft_ms: mean(|r| r.ttft_ms),
+            itl_ms: mean(|r| r.itl_ms),
+            e2e_ms: mean(|r| r.e2e_ms),
+            requests_per_s: rps,
+            overloaded: false,
+        })
+    }
+
+    /// A prompt's KV from a prefill engine of TP `tp` to a decode engine of TP `td`:
+    /// every rank moves its shard over its own NIC at once, the side with the larger
+    /// shards binding.
+    fn transfer_ms(&self, tp: u32, td: u32) -> f64 {
+        let isl = u64::from(self.req.isl);
+        let ms = |t: u32| estimator(&self.configs[&t]).kv_transfer_ms(isl, Link::Network);
+        ms(tp).max(ms(td))
+    }
+}
+
+/// The candidate to deploy among those that meet the SLA (see the module doc).
+pub fn select(
+    candidates: &[Candidate],
+    optimization: Option<OptimizationType>,
+) -> Option<Candidate> {
+    let tie = |a: &Candidate, b: &Candidate| {
+        a.e2e_ms
+            .total_cmp(&b.e2e_ms)
+            .then(a.gpus.cmp(&b.gpus))
+            .then(a.layout.cmp(&b.layout))
+    };
+    let order = |a: &Candidate, b: &Candidate| -> Ordering {
+        match optimization {
+            None => a
+                .gpus
+                .cmp(&b.gpus)
+                .then(b.throughput_per_gpu.total_cmp(&a.throughput_per_gpu))
+                .then_with(|| tie(a, b)),
+            Some(OptimizationType::Throughput) => b
+                .throughput_per_gpu
+                .total_cmp(&a.throughput_per_gpu)
+                .then_with(|| tie(a, b)),
+            Some(OptimizationType::Latency) => tie(a, b),
+        }
+    };
+    candidates
+        .iter()
+        .filter(|c| c.meets_sla)
+        .min_by(|a, b| order(a, b))
+        .copied()
+}
+
+/// The candidates no other beats on throughput per GPU and every latency the SLA names
+/// (TTFT and ITL, or end-to-end), overloaded ones aside; by GPUs, then throughput.
+pub fn pareto(candidates: &[Candidate], sla: &Sla) -> Vec<Candidate> {
+    let axes = |c: &Candidate| -> Vec<f64> {
+        let mut v = vec![-c.throughput_per_gpu];
+        match sla {
+            Sla::TtftItl { .. } => v.extend([c.ttft_ms, c.itl_ms]),
+            Sla::E2e { .. } => v.push(c.e2e_ms),
+        }
+        v
+    };
+    let stable: Vec<&Candidate> = candidates.iter().filter(|c| !c.overloaded).collect();
+    let dominates = |a: &Candidate, b: &Candidate| {
+        let (x, y) = (axes(a), axes(b));
+        x.iter().zip(&y).all(|(p, q)| p <= q) && x.iter().zip(&y).any(|(p, q)| p < q)
+    };
+    let mut front: Vec<Candidate> = stable
+        .iter()
+        .filter(|b| !stable.iter().any(|a| dominates(a, b)))
+        .map(|c| **c)
+        .collect();
+    front.sort_by(|a, b| {
+        a.gpus
+            .cmp(&b.gpus)
+            .then(b.throughput_per_gpu.total_cmp(&a.throughput_per_gpu))
+            .then(a.layout.cmp(&b.layout))
+    });
+    front
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn candidate(layout: Layout, ttft: f64, itl: f64, tput: f64) -> Candidate {
+        Candidate {
+            layout,
+            gpus: layout.gpus(),
+            ttft_ms: ttft,
+            itl_ms: itl,
+            e2e_ms: ttft + 99.0 * itl,
+            requests_per_s: 1.0,
+            throughput_per_gpu: tput,
+            overloaded: false,
+            meets_sla: true,
+        }
+    }
+
+    fn agg(tp: u32, replicas: u32) -> Layout {
+        Layout::Aggregated {
+            workers: Engines { tp, replicas },
+        }
+    }
+
+    #[test]
+    fn the_optimization_type_picks_among_those_that_meet_the_sla() {
+        let small = candidate(agg(1, 2), 150.0, 18.0, 500.0);
+        let dense = candidate(agg(2, 1), 120.0, 19.0, 700.0);
+        let big = candidate(agg(1, 8), 60.0, 8.0, 125.0);
+        let mut miss = candidate(agg(1, 1), 400.0, 30.0, 1000.0);
+        miss.meets_sla = false;
+        let all = [big, small, dense, miss];
+        // Fewest GPUs (a tie at 2: the more throughput per GPU), most throughput per
+        // GPU, lowest latency; never one that misses.
+        assert_eq!(select(&all, None), Some(dense));
+        assert_eq!(
+            select(&all, Some(OptimizationType::Throughput)),
+            Some(dense)
+        );
+        assert_eq!(select(&all, Some(OptimizationType::Latency)), Some(big));
+        assert_eq!(select(&[miss], None), None);
+    }
+
+    #[test]
+    fn the_pareto_set_keeps_what_nothing_beats_on_every_axis() {
+        let sla = Sla::TtftItl {
+            ttft_ms: 200.0,
+            itl_ms: 20.0,
+        };
+        let a = candidate(agg(1, 2), 150.0, 18.0, 500.0);
+        let b = candidate(agg(2, 1), 120.0, 19.0, 500.0);
+        let c = candidate(agg(1, 4), 100.0, 10.0, 250.0);
+        let worse = candidate(agg(1, 3), 160.0, 19.0, 333.0);
+        let mut overloaded = candidate(agg(1, 1), 10.0, 1.0, 2000.0);
+        overloaded.overloaded = true;
+        let front = pareto(&[worse, c, a, b, overloaded], &sla);
+        let layouts: Vec<Layout> = front.iter().map(|c| c.layout).collect();
+        assert_eq!(layouts, [agg(1, 2), agg(2, 1), agg(1, 4)]);
+        // On end-to-end time alone a (150 + 99 x 18 = 1,932 ms) beats b (2,001 ms) at
+        // equal throughput.
+        let e2e = pareto(&[a, b, c], &Sla::E2e { e2e_ms: 3000.0 });
+        let layouts: Vec<Layout> = e2e.iter().map(|c| c.layout).collect();
+        assert_eq!(layouts, [agg(1, 2), agg(1, 4)]);
+    }
+
+    #[test]
+    fn layouts_print_as_the_table_names_them() {
+        assert_eq!(agg(2, 4).to_string(), "agg 4 x TP2");
+        let d = Layout::Disaggregated {
+            prefill: Engines { tp: 1, replicas: 2 },
+            decode: Engines { tp: 2, replicas: 3 },
+        };
+        assert_eq!(d.to_string(), "disagg 2 x TP1 prefill + 3 x TP2 decode");
+        assert_eq!(d.gpus(), 8);
+    }
+}

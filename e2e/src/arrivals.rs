@@ -28,13 +28,19 @@ pub fn poisson(n: usize, rate: f64, seed: u64) -> Vec<f64> {
     (0..n)
         .map(|i| {
             if i > 0 {
-                // 1 - u lies in (0, 1], so the logarithm is finite.
-                let u: f64 = rng.random();
-                t += -(1.0 - u).ln() / rate * 1000.0;
+                t += exponential_gap_ms(&mut rng, rate);
             }
             t
         })
         .collect()
+}
+
+/// A gap between two arrivals of a Poisson process of `rate` requests/s, ms: exponential
+/// with mean `1/rate`, drawn by inversion.
+fn exponential_gap_ms(rng: &mut StdRng, rate: f64) -> f64 {
+    // 1 - u lies in (0, 1], so the logarithm is finite.
+    let u: f64 = rng.random();
+    -(1.0 - u).ln() / rate * 1000.0
 }
 
 /// `n` arrivals evenly `1/rate` seconds apart.
@@ -211,9 +217,7 @@ pub fn poisson_schedule(schedule: &RateSchedule, seed: u64) -> Vec<f64> {
         }
         let mut t = start;
         loop {
-            // 1 - u lies in (0, 1], so the logarithm is finite.
-            let u: f64 = rng.random();
-            t += -(1.0 - u).ln() / rate * 1000.0;
+            t += exponential_gap_ms(&mut rng, rate);
             if t >= end {
                 break;
             }

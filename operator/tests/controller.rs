@@ -419,25 +419,32 @@ async fn an_invalid_graph_gets_a_condition_and_nothing_else() {
         g["spec"]["services"]["Worker"] = worker;
     });
     let action = pass(&client, &api, "agg-mocker").await.unwrap();
-    let requests = api.take_requests();
     assert_eq!(action, Action::await_change(), "waits for a spec change");
+    let message = refused_as_invalid_spec(&api, "agg-mocker");
+    assert_eq!(
+        graph_object(&api, "agg-mocker")["status"]["state"],
+        "failed"
+    );
+    assert!(message.contains("differ only in case"), "{message}");
+}
+
+/// For a graph the last pass refused: nothing but its status was written, its
+/// condition and its one Event say `InvalidSpec`; the condition's message.
+fn refused_as_invalid_spec(api: &FakeApi, graph: &str) -> String {
+    let requests = api.take_requests();
     assert!(
         !requests
             .iter()
             .any(|r| r.is_apply() && !r.path.ends_with("/status")),
         "nothing is created for a graph that cannot be reconciled"
     );
-    let status = &graph_object(&api, "agg-mocker")["status"];
-    assert_eq!(status["state"], "failed");
-    assert_eq!(status["conditions"][0]["reason"], "InvalidSpec");
-    assert!(
-        status["conditions"][0]["message"]
-            .as_str()
-            .unwrap()
-            .contains("differ only in case"),
-        "{status}"
-    );
+    let status = &graph_object(api, graph)["status"];
+    assert_eq!(status["conditions"][0]["reason"], "InvalidSpec", "{status}");
     assert_eq!(events(&requests), vec!["InvalidSpec".to_string()]);
+    status["conditions"][0]["message"]
+        .as_str()
+        .expect("the condition says why")
+        .to_owned()
 }
 
 #[tokio::test]
@@ -449,20 +456,10 @@ async fn a_malformed_planner_flag_gets_the_invalid_spec_condition() {
             serde_json::json!(["--ttft", "abc"]);
     });
     pass(&client, &api, "disagg-vllm").await.unwrap();
-    let requests = api.take_requests();
-    assert!(
-        !requests
-            .iter()
-            .any(|r| r.is_apply() && !r.path.ends_with("/status")),
-        "nothing is created for a graph that cannot be reconciled"
-    );
-    let status = &graph_object(&api, "disagg-vllm")["status"];
-    assert_eq!(status["conditions"][0]["reason"], "InvalidSpec");
     assert_eq!(
-        status["conditions"][0]["message"],
+        refused_as_invalid_spec(&api, "disagg-vllm"),
         "spec.services.Planner: --ttft \"abc\": not a positive number of milliseconds"
     );
-    assert_eq!(events(&requests), vec!["InvalidSpec".to_string()]);
 }
 
 #[tokio::test]
@@ -477,21 +474,11 @@ async fn a_throughput_planner_with_no_profile_to_measure_gets_the_invalid_spec_c
     });
     let action = pass(&client, &api, "disagg-vllm").await.unwrap();
     assert_eq!(action, Action::await_change(), "waits for a spec change");
-    let requests = api.take_requests();
-    assert!(
-        !requests
-            .iter()
-            .any(|r| r.is_apply() && !r.path.ends_with("/status")),
-        "nothing is created for a graph that cannot be reconciled"
-    );
-    let status = &graph_object(&api, "disagg-vllm")["status"];
-    assert_eq!(status["conditions"][0]["reason"], "InvalidSpec");
-    let message = status["conditions"][0]["message"].as_str().unwrap();
+    let message = refused_as_invalid_spec(&api, "disagg-vllm");
     assert!(message.starts_with("spec.services.Planner: "), "{message}");
     for way_out in ["--profile FILE", "DGDR", "--mode load"] {
         assert!(message.contains(way_out), "{message}");
     }
-    assert_eq!(events(&requests), vec!["InvalidSpec".to_string()]);
 }
 
 #[tokio::test]

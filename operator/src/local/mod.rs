@@ -399,7 +399,6 @@ pub(crate) enum ScaleError {
     Start(#[from] anyhow::Error),
 }
 
-/// What runs, for the admin API's `GET /graph`.
 /// What `GET /graph` answers; the planner's local target reads it back.
 #[derive(Serialize, Deserialize)]
 pub struct GraphStatus {

@@ -147,7 +147,7 @@ $(HADOLINT_WHEEL):
 bench: model ## Benchmarks of the hot code (criterion), router-mode, KV-tier and disaggregation replays (tables in .cache/bench/)
 bench: MOONCAKE_TRACE ?= ../shared/data/mooncake_synthetic_trace.jsonl
 bench:
-	$(CARGO) bench --locked -p dynamo-kvcache -p dynamo-mocker -p dynamo-sidecar -p dynamo-epp
+	$(CARGO) bench --locked -p dynamo-kvcache -p dynamo-mocker -p dynamo-sidecar -p dynamo-epp -p dynamo-profiler
 	$(CARGO) build --release --locked -p dynamo-e2e
 	$(CARGO) run --release --locked --quiet -p dynamo-e2e -- replay --workers 4 --num-gpu-blocks 640 \
 	  --prefixes 32 --suffixes 16 --prefix-tokens 2048 --unique-tokens 256 --output-tokens 64 \

@@ -66,6 +66,10 @@ pub struct DynamoGraphDeploymentRequestSpec {
     /// Optional platform features of the generated graph.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub features: Option<FeaturesSpec>,
+    /// The model's `config.json` in a ConfigMap of the request's namespace, for a model the
+    /// profiler's built-in catalog does not know (an extension of ours).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model_config_ref: Option<ModelConfigRef>,
     /// Deploy the generated DynamoGraphDeployment when profiling is done; when false it is
     /// only stored in `status.profilingResults.selectedConfig`.
     #[serde(default = "default_true")]
@@ -130,6 +134,7 @@ pub struct HardwareSpec {
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, KubeSchema)]
 #[serde(rename_all = "camelCase")]
 #[x_kube(validation = kube::core::Rule::new("!(has(self.concurrency) && has(self.requestRate))").message("set at most one of concurrency and requestRate"))]
+#[x_kube(validation = kube::core::Rule::new("(!has(self.concurrency) || self.concurrency > 0.0) && (!has(self.requestRate) || self.requestRate > 0.0)").message("concurrency and requestRate must be above 0"))]
 pub struct WorkloadSpec {
     /// Input sequence length in tokens.
     #[serde(default = "default_isl")]
@@ -161,6 +166,7 @@ fn default_osl() -> i32 {
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, KubeSchema)]
 #[serde(rename_all = "camelCase")]
 #[x_kube(validation = kube::core::Rule::new("(has(self.ttft) && has(self.itl) && !has(self.e2eLatency)) || (!has(self.ttft) && !has(self.itl) && has(self.e2eLatency))").message("set exactly one SLA mode: ttft and itl together, or e2eLatency"))]
+#[x_kube(validation = kube::core::Rule::new("[has(self.ttft) ? self.ttft : 1.0, has(self.itl) ? self.itl : 1.0, has(self.e2eLatency) ? self.e2eLatency : 1.0].all(t, t > 0.0)").message("latency targets must be above 0 ms"))]
 pub struct SlaSpec {
     /// What the profiler optimizes once the targets are met.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -187,6 +193,22 @@ pub enum OptimizationType {
     Latency,
     /// Highest throughput per GPU within the SLA.
     Throughput,
+}
+
+/// A key of a ConfigMap holding a model's Hugging Face `config.json`.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ModelConfigRef {
+    /// Name of the ConfigMap.
+    #[schemars(length(min = 1))]
+    pub name: String,
+    /// Key of the `config.json` document.
+    #[serde(default = "default_config_key")]
+    pub key: String,
+}
+
+fn default_config_key() -> String {
+    "config.json".into()
 }
 
 /// Optional features of the generated graph.
@@ -283,10 +305,24 @@ pub enum ProfilingPhase {
     Done,
 }
 
+/// One configuration of the Pareto set: its layout and predictions (our profiler's
+/// fields: `layout`, `gpus`, `ttftMs`, `itlMs`, `e2eMs`, `tokensPerSecondPerGpu`, `meetsSla`,
+/// `selected`).
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ParetoConfig {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "preserved_object_schema")]
+    pub config: Option<Value>,
+}
+
 /// Output of profiling.
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct ProfilingResults {
+    /// The configurations no other beats on both throughput per GPU and latency.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pareto: Option<Vec<ParetoConfig>>,
     /// The chosen configuration: a complete DynamoGraphDeployment manifest.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(schema_with = "preserved_object_schema")]

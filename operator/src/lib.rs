@@ -1,7 +1,8 @@
 //! Library side of the `dynamo` binary: the pure reconcile function with gang placement,
-//! the controllers that apply it to a cluster, the local runner and the planner service.
+//! the DGDR lifecycle, the controllers that apply them to a cluster, the local runner and the planner service.
 
 pub mod controller;
+pub mod dgdr;
 pub mod local;
 pub mod planner;
 pub mod reconcile;

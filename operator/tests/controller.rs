@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::api::{FakeApi, Recorded};
-use common::{caches, cluster, graph_path, path, pod_path, sample};
+use common::{caches, cluster, events, graph_path, path, pod_path, sample};
 use dynamo_crds::{DynamoGraphDeployment, DynamoGraphDeploymentScalingAdapter};
 use dynamo_operator::controller::metrics::Metrics;
 use dynamo_operator::controller::{Context, Error, dgd, dgdsa, observe};
@@ -89,14 +89,6 @@ fn status_writes(requests: &[Recorded]) -> Vec<&Recorded> {
     requests
         .iter()
         .filter(|r| r.method == "PATCH" && r.path.ends_with("/status"))
-        .collect()
-}
-
-fn events(requests: &[Recorded]) -> Vec<String> {
-    requests
-        .iter()
-        .filter(|r| r.path.contains("events.k8s.io") && r.method == "POST")
-        .map(|r| r.body["reason"].as_str().unwrap_or_default().to_string())
         .collect()
 }
 

@@ -160,6 +160,16 @@ fn bad_requests_are_refused_with_what_is_wrong() {
             "spec.sla.ttft",
         ),
         (
+            "zero-itl.yaml",
+            "{model: Qwen/Qwen3-0.6B, workload: {requestRate: 1}, sla: {ttft: 200, itl: 0}}",
+            "latency targets must be above 0 ms",
+        ),
+        (
+            "zero-rate.yaml",
+            "{model: Qwen/Qwen3-0.6B, workload: {requestRate: 0}, sla: {ttft: 200, itl: 20}}",
+            "concurrency and requestRate must be above 0",
+        ),
+        (
             "over-context.yaml",
             "{model: Qwen/Qwen3-0.6B, workload: {isl: 40000, osl: 1000, requestRate: 1}}",
             "workload.isl 40000 + workload.osl 1000 is 41000 tokens, more than Qwen/Qwen3-0.6B's \

@@ -160,3 +160,115 @@ async fn new_nodes_release_a_waiting_gang() {
     .await;
     controllers.abort();
 }
+
+/// `kubectl apply -f config/samples/dgdr.yaml`: the request is profiled, its graph
+/// generated, deployed and followed until it is ready.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_sample_request_is_profiled_deployed_and_followed_until_ready() {
+    let (api, controllers) = start();
+    let request_path = path(
+        "nvidia.com/v1beta1",
+        "inference",
+        "dynamographdeploymentrequests",
+        "qwen3-sla",
+    );
+    let yaml = std::fs::read_to_string(common::repo_root().join("config/samples/dgdr.yaml"))
+        .expect("the sample exists");
+    let mut request: Value = serde_saphyr::from_str(&yaml).unwrap();
+    request["metadata"]["namespace"] = json!("inference");
+    api.put(&request_path, request);
+    let phase = |api: &FakeApi| api.object(&request_path).unwrap()["status"]["phase"].clone();
+
+    eventually("the request deploys its graph", || {
+        phase(&api) == "Deploying"
+    })
+    .await;
+    let dgd = api
+        .object(&graph_path("qwen3-sla"))
+        .expect("the generated graph");
+    let owner = &dgd["metadata"]["ownerReferences"][0];
+    assert_eq!(owner["kind"], "DynamoGraphDeploymentRequest");
+    assert_eq!(owner["uid"], "uid-qwen3-sla");
+    assert_eq!(owner["controller"], true);
+    assert_eq!(
+        dgd["metadata"]["labels"]["dgdr.nvidia.com/name"],
+        "qwen3-sla"
+    );
+    // The sample's vLLM planner reads its profile from a ConfigMap the request owns.
+    let profile = api
+        .object(&path(
+            "v1",
+            "inference",
+            "configmaps",
+            "qwen3-sla-planner-profile",
+        ))
+        .expect("the planner profile");
+    assert_eq!(
+        profile["metadata"]["ownerReferences"][0]["uid"],
+        "uid-qwen3-sla"
+    );
+    let points: Value = serde_json::from_str(profile["data"]["profile.json"].as_str().unwrap())
+        .expect("the profile is JSON");
+    assert!(points.is_object(), "{points}");
+
+    eventually("the graph's workers are created", || {
+        !api.paths("/pods/qwen3-sla-").is_empty()
+    })
+    .await;
+    eventually("the graph is rolled out", || {
+        kubelet(&api);
+        state(&api, "qwen3-sla") == "ready"
+    })
+    .await;
+    eventually("the request is deployed", || phase(&api) == "Deployed").await;
+
+    let status = api.object(&request_path).unwrap()["status"].clone();
+    assert_eq!(status["dgdName"], "qwen3-sla");
+    assert_eq!(status["observedGeneration"], 1);
+    let succeeded = status["conditions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["type"] == "Succeeded")
+        .unwrap();
+    assert_eq!(succeeded["status"], "True", "{status}");
+    let pareto = status["profilingResults"]["pareto"].as_array().unwrap();
+    assert_eq!(
+        pareto
+            .iter()
+            .filter(|p| p["config"]["selected"] == true)
+            .count(),
+        1,
+        "{pareto:?}"
+    );
+    // Every phase was shown, in order.
+    let phases: Vec<String> = api
+        .requests()
+        .iter()
+        .filter(|r| r.path == format!("{request_path}/status") && r.method == "PATCH")
+        .map(|r| r.body["status"]["phase"].as_str().unwrap().to_string())
+        .fold(Vec::new(), |mut seen, p| {
+            if seen.last() != Some(&p) {
+                seen.push(p);
+            }
+            seen
+        });
+    assert_eq!(
+        phases,
+        ["Pending", "Profiling", "Ready", "Deploying", "Deployed"]
+    );
+    let reasons = common::events(&api.requests());
+    for reason in [
+        "Initialized",
+        "SpecGenerated",
+        "DeploymentCreated",
+        "DeploymentReady",
+    ] {
+        assert!(
+            reasons.iter().any(|r| r == reason),
+            "{reason} in {reasons:?}"
+        );
+    }
+    api.assert_rbac_allows_all();
+    controllers.abort();
+}

@@ -20,6 +20,13 @@ pub fn profile_config_map(dgd: &str) -> String {
     format!("{dgd}-planner-profile")
 }
 
+/// Whether the generated graph's planner reads its profile from the ConfigMap
+/// [`profile_config_map`]: a mock engine graph's planner measures its own from the
+/// workers' flags (the operator's init container, `dynamo run` likewise).
+pub fn planner_reads_profile(req: &Request) -> bool {
+    req.planner && req.backend != BackendFramework::Mocker
+}
+
 /// The mock engine's program in a generated graph (`operator/src/wiring`'s).
 const MOCKER: &str = "dynamo-mocker";
 
@@ -95,10 +102,8 @@ fn planner_service(name: &str, req: &Request, selected: &Candidate) -> Value {
         decode_tp.to_string(),
     ];
     let mut extra = Map::new();
-    // A mock engine graph's planner measures its own profile from the workers' flags (the
-    // operator's init container, `dynamo run` likewise); real engines' comes from here.
     let mut main = json!({"command": ["dynamo", "planner"]});
-    if req.backend != BackendFramework::Mocker {
+    if planner_reads_profile(req) {
         args.extend(["--profile".into(), format!("{PROFILE_DIR}/{PROFILE_KEY}")]);
         main["volumeMounts"] =
             json!([{"name": PROFILE_VOLUME, "mountPath": PROFILE_DIR, "readOnly": true}]);

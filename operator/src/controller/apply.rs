@@ -200,6 +200,46 @@ impl Writes<'_> {
     }
 }
 
+/// Writes `status` to `object`'s status subresource (server-side apply, forced) unless it
+/// is the `current` one already.
+pub(crate) async fn write_status<K, S>(
+    client: &Client,
+    object: &K,
+    current: Option<&S>,
+    status: &S,
+) -> Result<(), Error>
+where
+    K: Resource<Scope = NamespaceResourceScope, DynamicType = ()>
+        + DeserializeOwned
+        + Clone
+        + Debug,
+    S: Serialize + PartialEq,
+{
+    if current == Some(status) {
+        return Ok(());
+    }
+    let name = object.meta().name.clone().unwrap_or_default();
+    let namespace = object.meta().namespace.clone().unwrap_or_default();
+    let patch = serde_json::json!({
+        "apiVersion": K::api_version(&()),
+        "kind": K::kind(&()),
+        "status": status,
+    });
+    Api::<K>::namespaced(client.clone(), &namespace)
+        .patch_status(
+            &name,
+            &PatchParams::apply(FIELD_MANAGER).force(),
+            &Patch::Apply(&patch),
+        )
+        .await
+        .map(drop)
+        .map_err(|source| Error::Status {
+            kind: K::kind(&()).into_owned(),
+            name,
+            source,
+        })
+}
+
 pub(crate) fn status_code(e: &kube::Error) -> Option<u16> {
     match e {
         kube::Error::Api(s) => Some(s.code),

@@ -5,23 +5,27 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use dynamo_crds::inference_pool::InferencePool;
-use dynamo_crds::{DynamoGraphDeployment, DynamoGraphDeploymentScalingAdapter};
+use dynamo_crds::{
+    DynamoGraphDeployment, DynamoGraphDeploymentRequest, DynamoGraphDeploymentScalingAdapter,
+};
 use gateway_api::apis::standard::httproutes::HttpRoute;
 use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::ObjectReference;
 use k8s_openapi::api::core::v1::{Node, Pod, Service, ServiceAccount};
 use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
 use kube::Client;
-use kube::runtime::events::{Recorder, Reporter};
+use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::runtime::reflector::Store;
 
 use super::metrics::Metrics;
-use crate::reconcile::{FIELD_MANAGER, OperatorConfig};
+use crate::reconcile::{Decision, FIELD_MANAGER, OperatorConfig, Severity};
 
 /// Watch caches (reflector stores) of everything the controllers read. The two Gateway
 /// API kinds are `None` when their CRDs are not installed in the cluster.
 #[derive(Clone)]
 pub struct Stores {
     pub graphs: Store<DynamoGraphDeployment>,
+    pub requests: Store<DynamoGraphDeploymentRequest>,
     pub adapters: Store<DynamoGraphDeploymentScalingAdapter>,
     pub pods: Store<Pod>,
     pub nodes: Store<Node>,
@@ -41,6 +45,7 @@ impl Stores {
     pub async fn ready(&self) -> Result<(), super::Error> {
         let stopped = |_| super::Error::CachesStopped;
         self.graphs.wait_until_ready().await.map_err(stopped)?;
+        self.requests.wait_until_ready().await.map_err(stopped)?;
         self.adapters.wait_until_ready().await.map_err(stopped)?;
         self.pods.wait_until_ready().await.map_err(stopped)?;
         self.nodes.wait_until_ready().await.map_err(stopped)?;
@@ -104,6 +109,39 @@ impl Context {
         Recorder::new(self.client.clone(), self.reporter.clone())
     }
 
+    /// Reports `decisions` as Events on the object `reference`: one per reason, with the
+    /// messages of that reason joined. An Event that cannot be written is logged, never a
+    /// reason to fail.
+    pub async fn publish(&self, reference: &ObjectReference, decisions: &[&Decision]) {
+        let mut grouped: Vec<(Severity, &str, Vec<&str>)> = Vec::new();
+        for d in decisions {
+            match grouped
+                .iter_mut()
+                .find(|(s, r, _)| *s == d.severity && *r == d.reason)
+            {
+                Some((_, _, messages)) => messages.push(&d.message),
+                None => grouped.push((d.severity, &d.reason, vec![&d.message])),
+            }
+        }
+        let recorder = self.recorder();
+        for (severity, reason, messages) in grouped {
+            let event = Event {
+                type_: match severity {
+                    Severity::Normal => EventType::Normal,
+                    Severity::Warning => EventType::Warning,
+                },
+                reason: reason.into(),
+                note: Some(truncate(&messages.join("; "), 1024)),
+                action: "Reconcile".into(),
+                secondary: None,
+            };
+            if let Err(e) = recorder.publish(&event, reference).await {
+                let object = reference.name.as_deref().unwrap_or_default();
+                tracing::warn!(%object, error = %e, %reason, "publishing an Event");
+            }
+        }
+    }
+
     /// Delay before retrying the object `key` after another failure.
     pub fn next_retry(&self, key: &str) -> Duration {
         self.backoff.next(key)
@@ -113,6 +151,15 @@ impl Context {
     pub fn succeeded(&self, key: &str) {
         self.backoff.reset(key);
     }
+}
+
+/// At most `max` bytes (Events' notes are limited to 1 kB), cut at a character boundary.
+fn truncate(s: &str, max: usize) -> String {
+    let mut end = s.len().min(max);
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    s[..end].to_string()
 }
 
 /// Per-object exponential back-off: 1 s, 2 s, 4 s, ... capped at 5 minutes.

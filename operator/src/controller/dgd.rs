@@ -7,15 +7,14 @@ use std::time::{Duration, Instant};
 use dynamo_crds::{DynamoGraphDeployment, DynamoGraphDeploymentStatus, GraphState};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::controller::Action;
-use kube::runtime::events::{Event, EventType};
 use kube::{Resource, ResourceExt};
 
+use super::apply::{self, write_status};
 use super::context::Context;
 use super::error::Error;
-use super::{apply, observe};
-use crate::reconcile::{self, Decision, Desired, FIELD_MANAGER, Severity};
+use super::observe;
+use crate::reconcile::{self, Decision, Desired, Severity};
 
 /// Label value of this controller in the metrics.
 pub const CONTROLLER: &str = "dgd";
@@ -74,7 +73,7 @@ async fn reconcile_graph(dgd: &DynamoGraphDeployment, ctx: &Context) -> Result<A
             status.state = Some(GraphState::Failed);
             set_ready_false(&mut status, "InvalidSpec", &message, dgd, now);
             publish(ctx, dgd, &[warning("InvalidSpec", message)], &status).await;
-            write_status(ctx, dgd, status).await?;
+            write_status(&ctx.client, dgd, dgd.status.as_ref(), &status).await?;
             return Ok(Action::await_change());
         }
     };
@@ -91,7 +90,7 @@ async fn reconcile_graph(dgd: &DynamoGraphDeployment, ctx: &Context) -> Result<A
         desired.decisions.push(warning("ApplyFailed", message));
     }
     publish(ctx, dgd, &desired.decisions, &status).await;
-    let status_written = write_status(ctx, dgd, status).await;
+    let status_written = write_status(&ctx.client, dgd, dgd.status.as_ref(), &status).await;
     written?;
     status_written?;
 
@@ -132,35 +131,6 @@ fn skip_missing_apis(ctx: &Context, desired: &mut Desired) {
     }
 }
 
-/// Writes `status` to the status subresource unless it is already there.
-async fn write_status(
-    ctx: &Context,
-    dgd: &DynamoGraphDeployment,
-    status: DynamoGraphDeploymentStatus,
-) -> Result<(), Error> {
-    if dgd.status.as_ref() == Some(&status) {
-        return Ok(());
-    }
-    let api: Api<DynamoGraphDeployment> = Api::namespaced(ctx.client.clone(), &namespace(dgd));
-    let patch = serde_json::json!({
-        "apiVersion": DynamoGraphDeployment::api_version(&()),
-        "kind": DynamoGraphDeployment::kind(&()),
-        "status": status,
-    });
-    api.patch_status(
-        &dgd.name_any(),
-        &PatchParams::apply(FIELD_MANAGER).force(),
-        &Patch::Apply(&patch),
-    )
-    .await
-    .map(drop)
-    .map_err(|source| Error::Status {
-        kind: "DynamoGraphDeployment",
-        name: dgd.name_any(),
-        source,
-    })
-}
-
 /// Reports the decisions as Events on the graph: one per reason, with the messages of
 /// that reason joined. A gang still pending for the same reasons as in the status is not
 /// reported again. An Event that cannot be written is logged, never a reason to fail.
@@ -173,36 +143,11 @@ async fn publish(
     let unchanged_pending = condition(dgd.status.as_ref(), reconcile::GANG_SCHEDULED)
         .zip(condition(Some(status), reconcile::GANG_SCHEDULED))
         .is_some_and(|(before, now)| before.reason == "GangPending" && before == now);
-    let mut grouped: Vec<(Severity, &str, Vec<&str>)> = Vec::new();
-    for d in decisions {
-        if unchanged_pending && d.reason == "GangPending" {
-            continue;
-        }
-        match grouped
-            .iter_mut()
-            .find(|(s, r, _)| *s == d.severity && *r == d.reason)
-        {
-            Some((_, _, messages)) => messages.push(&d.message),
-            None => grouped.push((d.severity, &d.reason, vec![&d.message])),
-        }
-    }
-    let recorder = ctx.recorder();
-    let reference = dgd.object_ref(&());
-    for (severity, reason, messages) in grouped {
-        let event = Event {
-            type_: match severity {
-                Severity::Normal => EventType::Normal,
-                Severity::Warning => EventType::Warning,
-            },
-            reason: reason.into(),
-            note: Some(truncate(&messages.join("; "), 1024)),
-            action: "Reconcile".into(),
-            secondary: None,
-        };
-        if let Err(e) = recorder.publish(&event, &reference).await {
-            tracing::warn!(graph = %dgd.name_any(), error = %e, %reason, "publishing an Event");
-        }
-    }
+    let reported: Vec<&Decision> = decisions
+        .iter()
+        .filter(|d| !(unchanged_pending && d.reason == "GangPending"))
+        .collect();
+    ctx.publish(&dgd.object_ref(&()), &reported).await;
 }
 
 fn condition<'s>(
@@ -250,15 +195,6 @@ fn set_ready_false(
         Some(i) => conditions[i] = ready,
         None => conditions.insert(0, ready),
     }
-}
-
-/// At most `max` bytes (Events' notes are limited to 1 kB), cut at a character boundary.
-fn truncate(s: &str, max: usize) -> String {
-    let mut end = s.len().min(max);
-    while !s.is_char_boundary(end) {
-        end -= 1;
-    }
-    s[..end].to_string()
 }
 
 fn namespace(dgd: &DynamoGraphDeployment) -> String {

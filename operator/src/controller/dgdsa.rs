@@ -6,10 +6,7 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use dynamo_crds::{
-    DynamoGraphDeployment, DynamoGraphDeploymentScalingAdapter,
-    DynamoGraphDeploymentScalingAdapterStatus,
-};
+use dynamo_crds::{DynamoGraphDeployment, DynamoGraphDeploymentScalingAdapter};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, Patch, PatchParams};
@@ -18,6 +15,7 @@ use kube::runtime::events::{Event, EventType};
 use kube::runtime::reflector::ObjectRef;
 use kube::{Resource, ResourceExt};
 
+use super::apply::write_status;
 use super::context::Context;
 use super::error::Error;
 use crate::reconcile::{FIELD_MANAGER, adapter_enabled, labels, pod_selector};
@@ -118,7 +116,7 @@ async fn reconcile_adapter(
         &target.service,
         spec,
     )));
-    write_status(ctx, adapter, status).await?;
+    write_status(&ctx.client, adapter, adapter.status.as_ref(), &status).await?;
     Ok(Action::await_change())
 }
 
@@ -148,35 +146,6 @@ async fn scale_graph(
             replicas,
             source,
         })
-}
-
-async fn write_status(
-    ctx: &Context,
-    adapter: &DynamoGraphDeploymentScalingAdapter,
-    status: DynamoGraphDeploymentScalingAdapterStatus,
-) -> Result<(), Error> {
-    if adapter.status.as_ref() == Some(&status) {
-        return Ok(());
-    }
-    let api: Api<DynamoGraphDeploymentScalingAdapter> =
-        Api::namespaced(ctx.client.clone(), &adapter.namespace().unwrap_or_default());
-    let patch = serde_json::json!({
-        "apiVersion": DynamoGraphDeploymentScalingAdapter::api_version(&()),
-        "kind": DynamoGraphDeploymentScalingAdapter::kind(&()),
-        "status": status,
-    });
-    api.patch_status(
-        &adapter.name_any(),
-        &PatchParams::apply(FIELD_MANAGER).force(),
-        &Patch::Apply(&patch),
-    )
-    .await
-    .map(drop)
-    .map_err(|source| Error::Status {
-        kind: "DynamoGraphDeploymentScalingAdapter",
-        name: adapter.name_any(),
-        source,
-    })
 }
 
 async fn warn(

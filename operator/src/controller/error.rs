@@ -43,7 +43,7 @@ pub enum Error {
     },
     #[error("patching the status of {kind} {name} failed: {source}")]
     Status {
-        kind: &'static str,
+        kind: String,
         name: String,
         #[source]
         source: kube::Error,
@@ -55,6 +55,21 @@ pub enum Error {
         graph: String,
         service: String,
         replicas: i32,
+        #[source]
+        source: kube::Error,
+    },
+    /// An object a request generated could not be applied.
+    #[error("server-side apply of {kind} {name} failed: {source}")]
+    Apply {
+        kind: &'static str,
+        name: String,
+        #[source]
+        source: kube::Error,
+    },
+    #[error("reading {kind} {name} failed: {source}")]
+    Read {
+        kind: &'static str,
+        name: String,
         #[source]
         source: kube::Error,
     },
@@ -70,6 +85,8 @@ impl Error {
             Error::Children { .. } => "children",
             Error::Status { .. } => "status",
             Error::Scale { .. } => "scale",
+            Error::Apply { .. } => "apply",
+            Error::Read { .. } => "read",
             Error::CachesStopped => "caches",
         }
     }

@@ -1,7 +1,8 @@
 //! `dynamo operator`: the controllers that run the pure reconciler against a cluster.
 //!
-//! Two controllers on kube-runtime's [`applier`]: DynamoGraphDeployments ([`dgd`]) and
-//! their scaling adapters ([`dgdsa`]), fed by one watch per kind ([`watches`]). With
+//! Three controllers on kube-runtime's [`applier`]: DynamoGraphDeployments ([`dgd`]),
+//! their scaling adapters ([`dgdsa`]) and DynamoGraphDeploymentRequests ([`dgdr`]), fed
+//! by one watch per kind ([`watches`]). With
 //! `--leader-elect` only the replica holding the Lease ([`leader`]) reconciles. `/metrics`
 //! and `/healthz` are served on `--port` ([`metrics`]); every replica serves the CRD's
 //! conversion webhook ([`webhook`]).
@@ -13,6 +14,7 @@
 mod apply;
 mod context;
 pub mod dgd;
+pub mod dgdr;
 pub mod dgdsa;
 mod error;
 pub mod leader;
@@ -236,7 +238,7 @@ async fn serve(args: OperatorArgs) -> anyhow::Result<()> {
     outcome
 }
 
-/// Both controllers over shared watches, until the watches end. `identity` names this
+/// The controllers over shared watches, until the watches end. `identity` names this
 /// replica in Events.
 pub async fn run_controllers(
     client: Client,
@@ -266,13 +268,22 @@ pub async fn run_controllers(
     let adapters = applier(
         |adapter, ctx| Box::pin(dgdsa::reconcile(adapter, ctx)),
         dgdsa::error_policy,
-        ctx,
+        ctx.clone(),
         stores.adapters,
         queues.adapters.map(Ok::<_, std::convert::Infallible>),
+        settings.clone(),
+    )
+    .for_each(log_outcome);
+    let requests = applier(
+        |request, ctx| Box::pin(dgdr::reconcile(request, ctx)),
+        dgdr::error_policy,
+        ctx,
+        stores.requests,
+        queues.requests.map(Ok::<_, std::convert::Infallible>),
         settings,
     )
     .for_each(log_outcome);
-    tokio::join!(watching, graphs, adapters);
+    tokio::join!(watching, graphs, adapters, requests);
 }
 
 async fn log_outcome<T, E: std::error::Error, Q: std::error::Error>(

@@ -33,10 +33,11 @@ pub const CLUSTER_RULES: &[Rule] = &[
     // Watched; `patch` writes a service's replicas on behalf of its scaling adapter; `get`
     // only to grant it to planners (reconcile/planner_access.rs: the API server lets the
     // operator grant only verbs it holds itself, RBAC escalation prevention).
+    // `create` as well: a request's generated graph is applied (created) by the operator.
     Rule {
         group: "nvidia.com",
         resource: "dynamographdeployments",
-        verbs: &["get", "list", "patch", "watch"],
+        verbs: &["create", "get", "list", "patch", "watch"],
         names: &[],
     },
     Rule {
@@ -63,6 +64,27 @@ pub const CLUSTER_RULES: &[Rule] = &[
         group: "nvidia.com",
         resource: "dynamographdeploymentscalingadapters/status",
         verbs: &["patch"],
+        names: &[],
+    },
+    // Requests are watched; only their status is written.
+    Rule {
+        group: "nvidia.com",
+        resource: "dynamographdeploymentrequests",
+        verbs: &["list", "watch"],
+        names: &[],
+    },
+    Rule {
+        group: "nvidia.com",
+        resource: "dynamographdeploymentrequests/status",
+        verbs: &["patch"],
+        names: &[],
+    },
+    // A request's model `config.json` is read from the ConfigMap it names; a generated
+    // planner's profile is applied as one.
+    Rule {
+        group: "",
+        resource: "configmaps",
+        verbs: &["create", "get", "patch"],
         names: &[],
     },
     Rule {

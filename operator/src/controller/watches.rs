@@ -5,13 +5,16 @@
 //!   Deployments, InferencePools, HTTPRoutes) changing, its scaling adapters vanishing, and
 //!   for graphs with gated gangs, any node capacity change or another workload's GPU pod
 //!   going away;
-//! - scaling adapter: its own changes, and any change of its graph (spec or status).
+//! - scaling adapter: its own changes, and any change of its graph (spec or status);
+//! - request (DGDR): its own spec changes, and any change of the graph it generated.
 
 use std::collections::HashMap;
 use std::hash::{DefaultHasher, Hash, Hasher};
 
 use dynamo_crds::inference_pool::InferencePool;
-use dynamo_crds::{DynamoGraphDeployment, DynamoGraphDeploymentScalingAdapter};
+use dynamo_crds::{
+    DynamoGraphDeployment, DynamoGraphDeploymentRequest, DynamoGraphDeploymentScalingAdapter,
+};
 use futures::channel::mpsc;
 use futures::stream::{BoxStream, select_all};
 use futures::{Stream, StreamExt};
@@ -37,17 +40,20 @@ pub struct OptionalApis {
 
 type GraphRef = ObjectRef<DynamoGraphDeployment>;
 type AdapterRef = ObjectRef<DynamoGraphDeploymentScalingAdapter>;
+type RequestRef = ObjectRef<DynamoGraphDeploymentRequest>;
 
 /// Something to reconcile.
 enum Trigger {
     Graph(GraphRef),
     Adapter(AdapterRef),
+    Request(RequestRef),
 }
 
 /// Reconcile requests of each controller, as the appliers take them.
 pub struct Queues {
     pub graphs: mpsc::UnboundedReceiver<GraphRef>,
     pub adapters: mpsc::UnboundedReceiver<AdapterRef>,
+    pub requests: mpsc::UnboundedReceiver<RequestRef>,
 }
 
 /// Starts nothing by itself: returns the caches, the queues, and the future that drives
@@ -60,6 +66,8 @@ pub fn start(
         reflect::<DynamoGraphDeployment>(&client, watcher::Config::default(), |_| {});
     let (adapters, adapter_events) =
         reflect::<DynamoGraphDeploymentScalingAdapter>(&client, watcher::Config::default(), |_| {});
+    let (requests, request_events) =
+        reflect::<DynamoGraphDeploymentRequest>(&client, watcher::Config::default(), |_| {});
     let (pods, pod_events) = reflect::<Pod>(&client, watcher::Config::default(), |_| {});
     // A node's image list can run to hundreds of entries.
     let (nodes, node_events) = reflect::<Node>(&client, watcher::Config::default(), |n| {
@@ -74,6 +82,7 @@ pub fn start(
 
     let mut streams: Vec<BoxStream<'static, Vec<Trigger>>> = Vec::new();
     streams.push(graph_triggers(graph_events, adapters.clone()).boxed());
+    streams.push(request_triggers(request_events).boxed());
     streams.push(
         adapter_events
             .map(|seen| {
@@ -112,6 +121,7 @@ pub fn start(
 
     let (graph_tx, graph_rx) = mpsc::unbounded();
     let (adapter_tx, adapter_rx) = mpsc::unbounded();
+    let (request_tx, request_rx) = mpsc::unbounded();
     let drive = async move {
         let mut all = select_all(streams);
         while let Some(triggers) = all.next().await {
@@ -120,6 +130,7 @@ pub fn start(
                 let sent = match trigger {
                     Trigger::Graph(r) => graph_tx.unbounded_send(r).is_ok(),
                     Trigger::Adapter(r) => adapter_tx.unbounded_send(r).is_ok(),
+                    Trigger::Request(r) => request_tx.unbounded_send(r).is_ok(),
                 };
                 if !sent {
                     return;
@@ -129,6 +140,7 @@ pub fn start(
     };
     let stores = Stores {
         graphs,
+        requests,
         adapters,
         pods,
         nodes,
@@ -143,6 +155,7 @@ pub fn start(
     let queues = Queues {
         graphs: graph_rx,
         adapters: adapter_rx,
+        requests: request_rx,
     };
     (stores, queues, drive)
 }
@@ -205,16 +218,53 @@ where
 
 /// The graph that controls `object`, if any.
 fn owner<K: Resource>(object: &K) -> Option<GraphRef> {
+    controller_of::<DynamoGraphDeployment>(object)
+}
+
+/// The request (DGDR) that controls `object`, if any.
+fn requester<K: Resource>(object: &K) -> Option<RequestRef> {
+    controller_of::<DynamoGraphDeploymentRequest>(object)
+}
+
+/// The object of kind `O` that controls `object`, if any.
+fn controller_of<O: Resource<DynamicType = ()>>(object: &impl Resource) -> Option<ObjectRef<O>> {
     let namespace = object.meta().namespace.as_deref()?;
     object
         .owner_references()
         .iter()
         .find(|o| {
             o.controller == Some(true)
-                && o.kind == DynamoGraphDeployment::kind(&())
-                && o.api_version == DynamoGraphDeployment::api_version(&())
+                && o.kind == O::kind(&())
+                && o.api_version == O::api_version(&())
         })
         .map(|o| ObjectRef::new(&o.name).within(namespace))
+}
+
+/// A request reconciles when its spec changes (its generation) or its deletion starts;
+/// not on its own status writes, which its controller makes step by step.
+fn request_triggers(
+    events: impl Stream<Item = Seen<DynamoGraphDeploymentRequest>>,
+) -> impl Stream<Item = Vec<Trigger>> {
+    let mut fingerprints: HashMap<RequestRef, u64> = HashMap::new();
+    events.map(move |seen| {
+        let request = match seen {
+            Seen::Changed(r) => r,
+            Seen::Deleted(r) => {
+                fingerprints.remove(&ObjectRef::from_obj(&r));
+                return Vec::new();
+            }
+        };
+        let key = ObjectRef::from_obj(&request);
+        let fingerprint = hash(&(
+            request.metadata.generation,
+            request.metadata.deletion_timestamp.is_some(),
+            request.uid(),
+        ));
+        if fingerprints.insert(key.clone(), fingerprint) == Some(fingerprint) {
+            return Vec::new();
+        }
+        vec![Trigger::Request(key)]
+    })
 }
 
 fn owner_triggers<K: Resource>(
@@ -237,11 +287,16 @@ fn graph_triggers(
 ) -> impl Stream<Item = Vec<Trigger>> {
     let mut fingerprints: HashMap<GraphRef, u64> = HashMap::new();
     events.map(move |seen| {
+        // The request that generated the graph follows its every change.
+        let mut out: Vec<Trigger> = requester(seen.object())
+            .map(Trigger::Request)
+            .into_iter()
+            .collect();
         let dgd = match seen {
             Seen::Changed(dgd) => dgd,
             Seen::Deleted(dgd) => {
                 fingerprints.remove(&ObjectRef::from_obj(&dgd));
-                return Vec::new();
+                return out;
             }
         };
         let key = ObjectRef::from_obj(&dgd);
@@ -251,7 +306,6 @@ fn graph_triggers(
             dgd.metadata.deletion_timestamp.is_some(),
             dgd.uid(),
         ));
-        let mut out = Vec::new();
         if fingerprints.insert(key.clone(), fingerprint) != Some(fingerprint) {
             out.push(Trigger::Graph(key));
         }
@@ -400,7 +454,7 @@ mod tests {
             .into_iter()
             .filter_map(|t| match t {
                 Trigger::Graph(r) => Some(r.name),
-                Trigger::Adapter(_) => None,
+                Trigger::Adapter(_) | Trigger::Request(_) => None,
             })
             .collect()
     }
@@ -426,6 +480,56 @@ mod tests {
         ]);
         let out = run(graph_triggers(events, store_of(vec![])), graph_names).await;
         assert_eq!(out, [vec!["g".to_string()], vec![], vec!["g".to_string()]]);
+    }
+
+    #[tokio::test]
+    async fn a_request_reconciles_on_spec_changes_and_on_any_change_of_its_graph() {
+        let spec: dynamo_crds::dgdr::DynamoGraphDeploymentRequestSpec =
+            serde_json::from_value(serde_json::json!({"model": "m"})).unwrap();
+        let mut request = DynamoGraphDeploymentRequest::new("r", spec);
+        request.metadata.namespace = Some("ns".into());
+        request.metadata.generation = Some(1);
+        let mut status_only = request.clone();
+        status_only.status = Some(Default::default());
+        let mut new_spec = request.clone();
+        new_spec.metadata.generation = Some(2);
+        let events = futures::stream::iter([
+            Seen::Changed(request),
+            Seen::Changed(status_only),
+            Seen::Changed(new_spec),
+        ]);
+        let requests = |triggers: Vec<Trigger>| -> Vec<String> {
+            triggers
+                .into_iter()
+                .filter_map(|t| match t {
+                    Trigger::Request(r) => Some(r.name),
+                    _ => None,
+                })
+                .collect()
+        };
+        let out = run(request_triggers(events), requests).await;
+        assert_eq!(out, [vec!["r".to_string()], vec![], vec!["r".to_string()]]);
+
+        let mut generated = graph("g", false);
+        generated.metadata.owner_references = Some(vec![OwnerReference {
+            api_version: "nvidia.com/v1beta1".into(),
+            kind: "DynamoGraphDeploymentRequest".into(),
+            name: "r".into(),
+            uid: "u".into(),
+            controller: Some(true),
+            block_owner_deletion: None,
+        }]);
+        let mut ready = generated.clone();
+        ready.status.as_mut().unwrap().state = Some(dynamo_crds::GraphState::Ready);
+        let events = futures::stream::iter([
+            Seen::Changed(generated),
+            Seen::Changed(ready.clone()),
+            Seen::Deleted(ready),
+            Seen::Changed(graph("other", false)),
+        ]);
+        let out = run(graph_triggers(events, store_of(vec![])), requests).await;
+        let r = vec!["r".to_string()];
+        assert_eq!(out, [r.clone(), r.clone(), r, vec![]]);
     }
 
     #[tokio::test]

@@ -379,6 +379,20 @@ impl State {
     /// Stores `object` at `path` under a new resourceVersion and logs the change.
     fn store(&mut self, path: &str, mut object: Value) -> Value {
         self.version += 1;
+        // The API server counts spec changes in `metadata.generation`; the controllers read
+        // it on our own kinds (status.observedGeneration), so the fake keeps it for those.
+        if path.starts_with("/apis/nvidia.com/") {
+            let previous = self.objects.get(path);
+            let generation = match previous {
+                Some(p) if p["spec"] == object["spec"] => p["metadata"]["generation"].clone(),
+                Some(p) => json!(p["metadata"]["generation"].as_i64().unwrap_or(0) + 1),
+                None if object["metadata"]["generation"].is_i64() => {
+                    object["metadata"]["generation"].clone()
+                }
+                None => json!(1),
+            };
+            object["metadata"]["generation"] = generation;
+        }
         object["metadata"]["resourceVersion"] = json!(self.version.to_string());
         let kind = if self.objects.contains_key(path) {
             "MODIFIED"

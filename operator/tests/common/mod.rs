@@ -165,6 +165,15 @@ pub fn pod_path(name: &str) -> String {
     path("v1", "inference", "pods", name)
 }
 
+/// Reasons of the Events the requests reported, in order.
+pub fn events(requests: &[api::Recorded]) -> Vec<String> {
+    requests
+        .iter()
+        .filter(|r| r.path.contains("events.k8s.io") && r.method == "POST")
+        .map(|r| r.body["reason"].as_str().unwrap_or_default().to_string())
+        .collect()
+}
+
 /// Watch caches filled with what the fake API server holds, as the reflectors would.
 pub fn caches(api: &api::FakeApi) -> dynamo_operator::controller::Stores {
     fn store_of<K>(objects: Vec<K>) -> kube::runtime::reflector::Store<K>
@@ -182,6 +191,7 @@ pub fn caches(api: &api::FakeApi) -> dynamo_operator::controller::Stores {
     }
     dynamo_operator::controller::Stores {
         graphs: store_of(api.objects_of()),
+        requests: store_of(api.objects_of()),
         adapters: store_of(api.objects_of()),
         pods: store_of(api.objects_of()),
         nodes: store_of(api.objects_of()),

@@ -1,0 +1,283 @@
+//! The DynamoGraphDeploymentRequest controller: drives a request through the steps of
+//! [`crate::dgdr`] until one waits (on the generated graph, or on a spec change), writing
+//! the status after each step so `kubectl get dgdr` shows every phase, and reporting the
+//! steps' Events. Profiling runs on a blocking thread: it is seconds of CPU.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use dynamo_crds::DynamoGraphDeployment;
+use dynamo_crds::dgdr::DynamoGraphDeploymentRequest;
+use dynamo_perfmodel::ModelArch;
+use dynamo_profiler::graph::{PROFILE_KEY, planner_reads_profile, profile_config_map};
+use dynamo_profiler::{ProfileError, Profiled};
+use k8s_openapi::api::core::v1::ConfigMap;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{Api, Patch, PatchParams};
+use kube::runtime::controller::Action;
+use kube::runtime::reflector::ObjectRef;
+use kube::{Resource, ResourceExt};
+
+use super::apply::{status_code, write_status};
+use super::context::Context;
+use super::error::Error;
+use crate::dgdr::{self, Outcome, Step};
+use crate::reconcile::FIELD_MANAGER;
+
+/// Label value of this controller in the metrics.
+pub const CONTROLLER: &str = "dgdr";
+
+/// When a request looks at its graph again after applying it.
+const FOLLOW_AFTER_APPLY: Duration = Duration::from_secs(2);
+/// Retry period of a request whose model ConfigMap is missing (nothing watches ConfigMaps).
+const MODEL_CONFIG_RETRY: Duration = Duration::from_secs(30);
+
+pub async fn reconcile(
+    dgdr: Arc<DynamoGraphDeploymentRequest>,
+    ctx: Arc<Context>,
+) -> Result<Action, Error> {
+    let start = Instant::now();
+    let result = reconcile_request(&dgdr, &ctx).await;
+    let error = result.as_ref().err().map(Error::metric_label);
+    ctx.metrics.observe(CONTROLLER, start.elapsed(), error);
+    if result.is_ok() {
+        ctx.succeeded(&retry_key(&dgdr));
+    }
+    result
+}
+
+/// Retries a failed request with exponential back-off.
+pub fn error_policy(
+    dgdr: Arc<DynamoGraphDeploymentRequest>,
+    error: &Error,
+    ctx: Arc<Context>,
+) -> Action {
+    let delay = ctx.next_retry(&retry_key(&dgdr));
+    tracing::warn!(request = %dgdr.name_any(), %error, retry_in = ?delay, "reconcile failed");
+    Action::requeue(delay)
+}
+
+fn retry_key(dgdr: &DynamoGraphDeploymentRequest) -> String {
+    format!(
+        "dgdr/{}/{}",
+        dgdr.namespace().unwrap_or_default(),
+        dgdr.name_any()
+    )
+}
+
+#[tracing::instrument(skip_all, fields(request = %dgdr.name_any()))]
+async fn reconcile_request(
+    dgdr: &DynamoGraphDeploymentRequest,
+    ctx: &Context,
+) -> Result<Action, Error> {
+    ctx.stores.ready().await?;
+    if dgdr.metadata.deletion_timestamp.is_some() {
+        // What it generated is owned by it: the garbage collector removes it.
+        return Ok(Action::await_change());
+    }
+    let mut current = dgdr.clone();
+    loop {
+        let now = Time(Timestamp::now());
+        let outcome = match dgdr::step(&current) {
+            Step::Validate => match model_config(ctx, &current).await? {
+                Err(message) => {
+                    let missing = dgdr::model_config_missing(&current, message, &now);
+                    record(ctx, &mut current, missing).await?;
+                    return Ok(Action::requeue(MODEL_CONFIG_RETRY));
+                }
+                Ok(model) => {
+                    let checked = dynamo_profiler::request::resolve(&current.spec, model).map(drop);
+                    dgdr::validated(&current, checked, &now)
+                }
+            },
+            Step::Profile => {
+                let started = dgdr::profiling(&current, &now);
+                record(ctx, &mut current, started).await?;
+                let model = match model_config(ctx, &current).await? {
+                    Ok(model) => model,
+                    Err(message) => {
+                        let missing = dgdr::model_config_missing(&current, message, &now);
+                        record(ctx, &mut current, missing).await?;
+                        return Ok(Action::requeue(MODEL_CONFIG_RETRY));
+                    }
+                };
+                let result = profile(&current, model).await;
+                if let Ok(profiled) = &result {
+                    apply_planner_profile(ctx, &current, profiled).await?;
+                }
+                dgdr::profiled(&current, result.as_ref(), &Time(Timestamp::now()))
+            }
+            Step::Deploy => {
+                let outcome = deploy(ctx, &current, &now).await?;
+                record(ctx, &mut current, outcome).await?;
+                // The graph's watch event brings the next step; the requeue covers an
+                // apply that changed nothing, which raises none.
+                return Ok(Action::requeue(FOLLOW_AFTER_APPLY));
+            }
+            Step::Follow => {
+                let dgd = generated_graph(ctx, &current);
+                let outcome = dgdr::follow(&current, dgd.as_ref(), &now);
+                record(ctx, &mut current, outcome).await?;
+                return Ok(Action::await_change());
+            }
+            Step::Wait => return Ok(Action::await_change()),
+        };
+        record(ctx, &mut current, outcome).await?;
+    }
+}
+
+/// Writes a step's status and Events, and carries the status into the next step.
+async fn record(
+    ctx: &Context,
+    current: &mut DynamoGraphDeploymentRequest,
+    outcome: Outcome,
+) -> Result<(), Error> {
+    let reference = current.object_ref(&());
+    let events: Vec<_> = outcome.events.iter().collect();
+    ctx.publish(&reference, &events).await;
+    write_status(
+        &ctx.client,
+        &*current,
+        current.status.as_ref(),
+        &outcome.status,
+    )
+    .await?;
+    current.status = Some(outcome.status);
+    Ok(())
+}
+
+/// The request's model architecture from the ConfigMap it names (`Ok(None)`: it names
+/// none, the built-in catalog serves it); `Ok(Err)` says what is missing.
+async fn model_config(
+    ctx: &Context,
+    dgdr: &DynamoGraphDeploymentRequest,
+) -> Result<Result<Option<ModelArch>, String>, Error> {
+    let Some(reference) = &dgdr.spec.model_config_ref else {
+        return Ok(Ok(None));
+    };
+    let namespace = dgdr.namespace().unwrap_or_default();
+    let api: Api<ConfigMap> = Api::namespaced(ctx.client.clone(), &namespace);
+    let map = match api.get(&reference.name).await {
+        Ok(map) => map,
+        Err(e) if status_code(&e) == Some(404) => {
+            return Ok(Err(format!(
+                "ConfigMap {} (spec.modelConfigRef) not found in {namespace}",
+                reference.name
+            )));
+        }
+        Err(source) => {
+            return Err(Error::Read {
+                kind: "ConfigMap",
+                name: reference.name.clone(),
+                source,
+            });
+        }
+    };
+    let Some(json) = map.data.as_ref().and_then(|d| d.get(&reference.key)) else {
+        return Ok(Err(format!(
+            "ConfigMap {} has no key {} (spec.modelConfigRef.key)",
+            reference.name, reference.key
+        )));
+    };
+    Ok(ModelArch::from_config_json(&dgdr.spec.model, json)
+        .map(Some)
+        .map_err(|e| format!("ConfigMap {} key {}: {e}", reference.name, reference.key)))
+}
+
+/// Profiles the request into a graph named after it.
+async fn profile(
+    dgdr: &DynamoGraphDeploymentRequest,
+    model: Option<ModelArch>,
+) -> Result<Profiled, ProfileError> {
+    let (name, spec) = (dgdr.name_any(), dgdr.spec.clone());
+    tokio::task::spawn_blocking(move || dynamo_profiler::profile_named(&name, &spec, model))
+        .await
+        .expect("the profiler does not panic")
+        .map(|mut profiled| {
+            profiled.dgd.metadata.namespace = dgdr.namespace();
+            profiled
+        })
+}
+
+/// The ConfigMap the generated planner of real engines reads its profile from, owned by
+/// the request (it serves the graph whether the request or its user applies it).
+async fn apply_planner_profile(
+    ctx: &Context,
+    dgdr: &DynamoGraphDeploymentRequest,
+    profiled: &Profiled,
+) -> Result<(), Error> {
+    if !planner_reads_profile(&profiled.request) {
+        return Ok(());
+    }
+    let name = profile_config_map(&dgdr.name_any());
+    let json =
+        serde_json::to_string_pretty(&profiled.planner_profile).expect("a profile serializes");
+    let map = ConfigMap {
+        metadata: ObjectMeta {
+            name: Some(name.clone()),
+            namespace: dgdr.namespace(),
+            labels: Some([(dgdr::REQUEST_LABEL.to_string(), dgdr.name_any())].into()),
+            owner_references: dgdr::owner_reference(dgdr).map(|o| vec![o]),
+            ..ObjectMeta::default()
+        },
+        data: Some([(PROFILE_KEY.to_string(), json)].into()),
+        ..ConfigMap::default()
+    };
+    apply(ctx, &map, "ConfigMap").await
+}
+
+/// Applies the generated graph, unless another owner holds its name.
+async fn deploy(
+    ctx: &Context,
+    dgdr: &DynamoGraphDeploymentRequest,
+    now: &Time,
+) -> Result<Outcome, Error> {
+    let Some(dgd) = dgdr::graph_to_apply(dgdr) else {
+        // A Ready status always carries the graph; one written by hand may not: back to
+        // Pending, which profiles again.
+        return Ok(dgdr::validated(dgdr, Ok(()), now));
+    };
+    let existing = ctx.stores.graphs.get(&ObjectRef::from_obj(&dgd));
+    if existing
+        .as_deref()
+        .is_some_and(|g| !dgdr::controls(dgdr, g))
+    {
+        return Ok(dgdr::name_taken(dgdr, now));
+    }
+    apply(ctx, &dgd, "DynamoGraphDeployment").await?;
+    Ok(dgdr::deploying(dgdr, existing.is_none(), now))
+}
+
+/// The request's graph in the cache, if this request controls it.
+fn generated_graph(
+    ctx: &Context,
+    dgdr: &DynamoGraphDeploymentRequest,
+) -> Option<DynamoGraphDeployment> {
+    let name = dgdr.status.as_ref()?.dgd_name.as_deref()?;
+    let key = ObjectRef::new(name).within(&dgdr.namespace().unwrap_or_default());
+    let dgd = ctx.stores.graphs.get(&key)?;
+    dgdr::controls(dgdr, &dgd).then(|| (*dgd).clone())
+}
+
+/// Server-side apply of a generated object, forced: the request is its only author.
+async fn apply<K>(ctx: &Context, object: &K, kind: &'static str) -> Result<(), Error>
+where
+    K: Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>
+        + serde::Serialize
+        + serde::de::DeserializeOwned
+        + Clone
+        + std::fmt::Debug,
+{
+    let name = object.meta().name.clone().unwrap_or_default();
+    let namespace = object.meta().namespace.clone().unwrap_or_default();
+    Api::<K>::namespaced(ctx.client.clone(), &namespace)
+        .patch(
+            &name,
+            &PatchParams::apply(FIELD_MANAGER).force(),
+            &Patch::Apply(object),
+        )
+        .await
+        .map(drop)
+        .map_err(|source| Error::Apply { kind, name, source })
+}

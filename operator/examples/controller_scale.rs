@@ -49,6 +49,7 @@ fn store_of<K: kube::Resource<DynamicType = ()> + Clone + 'static>(objects: Vec<
 fn caches(api: &FakeApi) -> Stores {
     Stores {
         graphs: store_of(api.objects_of()),
+        requests: store_of(api.objects_of()),
         adapters: store_of(api.objects_of()),
         pods: store_of(api.objects_of()),
         nodes: store_of(api.objects_of()),

@@ -244,10 +244,6 @@ async fn invalid_requests_fail_validation_with_what_is_wrong() {
             "more than Qwen/Qwen3-0.6B's context of 40960 tokens",
         ),
         (
-            "{model: Qwen/Qwen3-0.6B, workload: {isl: 1000, osl: 100}}",
-            "workload sets neither requestRate nor concurrency",
-        ),
-        (
             "{model: Qwen/Qwen3-0.6B, hardware: {totalGpus: 0}, workload: {requestRate: 1}}",
             "hardware.totalGpus is 0",
         ),

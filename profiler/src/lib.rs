@@ -36,6 +36,9 @@ use sweep::{Sweep, SweepError};
 pub struct Profiled {
     /// The request as profiled, defaults filled in.
     pub request: Request,
+    /// The load the predictions are for: the request's, or (when it names none) the most
+    /// requests in flight the selected layout serves within the SLA.
+    pub load: Load,
     /// Every layout predicted, in sweep order.
     pub candidates: Vec<Candidate>,
     /// The layouts no other beats on throughput per GPU and latency.
@@ -74,11 +77,6 @@ pub enum ProfileError {
     NotPositive { field: &'static str, value: f64 },
     #[error("workload sets both requestRate and concurrency: set one of them")]
     ContradictoryWorkload,
-    #[error(
-        "workload sets neither requestRate nor concurrency: the profiler sizes the graph for a \
-         load, so set one of them"
-    )]
-    NoLoad,
     #[error("set exactly one SLA mode: sla.ttft and sla.itl together, or sla.e2eLatency")]
     ContradictorySla,
     #[error(
@@ -169,18 +167,29 @@ pub fn profile_named(
     let configs = sweep::engine_configs(&req, &EngineConfig::default())?;
     let mut sweep = Sweep::new(&req, &configs);
     let mut candidates = Vec::new();
-    for layout in sweep.layouts() {
-        candidates.push(sweep.evaluate(layout)?);
+    let mut loads = Vec::new();
+    for layout in sweep.layouts(req.load) {
+        let (candidate, load) = match req.load {
+            Some(load) => (sweep.evaluate(layout, load)?, load),
+            None => sweep.most_within_sla(layout)?,
+        };
+        candidates.push(candidate);
+        loads.push(load);
     }
     let simulations = sweep.simulations();
-    let Some(selected) = sweep::select(&candidates, req.optimization) else {
+    let Some(selected) = sweep::select(&candidates, req.optimization()) else {
         return Err(unreachable(&req, &candidates));
     };
+    let load = loads[candidates
+        .iter()
+        .position(|c| c.layout == selected.layout)
+        .expect("the selected is a candidate")];
     let pareto = sweep::pareto(&candidates, &req.sla);
     let planner_profile = planner_profile_of(&req, &configs, &selected)?;
     let dgd = graph::generate(name, &req, &selected);
     Ok(Profiled {
         request: req,
+        load,
         candidates,
         pareto,
         selected,
@@ -247,7 +256,7 @@ fn unreachable(req: &Request, candidates: &[Candidate]) -> ProfileError {
             reason,
             "no configuration of at most {budget} keeps up with {}: the best, {} ({}), serves \
              {:.1} req/s",
-            req.load,
+            any_load(req.load),
             best.layout,
             gpus(best.gpus, ""),
             best.requests_per_s
@@ -285,7 +294,8 @@ fn unreachable(req: &Request, candidates: &[Candidate]) -> ProfileError {
     let _ = write!(
         reason,
         "no configuration of at most {budget} meets the SLA ({}) at {}: ",
-        req.sla, req.load
+        req.sla,
+        any_load(req.load)
     );
     if missed.is_empty() {
         let _ = write!(reason, "each target is reached, but not together");
@@ -307,6 +317,12 @@ fn unreachable(req: &Request, candidates: &[Candidate]) -> ProfileError {
     }
 }
 
+/// A request's load in words; a request without one that misses the SLA misses it with
+/// one request in flight, so at any load.
+fn any_load(load: Option<Load>) -> String {
+    load.map_or_else(|| "any load".into(), |l| l.to_string())
+}
+
 impl Profiled {
     /// The predictions and the Pareto table, for people (`dynamo profile` prints it on
     /// stderr).
@@ -324,12 +340,13 @@ impl Profiled {
         );
         let _ = writeln!(
             out,
-            "workload ISL {} OSL {} at {}; SLA {}; optimizing {}",
+            "workload ISL {} OSL {}{}; SLA {}; optimizing {}",
             r.isl,
             r.osl,
-            r.load,
+            r.load
+                .map_or(", no load given".into(), |l| format!(" at {l}")),
             r.sla,
-            match r.optimization {
+            match r.optimization() {
                 None => "for the fewest GPUs",
                 Some(dynamo_crds::dgdr::OptimizationType::Throughput) => "throughput per GPU",
                 Some(dynamo_crds::dgdr::OptimizationType::Latency) => "latency",
@@ -341,6 +358,15 @@ impl Profiled {
             self.candidates.len(),
             self.simulations
         );
+        if r.load.is_none() {
+            let _ = writeln!(
+                out,
+                "sized without a load: one engine of each role, each layout at the most \
+                 requests in flight it serves within the SLA ({} for the selected); add \
+                 replicas, or features.planner, for more",
+                self.load
+            );
+        }
         let _ = writeln!(
             out,
             "selected: {} ({}): TTFT {:.1} ms, ITL {:.2} ms, end-to-end {:.0} ms, {:.2} req/s, \

@@ -76,7 +76,10 @@ pub struct Request {
     pub gpus_per_node: u32,
     pub isl: u32,
     pub osl: u32,
-    pub load: Load,
+    /// The traffic to carry; `None` when the request names none: the profiler then sizes
+    /// one engine of each role for the most it serves within the SLA, and the planner (or
+    /// the user) adds replicas from there (Dynamo's minimal DGDRs name no load).
+    pub load: Option<Load>,
     pub sla: Sla,
     pub optimization: Option<OptimizationType>,
     /// Whether the generated graph gets a planner service.
@@ -84,6 +87,18 @@ pub struct Request {
     /// Whether the endpoint picker routes by KV overlap (its default), or round-robin
     /// (`features.kvRouter.enabled: false`).
     pub kv_router: bool,
+}
+
+impl Request {
+    /// What the choice optimizes: the spec's `optimizationType`; without a load, every
+    /// layout is one unit, and the one worth growing is the one that makes the most of
+    /// each GPU (Dynamo's rule) unless latency is asked for.
+    pub fn optimization(&self) -> Option<OptimizationType> {
+        match self.load {
+            Some(_) => self.optimization,
+            None => self.optimization.or(Some(OptimizationType::Throughput)),
+        }
+    }
 }
 
 /// Resolves `spec`; `model_config` (a `config.json` the caller read) takes precedence over
@@ -140,13 +155,15 @@ pub fn resolve(
     }
     let load = match (w.request_rate, w.concurrency) {
         (Some(_), Some(_)) => return Err(ProfileError::ContradictoryWorkload),
-        (Some(rate), None) => Load::Rate(positive("workload.requestRate", rate)?),
+        (Some(rate), None) => Some(Load::Rate(positive("workload.requestRate", rate)?)),
         (None, Some(c)) => {
             // A fractional concurrency (Dynamo's field is a float) rounds up: the graph
             // must carry at least that much.
-            Load::Concurrency(positive("workload.concurrency", c)?.ceil() as u32)
+            Some(Load::Concurrency(
+                positive("workload.concurrency", c)?.ceil() as u32,
+            ))
         }
-        (None, None) => return Err(ProfileError::NoLoad),
+        (None, None) => None,
     };
     let (sla, optimization) = sla(spec.sla.as_ref())?;
     Ok(Request {

@@ -249,9 +249,13 @@ impl<'r> Sweep<'r> {
         Ok(run)
     }
 
-    /// The layouts within the GPU budget, aggregated first, each by GPUs.
-    pub fn layouts(&self) -> Vec<Layout> {
+    /// The layouts within the GPU budget for `load`, aggregated first, each by GPUs;
+    /// without a load, one engine of each role.
+    pub fn layouts(&self, load: Option<Load>) -> Vec<Layout> {
         let total = self.req.total_gpus;
+        let Some(load) = load else {
+            return self.unit_layouts();
+        };
         let tps: Vec<u32> = self.configs.keys().copied().collect();
         let mut out = Vec::new();
         for &tp in &tps {
@@ -277,7 +281,7 @@ impl<'r> Sweep<'r> {
                 }
             }
         }
-        if let Load::Concurrency(c) = self.req.load {
+        if let Load::Concurrency(c) = load {
             // An engine beyond one per request in flight would idle.
             out.retain(|l| match l {
                 Layout::Aggregated { workers } => workers.replicas <= c,
@@ -289,12 +293,63 @@ impl<'r> Sweep<'r> {
         out
     }
 
-    /// Predicts `layout` under the request's load.
-    pub fn evaluate(&mut self, layout: Layout) -> Result<Candidate, SweepError> {
+    /// One aggregated engine, or one prefill and one decode engine, of every TP within
+    /// the budget.
+    fn unit_layouts(&self) -> Vec<Layout> {
+        let total = self.req.total_gpus;
+        let tps: Vec<u32> = self.configs.keys().copied().collect();
+        let one = |tp| Engines { tp, replicas: 1 };
+        let aggregated = tps
+            .iter()
+            .map(|&tp| Layout::Aggregated { workers: one(tp) });
+        let disaggregated = tps.iter().flat_map(|&tp| {
+            tps.iter()
+                .filter(move |&&td| tp + td <= total)
+                .map(move |&td| Layout::Disaggregated {
+                    prefill: one(tp),
+                    decode: one(td),
+                })
+        });
+        aggregated.chain(disaggregated).collect()
+    }
+
+    /// `layout` at the most requests in flight it serves within the SLA, and that load:
+    /// a binary search up to a full batch of its (decode) engines, latency growing with
+    /// the load. When even one request misses the SLA, the prediction at one.
+    pub fn most_within_sla(&mut self, layout: Layout) -> Result<(Candidate, Load), SweepError> {
+        let (stage, engines) = match layout {
+            Layout::Aggregated { workers } => (Stage::Aggregated, workers),
+            Layout::Disaggregated { decode, .. } => (Stage::Decode, decode),
+        };
+        let (isl, osl) = (self.req.isl as usize, self.req.osl as usize);
+        let full = full_batch(&self.configs[&engines.tp], stage, isl, osl) * engines.replicas;
+        let mut at = |c: u32| -> Result<Candidate, SweepError> {
+            self.evaluate(layout, Load::Concurrency(c))
+        };
+        let mut best = (at(1)?, 1);
+        if !best.0.meets_sla {
+            return Ok((best.0, Load::Concurrency(1)));
+        }
+        // Invariant: `lo` meets the SLA, anything above `hi` does not.
+        let (mut lo, mut hi) = (1, full.max(1));
+        while lo < hi {
+            let mid = lo + (hi - lo).div_ceil(2);
+            let candidate = at(mid)?;
+            if candidate.meets_sla {
+                (lo, best) = (mid, (candidate, mid));
+            } else {
+                hi = mid - 1;
+            }
+        }
+        Ok((best.0, Load::Concurrency(best.1)))
+    }
+
+    /// Predicts `layout` under `load`.
+    pub fn evaluate(&mut self, layout: Layout, load: Load) -> Result<Candidate, SweepError> {
         let req = self.req;
         let osl = f64::from(req.osl);
         let gpus = layout.gpus();
-        let (ttft, itl, e2e, rps, overloaded) = match (layout, req.load) {
+        let (ttft, itl, e2e, rps, overloaded) = match (layout, load) {
             (Layout::Aggregated { workers: w }, Load::Rate(rate)) => {
                 let r = self.open(Stage::Aggregated, w.tp, rate, w.replicas)?;
                 let served = if r.overloaded {

@@ -224,6 +224,62 @@ fn a_concurrency_is_carried_closed_loop() {
 }
 
 #[test]
+fn without_a_load_one_unit_is_sized_at_the_most_it_serves_within_the_sla() {
+    let request = |workload: &str| {
+        spec(&format!(
+            "{{model: Qwen/Qwen3-8B, hardware: {{totalGpus: 4}}, \
+             workload: {{isl: 2000, osl: 200{workload}}}, sla: {{ttft: 300, itl: 15}}}}"
+        ))
+    };
+    let p = profile(&request(""), None).unwrap();
+    for c in &p.candidates {
+        let units = match c.layout {
+            Layout::Aggregated { workers } => vec![workers],
+            Layout::Disaggregated { prefill, decode } => vec![prefill, decode],
+        };
+        assert!(units.iter().all(|e| e.replicas == 1), "{}", c.layout);
+    }
+    assert!(p.selected.meets_sla);
+    // The most of each GPU among those that meet the SLA, as Dynamo chooses.
+    let best = p
+        .candidates
+        .iter()
+        .filter(|c| c.meets_sla)
+        .map(|c| c.throughput_per_gpu)
+        .fold(0.0, f64::max);
+    assert_eq!(p.selected.throughput_per_gpu, best);
+    let dynamo_profiler::Load::Concurrency(most) = p.load else {
+        panic!("sized as requests in flight: {:?}", p.load)
+    };
+    assert!(most > 1, "{most}");
+    // One request more and the same layout misses the SLA.
+    let more = profile(&request(&format!(", concurrency: {}", most + 1)), None);
+    let over = match &more {
+        Ok(more) => *more
+            .candidates
+            .iter()
+            .find(|c| c.layout == p.selected.layout)
+            .expect("the unit layout is among the loaded ones"),
+        // No layout meets it at all, so neither does this one.
+        Err(ProfileError::Unreachable { .. }) => return,
+        Err(e) => panic!("{e}"),
+    };
+    assert!(!over.meets_sla, "{over:?} at {}", most + 1);
+    assert!(
+        p.summary().contains("sized without a load"),
+        "{}",
+        p.summary()
+    );
+
+    // Out of reach even with one request in flight.
+    let err = refusal(
+        "{model: Qwen/Qwen3-8B, hardware: {totalGpus: 2}, workload: {isl: 2000, osl: 200}, \
+         sla: {ttft: 1, itl: 15}}",
+    );
+    assert!(err.contains("at any load"), "{err}");
+}
+
+#[test]
 fn an_unreachable_sla_names_the_target_and_what_the_best_reaches() {
     let err = profile(&qwen8b("requestRate: 4", "ttft: 100, itl: 2"), None).unwrap_err();
     let ProfileError::Unreachable { best, .. } = &err else {
@@ -308,10 +364,6 @@ fn bad_requests_are_refused_naming_the_field() {
         (
             base(ok_hw, "{isl: 1000, osl: 100, requestRate: -1}", ok_sla),
             "workload.requestRate is -1: it must be a number above 0",
-        ),
-        (
-            base(ok_hw, "{isl: 1000, osl: 100}", ok_sla),
-            "workload sets neither requestRate nor concurrency",
         ),
         (
             "{model: acme/secret-model, workload: {requestRate: 1}}".to_string(),

@@ -2,12 +2,11 @@
 //! router's real scheduler (`dynamo_kvcache`), in simulated time: no sockets, the same
 //! figures for the same seed, router modes compared in seconds.
 //!
-//! [`KvRouter`] does what the endpoint picker does per request: overlap from the exact
-//! index (`kv`, fed by the engines' KV events) or the approximate one (`approx`, fed by
-//! its own picks), loads from its [`LoadTracker`] (prefill until the first token, decode
-//! until the end, floored by each engine's KV usage as the picker reads it from
-//! `/metrics`), then [`Scheduler::pick`]. It sees everything at once, where the picker
-//! sees events and metrics a little late.
+//! [`KvRouter`] routes through the endpoint picker's own routing step
+//! ([`RoutingCore`]: overlap from the exact index, `kv`, fed by the engines' KV events, or
+//! the approximate one, `approx`, fed by its own picks; loads in flight floored by each
+//! engine's KV usage as the picker reads it from `/metrics`; the scheduler's pick). It
+//! sees events and metrics at once, where the picker sees them a little late.
 //!
 //! A conversation replay can also give each engine the sidecar's KV block tiers
 //! ([`TierSetup`]): the tier policy itself (`dynamo_kvblocks::placement`) fed with the
@@ -20,18 +19,16 @@ use std::time::{Duration, Instant};
 
 use dynamo_kvblocks::placement::{Action, Offered, Placement, PlacementConfig};
 
+pub use dynamo_kvcache::Side;
 use dynamo_kvcache::vllm_events::KvEvent as EngineEvent;
 use dynamo_kvcache::{
-    ApproxConfig, ApproxIndex, EngineMetrics, KvEvent, KvIndex, LoadTracker, OverlapScores,
-    RemovedBlock, RequestId, RouterMode, Scheduler, SchedulerConfig, SeqHash, StoredBlock, Tier,
-    WorkerId,
+    ApproxConfig, EngineMetrics, KvEvent, KvIndex, OverlapScores, RemovedBlock, RequestId,
+    RouterMode, RoutingCore, SchedulerConfig, SeqHash, StoredBlock, Tier, WorkerId,
 };
 use dynamo_mocker::replay::{Collector, ReplayRequest, RouteQuery, Router, replay_requests};
 use dynamo_mocker::{
     Clock, Engine, EngineConfig, KvBlocksConfig, OffloadBlock, OffloadMode, Request, StepOutcome,
 };
-use rand::SeedableRng;
-use rand::rngs::StdRng;
 
 use crate::report::{Report, TierStats, TurnSample, turn_stats};
 use crate::workload::{Sessions, Workload};
@@ -75,40 +72,16 @@ pub(crate) fn check_arrivals(workload: &Workload, arrivals_ms: &[f64]) -> anyhow
 
 /// The endpoint picker's routing, over simulated engines.
 pub struct KvRouter {
-    setup: RouterSetup,
-    scheduler: Scheduler,
-    /// Disaggregated graphs pick prefill pods with a scheduler of their own, so the
-    /// round-robin positions of the two roles do not interfere (as the picker does).
-    prefill_scheduler: Scheduler,
+    core: RoutingCore,
     index: KvIndex,
-    approx: ApproxIndex,
-    loads: LoadTracker,
-    rng: StdRng,
-}
-
-/// What a pick is for, as the endpoint picker tells them apart.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Side {
-    /// An engine that prefills and decodes the request.
-    Aggregated,
-    /// The prefill engine of a disaggregated request: KV overlap and prefill load.
-    Prefill,
-    /// The decode engine of a disaggregated request: decode load only (no overlap
-    /// credit, no prefill work), as Dynamo's PrefillRouter.
-    Decode,
 }
 
 impl KvRouter {
     /// `capacity_blocks`: KV blocks of all engines together, the exact index's bound.
     pub fn new(setup: RouterSetup, capacity_blocks: usize) -> Self {
         Self {
-            scheduler: Scheduler::new(setup.mode, setup.scheduler),
-            prefill_scheduler: Scheduler::new(setup.mode, setup.scheduler),
+            core: RoutingCore::new(setup.mode, setup.scheduler, setup.approx, setup.seed),
             index: KvIndex::new(capacity_blocks),
-            approx: ApproxIndex::new(setup.approx),
-            loads: LoadTracker::new(),
-            rng: StdRng::seed_from_u64(setup.seed),
-            setup,
         }
     }
 
@@ -117,7 +90,7 @@ impl KvRouter {
     pub fn observe_metrics<'a>(&mut self, engines: impl IntoIterator<Item = (usize, &'a Engine)>) {
         for (k, e) in engines {
             let m = e.metrics();
-            self.loads.observe_metrics(
+            self.core.observe_metrics(
                 worker(k),
                 EngineMetrics {
                     num_requests_waiting: m.num_requests_waiting as u64,
@@ -128,19 +101,18 @@ impl KvRouter {
         }
     }
 
-    /// The prompt's overlap with every engine, from the index of the router's mode.
+    /// The prompt's overlap with every engine, as an aggregated pick credits it.
     pub fn scores(&self, block_hashes: &[SeqHash], arrival_ms: f64) -> OverlapScores {
-        let now = Duration::from_secs_f64(arrival_ms.max(0.0) / 1000.0);
-        match self.setup.mode {
-            RouterMode::Kv => self.index.find_matches(block_hashes),
-            RouterMode::Approx => self.approx.find_matches(block_hashes, now),
-            RouterMode::RoundRobin | RouterMode::Random => OverlapScores::default(),
-        }
+        self.core.overlap(
+            Side::Aggregated,
+            block_hashes,
+            simulated(arrival_ms),
+            |hashes| self.index.find_matches(hashes),
+        )
     }
 
     /// Picks one of `candidates` (engine numbers) for `side` and accounts the load under
-    /// `request` (unique while in flight), as the endpoint picker's `pick`: a decode
-    /// engine gets no overlap credit and no prefill work.
+    /// `request` (unique while in flight), as the endpoint picker does.
     pub fn pick(
         &mut self,
         side: Side,
@@ -149,33 +121,16 @@ impl KvRouter {
         block_hashes: &[SeqHash],
         arrival_ms: f64,
     ) -> usize {
-        let scores = match side {
-            Side::Decode => OverlapScores::default(),
-            Side::Aggregated | Side::Prefill => self.scores(block_hashes, arrival_ms),
-        };
-        let loads: Vec<_> = candidates
-            .iter()
-            .map(|&k| self.loads.load(worker(k)))
-            .collect();
-        let blocks = block_hashes.len() as u64;
-        let scheduler = match side {
-            Side::Prefill => &mut self.prefill_scheduler,
-            Side::Aggregated | Side::Decode => &mut self.scheduler,
-        };
-        let d = scheduler
-            .pick(&scores, &loads, blocks, &mut self.rng)
-            .expect("candidates are given and the temperature was checked");
-        let new_blocks = match side {
-            Side::Decode => 0,
-            Side::Aggregated | Side::Prefill => blocks.saturating_sub(u64::from(d.overlap.total())),
-        };
-        self.loads
-            .on_pick(request, d.worker, blocks, new_blocks)
-            .expect("request ids are unique while in flight");
-        if self.setup.mode == RouterMode::Approx && side != Side::Decode {
-            let now = Duration::from_secs_f64(arrival_ms.max(0.0) / 1000.0);
-            self.approx.record(d.worker, block_hashes, now);
-        }
+        let now = simulated(arrival_ms);
+        let index = &self.index;
+        let scores = self
+            .core
+            .overlap(side, block_hashes, now, |hashes| index.find_matches(hashes));
+        let workers: Vec<WorkerId> = candidates.iter().map(|&k| worker(k)).collect();
+        let d = self
+            .core
+            .pick(side, &scores, &workers, request, block_hashes, now)
+            .expect("candidates are given, the temperature was checked and ids are unique");
         d.worker.0 as usize
     }
 
@@ -190,26 +145,30 @@ impl KvRouter {
 
     /// `request` streamed its first token: its prefill load becomes decode load.
     pub fn first_token(&mut self, request: RequestId) {
-        let _ = self.loads.on_first_token(request);
+        self.core.first_token(request);
     }
 
     /// `request` finished, failed or was refused: it no longer loads its engine.
     pub fn finished(&mut self, request: RequestId) {
-        let _ = self.loads.on_finish(request);
+        self.core.finished(request);
     }
 
     /// Whether the router reads KV events (the `kv` mode).
     pub fn reads_kv_events(&self) -> bool {
-        self.setup.mode == RouterMode::Kv
+        self.core.mode() == RouterMode::Kv
     }
 
     /// Engine `engine` is gone (scaled down and drained): its blocks leave the indexes and
     /// its load the tracker, as when the picker drops a pod from its pool.
     pub fn remove_engine(&mut self, engine: usize) {
         self.index.remove_worker(worker(engine));
-        self.approx.remove_worker(worker(engine));
-        self.loads.remove_worker(worker(engine));
+        self.core.remove_worker(worker(engine));
     }
+}
+
+/// Simulated milliseconds as the approximate index's clock.
+fn simulated(ms: f64) -> Duration {
+    Duration::from_secs_f64(ms.max(0.0) / 1000.0)
 }
 
 /// The engine with work whose clock is furthest behind, if any is before `next_ms`:

@@ -18,29 +18,16 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError, RwLock};
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use dynamo_kvcache::{
-    ApproxConfig, ApproxIndex, BlockHasher, Decision, EngineMetrics, IndexError, KvIndex,
-    LoadTracker, OverlapScores, QueuedRequest, RequestId, RouterMode, Scheduler, SchedulerConfig,
-    SeqHash, Ticket, WaitingQueue, WorkModel, WorkerId,
+    ApproxConfig, BlockHasher, Decision, EngineMetrics, IndexError, KvIndex, OverlapScores,
+    QueuedRequest, RequestId, RouterMode, RoutingCore, SchedulerConfig, SeqHash, Side, Ticket,
+    WaitingQueue, WorkModel, WorkerId,
 };
 use dynamo_kvstream::PodUpdate;
-use rand::SeedableRng;
-use rand::rngs::StdRng;
 use tokio::sync::oneshot;
 
 use crate::config::RouterConfig;
 use crate::discovery::{EndpointSpec, Role};
 use crate::metrics::{self, Metrics};
-
-/// Which part of a request a pick is for.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Side {
-    /// Prefill and decode on one pod.
-    Aggregated,
-    /// The prefill of a disaggregated request.
-    Prefill,
-    /// The decode of a disaggregated request.
-    Decode,
-}
 
 /// Roles that answer the client; prefill pods are only ever a request's helper.
 const SERVING_ROLES: [Role; 2] = [Role::Worker, Role::Decode];
@@ -106,12 +93,9 @@ type Delivery = (
 
 struct State {
     endpoints: BTreeMap<WorkerId, Endpoint>,
-    load: LoadTracker,
-    scheduler: Scheduler,
-    prefill_scheduler: Scheduler,
-    approx: ApproxIndex,
+    /// Schedulers, approximate index and load: the routing step the replay shares.
+    core: RoutingCore,
     queue: WaitingQueue<Waiter>,
-    rng: StdRng,
     next_request: u64,
 }
 
@@ -196,23 +180,18 @@ impl Router {
             temperature: config.temperature,
             ..SchedulerConfig::default()
         };
+        let approx = ApproxConfig {
+            ttl: config.approx_ttl,
+            ..ApproxConfig::default()
+        };
         let state = State {
             endpoints: BTreeMap::new(),
-            load: LoadTracker::new(),
-            scheduler: Scheduler::new(config.mode, scheduler_config),
-            // Its own scheduler, so the round-robin positions of the two roles do not
-            // interfere.
-            prefill_scheduler: Scheduler::new(config.mode, scheduler_config),
-            approx: ApproxIndex::new(ApproxConfig {
-                ttl: config.approx_ttl,
-                ..ApproxConfig::default()
-            }),
+            core: RoutingCore::new(config.mode, scheduler_config, approx, seed),
             queue: WaitingQueue::new(
                 config.queue_policy,
                 WorkModel::default(),
                 config.queue_capacity,
             ),
-            rng: StdRng::seed_from_u64(seed),
             next_request: 0,
         };
         Self {
@@ -252,6 +231,9 @@ impl Router {
             subset: request.subset,
             exclude: request.exclude,
         };
+        // The exact index's lookup runs before the routing state is locked, so picks
+        // do not wait on each other's lookups.
+        let exact = (self.config.mode == RouterMode::Kv).then(|| self.exact_matches(&job.hashes));
         let (rx, ticket, deliveries) = {
             let mut st = self.lock();
             let serving = self.candidates(&st, &job, &SERVING_ROLES);
@@ -259,7 +241,7 @@ impl Router {
                 return Err(self.no_endpoint(&st, &job));
             }
             if st.queue.is_empty() && !self.saturated(&st, &serving) {
-                return self.assign(&mut st, &job, started);
+                return self.assign(&mut st, &job, exact, started);
             }
             let (tx, rx) = oneshot::channel();
             // Which blocks will be cached by dispatch time is unknown: WSPT ranks on all.
@@ -344,26 +326,24 @@ impl Router {
         let limited = t.max_waiting_requests.is_some()
             || t.max_kv_usage.is_some()
             || t.max_blocks_in_flight.is_some();
-        limited && serving.iter().all(|&w| st.load.is_saturated(w, t))
+        limited && serving.iter().all(|&w| st.core.load().is_saturated(w, t))
     }
 
-    fn scores(&self, st: &State, hashes: &[SeqHash]) -> OverlapScores {
-        match self.config.mode {
-            RouterMode::Kv => self
-                .index
-                .read()
-                .unwrap_or_else(PoisonError::into_inner)
-                .find_matches(hashes),
-            RouterMode::Approx => st.approx.find_matches(hashes, self.origin.elapsed()),
-            RouterMode::RoundRobin | RouterMode::Random => OverlapScores::default(),
-        }
+    fn exact_matches(&self, hashes: &[SeqHash]) -> OverlapScores {
+        self.index
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .find_matches(hashes)
     }
 
-    /// Picks now and accounts the load. `started` is when the decision began.
+    /// Picks now and accounts the load. `exact` holds the exact index's matches when
+    /// they were looked up before the lock (a request that waited looks them up now);
+    /// `started` is when the decision began.
     fn assign(
         self: &Arc<Self>,
         st: &mut State,
         job: &Job,
+        exact: Option<OverlapScores>,
         started: Instant,
     ) -> Result<Assignment, RouteError> {
         let serving = self.candidates(st, job, &SERVING_ROLES);
@@ -371,7 +351,12 @@ impl Router {
             return Err(self.no_endpoint(st, job));
         }
         let prompt_blocks = job.hashes.len() as u64;
-        let scores = self.scores(st, &job.hashes);
+        let now = self.origin.elapsed();
+        let scores = st
+            .core
+            .overlap(Side::Aggregated, &job.hashes, now, |hashes| {
+                exact.unwrap_or_else(|| self.exact_matches(hashes))
+            });
         let prefill_job = Job {
             hashes: Vec::new(),
             subset: None,
@@ -388,7 +373,9 @@ impl Router {
             )
         } else {
             let prefill = self.pick(st, &scores, &prefill_pods, job, Side::Prefill)?;
-            let none = OverlapScores::default();
+            let none = st
+                .core
+                .overlap(Side::Decode, &job.hashes, now, |_| unreachable!());
             (
                 Some(prefill),
                 self.pick(st, &none, &serving, job, Side::Decode)?,
@@ -425,37 +412,13 @@ impl Router {
         job: &Job,
         side: Side,
     ) -> Result<(Decision, RequestId), RouteError> {
-        let prompt_blocks = job.hashes.len() as u64;
-        let loads: Vec<_> = pods.iter().map(|&w| st.load.load(w)).collect();
-        let State {
-            scheduler,
-            prefill_scheduler,
-            rng,
-            ..
-        } = st;
-        let scheduler = match side {
-            Side::Prefill => prefill_scheduler,
-            Side::Aggregated | Side::Decode => scheduler,
-        };
-        let decision = scheduler
-            .pick(scores, &loads, prompt_blocks, rng)
-            .map_err(|e| RouteError::NoEndpoint(e.to_string()))?;
         st.next_request += 1;
         let request = RequestId(st.next_request);
-        let cached = (decision.credited_overlap.floor() as u64).min(prompt_blocks);
-        // A decode pod of a disaggregated request prefills nothing.
-        let new_blocks = match side {
-            Side::Decode => 0,
-            Side::Aggregated | Side::Prefill => prompt_blocks - cached,
-        };
-        // A fresh id cannot be in flight already.
-        let _ = st
-            .load
-            .on_pick(request, decision.worker, prompt_blocks, new_blocks);
-        if self.config.mode == RouterMode::Approx {
-            st.approx
-                .record(decision.worker, &job.hashes, self.origin.elapsed());
-        }
+        let now = self.origin.elapsed();
+        let decision = st
+            .core
+            .pick(side, scores, pods, request, &job.hashes, now)
+            .map_err(|e| RouteError::NoEndpoint(e.to_string()))?;
         let endpoint = &st.endpoints[&decision.worker].spec;
         self.metrics
             .picks
@@ -483,7 +446,7 @@ impl Router {
             self.metrics
                 .queue_wait_seconds
                 .observe(waiter.enqueued.elapsed().as_secs_f64());
-            let result = self.assign(st, &waiter.job, Instant::now());
+            let result = self.assign(st, &waiter.job, None, Instant::now());
             out.push((waiter.tx, result));
         }
         self.metrics.queue_depth.set(st.queue.len() as i64);
@@ -493,18 +456,18 @@ impl Router {
     fn on_first_token(&self, request: RequestId, prefill: Option<RequestId>) {
         let mut st = self.lock();
         // Unknown: the pod was removed meanwhile, with its requests.
-        let _ = st.load.on_first_token(request);
+        st.core.first_token(request);
         if let Some(prefill) = prefill {
-            let _ = st.load.on_finish(prefill);
+            st.core.finished(prefill);
         }
     }
 
     fn on_finish(self: &Arc<Self>, request: RequestId, prefill: Option<RequestId>) {
         let deliveries = {
             let mut st = self.lock();
-            let _ = st.load.on_finish(request);
+            st.core.finished(request);
             if let Some(prefill) = prefill {
-                let _ = st.load.on_finish(prefill);
+                st.core.finished(prefill);
             }
             self.drain(&mut st)
         };
@@ -515,7 +478,7 @@ impl Router {
     pub fn add_endpoint(self: &Arc<Self>, worker: WorkerId, spec: EndpointSpec) {
         let deliveries = {
             let mut st = self.lock();
-            st.load.add_worker(worker);
+            st.core.add_worker(worker);
             st.endpoints.insert(
                 worker,
                 Endpoint {
@@ -540,8 +503,7 @@ impl Router {
             if let Some(gone) = st.endpoints.remove(&worker) {
                 self.metrics.remove_pod(&gone.spec.address.to_string());
             }
-            st.load.remove_worker(worker);
-            st.approx.remove_worker(worker);
+            st.core.remove_worker(worker);
             self.publish_endpoint_gauges(&st);
             self.drain(&mut st)
         };
@@ -618,7 +580,7 @@ impl Router {
             if !st.endpoints.contains_key(&worker) {
                 return;
             }
-            st.load.observe_metrics(worker, metrics);
+            st.core.observe_metrics(worker, metrics);
             self.drain(&mut st)
         };
         deliver(deliveries);
@@ -731,7 +693,7 @@ impl Router {
                 Role::Prefill => metrics::PREFILL_WORKER,
                 Role::Worker | Role::Decode => metrics::DECODE_WORKER,
             };
-            let load = st.load.load(worker);
+            let load = st.core.load().load(worker);
             self.metrics.worker_load(
                 &e.spec.address.to_string(),
                 worker_type,
@@ -752,7 +714,7 @@ impl Router {
                 spec: e.spec.clone(),
                 synced: e.synced,
                 blocks: index.worker_blocks(worker),
-                load: st.load.load(worker).total(),
+                load: st.core.load().load(worker).total(),
             })
             .collect()
     }

@@ -1,11 +1,12 @@
-//! Replays the Mooncake-style synthetic trace through the router: for each request
-//! `find_matches`, a pick over 16 workers, then the KV events the chosen worker would
-//! send (its new blocks stored, its least recently used blocks evicted past a per-worker
-//! capacity).
+//! Replays the Mooncake-style synthetic trace through the picker's routing step
+//! (`RoutingCore`): for each request the overlap, a pick over 16 workers with its load
+//! accounting, then the KV events the chosen worker would send (its new blocks stored,
+//! its least recently used blocks evicted past a per-worker capacity).
 //! One op = one request routed, events included (applied to the exact index in `kv`
-//! mode only; `approx` records its own decision instead). Before the criterion runs, one
-//! pass per mode times each decision (`find_matches` + pick) and each event applied on
-//! its own and prints their p50 and p99.
+//! mode only; `approx` learns from its own decisions instead). Before the criterion runs,
+//! one pass per mode times each decision (overlap + pick + bookkeeping, what the picker
+//! does under its lock and before it) and each event applied on its own and prints their
+//! p50 and p99.
 //!
 //! Trace format, one JSON object per line: `timestamp` (ms), `input_length`,
 //! `output_length`, `hash_ids` (ids of 512-token blocks, equal ids = equal prefix block).
@@ -17,11 +18,9 @@ use std::time::{Duration, Instant};
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use dynamo_kvcache::{
-    ApproxConfig, ApproxIndex, BlockHasher, KvEvent, KvIndex, LoadTracker, LocalHash, RemovedBlock,
-    RequestId, RouterMode, Scheduler, SchedulerConfig, SeqHash, StoredBlock, Tier, WorkerId,
+    ApproxConfig, BlockHasher, KvEvent, KvIndex, LocalHash, RemovedBlock, RequestId, RouterMode,
+    RoutingCore, SchedulerConfig, SeqHash, Side, StoredBlock, Tier, WorkerId,
 };
-use rand::SeedableRng;
-use rand::rngs::SmallRng;
 use serde::Deserialize;
 
 const TRACE: &str = concat!(
@@ -152,27 +151,22 @@ fn timed<T>(into: Option<&mut Vec<Duration>>, op: impl FnOnce() -> T) -> T {
 
 fn replay(mode: RouterMode, trace: &[Request], mut times: Option<&mut OpTimes>) -> Stats {
     let mut index = KvIndex::default();
-    let mut approx = ApproxIndex::new(ApproxConfig::default());
-    let mut loads = LoadTracker::new();
-    let mut caches: Vec<WorkerCache> = (0..WORKERS).map(|_| WorkerCache::default()).collect();
-    for w in 0..WORKERS {
-        loads.add_worker(WorkerId(w));
+    let mut core = RoutingCore::new(mode, SchedulerConfig::default(), ApproxConfig::default(), 7);
+    let workers: Vec<WorkerId> = (0..WORKERS).map(WorkerId).collect();
+    for &w in &workers {
+        core.add_worker(w);
     }
-    let mut scheduler = Scheduler::new(mode, SchedulerConfig::default());
-    let mut rng = SmallRng::seed_from_u64(7);
+    let mut caches: Vec<WorkerCache> = (0..WORKERS).map(|_| WorkerCache::default()).collect();
     let (mut prefilling, mut decoding) = (VecDeque::new(), VecDeque::new());
     let mut stats = Stats::default();
 
     for (i, req) in trace.iter().enumerate() {
         let prompt = &req.prompt;
+        let id = RequestId(i as u64);
         let d = timed(times.as_mut().map(|t| &mut t.decisions), || {
-            let scores = match mode {
-                RouterMode::Approx => approx.find_matches(prompt, req.at),
-                _ => index.find_matches(prompt),
-            };
-            scheduler
-                .pick(&scores, &loads.loads(), prompt.len() as u64, &mut rng)
-                .expect("workers exist")
+            let scores = core.overlap(Side::Aggregated, prompt, req.at, |p| index.find_matches(p));
+            core.pick(Side::Aggregated, &scores, &workers, id, prompt, req.at)
+                .expect("workers exist and ids are fresh")
         });
         let worker = d.worker;
         let cache = &mut caches[worker.0 as usize];
@@ -217,24 +211,14 @@ fn replay(mode: RouterMode, trace: &[Request], mut times: Option<&mut OpTimes>) 
             }
             stats.events += 1;
         }
-        if mode == RouterMode::Approx {
-            approx.record(worker, prompt, req.at);
-        }
-
-        let id = RequestId(i as u64);
-        loads
-            .on_pick(id, worker, prompt.len() as u64, new.len() as u64)
-            .expect("fresh id");
         prefilling.push_back(id);
         if prefilling.len() > PREFILL_WINDOW {
             let id = prefilling.pop_front().expect("non-empty");
-            loads.on_first_token(id).expect("in flight");
+            core.first_token(id);
             decoding.push_back(id);
         }
         if decoding.len() > DECODE_WINDOW {
-            loads
-                .on_finish(decoding.pop_front().expect("non-empty"))
-                .expect("in flight");
+            core.finished(decoding.pop_front().expect("non-empty"));
         }
         stats.requests += 1;
         stats.prompt_blocks += prompt.len() as u64;

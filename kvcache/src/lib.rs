@@ -11,6 +11,7 @@
 //! - [`load`]: prefill/decode blocks in flight per pod, and saturation;
 //! - [`scheduler`]: the pure cost function and pick;
 //! - [`queue`]: where requests wait while every pod is saturated;
+//! - [`routing`]: the routing step the picker, the replay and the benchmarks share;
 //! - [`vllm_events`]: vLLM's ZMQ KV event wire format as bytes, shared by the sidecar
 //!   (decoding) and the mock engine (encoding).
 
@@ -22,6 +23,7 @@ pub mod index;
 pub mod load;
 pub mod overlap;
 pub mod queue;
+pub mod routing;
 pub mod scheduler;
 pub mod vllm_events;
 pub mod worker;
@@ -38,6 +40,7 @@ pub use overlap::{OverlapScores, TierCounts, TierCredits};
 pub use queue::{
     QueueFull, QueuePolicy, QueuedRequest, Ticket, UnknownQueuePolicy, WaitingQueue, WorkModel,
 };
+pub use routing::{PickError, RoutingCore, Side};
 pub use scheduler::{
     Decision, RouterMode, ScheduleError, Scheduler, SchedulerConfig, UnknownRouterMode,
     pick_by_cost,

@@ -58,6 +58,45 @@ async fn chat_answers_whole_with_usage() {
 }
 
 #[tokio::test]
+async fn response_ids_are_unique_across_requests_and_engines() {
+    let engines = [
+        serve(EngineConfig::default()).await,
+        serve(EngineConfig::default()).await,
+    ];
+    let mut ids = std::collections::BTreeSet::new();
+    for server in &engines {
+        for (path, body) in [
+            (
+                "/v1/chat/completions",
+                json!({"model": "qwen", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 1}),
+            ),
+            (
+                "/v1/completions",
+                json!({"model": "qwen", "prompt": "Hi", "max_tokens": 1}),
+            ),
+        ] {
+            for _ in 0..2 {
+                let (status, answer) = post(server, path, body.clone()).await;
+                assert_eq!(status, 200, "{answer}");
+                let id = answer["id"].as_str().unwrap().to_string();
+                let prefix = if path.contains("chat") {
+                    "chatcmpl-"
+                } else {
+                    "cmpl-"
+                };
+                assert!(
+                    id.starts_with(prefix) && id.len() == prefix.len() + 32,
+                    "{id}"
+                );
+                ids.insert(id);
+            }
+        }
+    }
+    // Both engines number their requests from the same start: the ids still differ.
+    assert_eq!(ids.len(), 8, "{ids:?}");
+}
+
+#[tokio::test]
 async fn streams_one_sse_chunk_per_token_then_usage_and_done() {
     let server = serve(EngineConfig::default()).await;
     let mut resp = reqwest::Client::new()

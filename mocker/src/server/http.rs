@@ -41,6 +41,23 @@ pub struct AppState {
     pub disagg: Disagg,
     pub metrics: Arc<EngineMetricsExporter>,
     pub created: u64,
+    /// Mixed into response ids, so that engines numbering their requests alike still
+    /// answer with ids unique across a pool.
+    pub id_salt: u64,
+}
+
+/// A value no other engine process is likely to draw: the start time and the process id,
+/// mixed.
+pub fn process_salt() -> u64 {
+    let nanos = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64);
+    splitmix64(nanos ^ (u64::from(std::process::id()) << 32))
+}
+
+/// A response id of 128 bits (vLLM's ids are random UUIDs) from engine request `id`.
+fn response_id(prefix: &str, salt: u64, id: u64) -> String {
+    format!("{prefix}-{salt:016x}{:016x}", splitmix64(salt ^ id))
 }
 
 pub fn router(state: Arc<AppState>) -> Router {
@@ -160,13 +177,14 @@ async fn generate(
             SubmitError::Rejected(r) => ApiError::bad_request(r.to_string(), None),
             SubmitError::Stopped => ApiError::unavailable("the engine has stopped"),
         })?;
+    let id = match req.endpoint {
+        Endpoint::Chat => response_id("chatcmpl", state.id_salt, id),
+        Endpoint::Completions => response_id("cmpl", state.id_salt, id),
+    };
     let answer = Answer {
         state,
         endpoint: req.endpoint,
-        id: match req.endpoint {
-            Endpoint::Chat => format!("chatcmpl-{id:016x}"),
-            Endpoint::Completions => format!("cmpl-{id:016x}"),
-        },
+        id,
         created: unix_now(),
         natural_stop: natural.is_some(),
         include_usage: req.include_usage,

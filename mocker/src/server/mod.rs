@@ -124,6 +124,7 @@ pub async fn start(
         disagg,
         metrics,
         created: http::unix_now(),
+        id_salt: http::process_salt(),
     });
     let app = http::router(state);
     let server = Server::new(&config.server);

@@ -97,6 +97,59 @@ async fn response_ids_are_unique_across_requests_and_engines() {
 }
 
 #[tokio::test]
+async fn parameters_the_mock_engine_cannot_honour_are_refused_by_name() {
+    let server = serve(EngineConfig::default()).await;
+    let chat = |extra: Value| {
+        let mut body = json!({"model": "qwen", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2});
+        body.as_object_mut()
+            .unwrap()
+            .extend(extra.as_object().unwrap().clone());
+        body
+    };
+    for (path, body, param) in [
+        (
+            "/v1/chat/completions",
+            chat(json!({"stop": ["\n"]})),
+            "stop",
+        ),
+        (
+            "/v1/chat/completions",
+            chat(json!({"logprobs": true, "top_logprobs": 2})),
+            "logprobs",
+        ),
+        (
+            "/v1/chat/completions",
+            chat(json!({"response_format": {"type": "json_object"}})),
+            "response_format",
+        ),
+        (
+            "/v1/chat/completions",
+            chat(json!({"tool_choice": "required"})),
+            "tool_choice",
+        ),
+        (
+            "/v1/completions",
+            json!({"model": "qwen", "prompt": "Hi", "max_tokens": 2, "logprobs": 1}),
+            "logprobs",
+        ),
+    ] {
+        let (status, answer) = post(&server, path, body).await;
+        assert_eq!(status, 400, "{param}: {answer}");
+        assert_eq!(answer["error"]["param"], param, "{answer}");
+        let message = answer["error"]["message"].as_str().unwrap();
+        assert!(message.contains("does not implement"), "{message}");
+    }
+    // Their neutral values are no request for anything.
+    for extra in [
+        json!({"stop": null, "logprobs": false, "response_format": {"type": "text"}}),
+        json!({"stop": [], "tool_choice": "auto"}),
+    ] {
+        let (status, answer) = post(&server, "/v1/chat/completions", chat(extra)).await;
+        assert_eq!(status, 200, "{answer}");
+    }
+}
+
+#[tokio::test]
 async fn streams_one_sse_chunk_per_token_then_usage_and_done() {
     let server = serve(EngineConfig::default()).await;
     let mut resp = reqwest::Client::new()

@@ -115,6 +115,7 @@ async fn chat(
     body: Bytes,
 ) -> Result<Response, ApiError> {
     let req: ChatCompletionRequest = parse_body(&body)?;
+    refuse_unimplemented(&req.other)?;
     let prepared = state.model.prepare_chat(&req)?;
     let limited = req.params.max_tokens.is_some() || req.params.max_completion_tokens.is_some();
     let asked = asked(&state, req.params.kv_transfer_params.as_ref(), &headers);
@@ -127,9 +128,45 @@ async fn completions(
     body: Bytes,
 ) -> Result<Response, ApiError> {
     let req: CompletionRequest = parse_body(&body)?;
+    refuse_unimplemented(&req.other)?;
     let prepared = state.model.prepare_completion(&req)?;
     let asked = asked(&state, req.params.kv_transfer_params.as_ref(), &headers);
     generate(state, prepared, req.params.max_tokens.is_some(), asked).await
+}
+
+/// OpenAI parameters whose effect the mock engine cannot produce: refused with a 400 that
+/// names them rather than ignored, so a client never takes a mock answer for a
+/// constrained one (a real vLLM behind the same picker honours them).
+fn refuse_unimplemented(other: &serde_json::Map<String, Value>) -> Result<(), ApiError> {
+    let set = |name: &str| -> Option<&Value> {
+        other.get(name).filter(|v| match v {
+            Value::Null | Value::Bool(false) => false,
+            Value::Array(a) => !a.is_empty(),
+            Value::String(s) => !s.is_empty(),
+            _ => true,
+        })
+    };
+    let refuse = |name: &str, what: &str| {
+        Err(ApiError::bad_request(
+            format!("{name}: the mock engine does not implement {what}"),
+            Some(name),
+        ))
+    };
+    if set("stop").is_some() {
+        return refuse("stop", "stop sequences");
+    }
+    if set("logprobs").is_some() || set("top_logprobs").is_some() {
+        return refuse("logprobs", "log probabilities");
+    }
+    if set("response_format").is_some_and(|f| f.get("type").and_then(Value::as_str) != Some("text"))
+    {
+        return refuse("response_format", "structured output");
+    }
+    // `auto` and `none` leave the choice to the model, which here never calls a tool.
+    if set("tool_choice").is_some_and(|c| !matches!(c.as_str(), Some("auto" | "none"))) {
+        return refuse("tool_choice", "tool calls");
+    }
+    Ok(())
 }
 
 /// Runs a prepared request; `limited` says whether the client set a token limit.

@@ -79,29 +79,26 @@ async fn reconcile_request(
     let mut current = dgdr.clone();
     loop {
         let now = Time(Timestamp::now());
-        let outcome = match dgdr::step(&current) {
-            Step::Validate => match model_config(ctx, &current).await? {
+        let step = dgdr::step(&current);
+        let model = match step {
+            Step::Validate | Step::Profile => match model_config(ctx, &current).await? {
+                Ok(model) => model,
                 Err(message) => {
                     let missing = dgdr::model_config_missing(&current, message, &now);
                     record(ctx, &mut current, missing).await?;
                     return Ok(Action::requeue(MODEL_CONFIG_RETRY));
                 }
-                Ok(model) => {
-                    let checked = dynamo_profiler::request::resolve(&current.spec, model).map(drop);
-                    dgdr::validated(&current, checked, &now)
-                }
             },
+            Step::Deploy | Step::Follow | Step::Wait => None,
+        };
+        let outcome = match step {
+            Step::Validate => {
+                let checked = dynamo_profiler::request::resolve(&current.spec, model).map(drop);
+                dgdr::validated(&current, checked, &now)
+            }
             Step::Profile => {
                 let started = dgdr::profiling(&current, &now);
                 record(ctx, &mut current, started).await?;
-                let model = match model_config(ctx, &current).await? {
-                    Ok(model) => model,
-                    Err(message) => {
-                        let missing = dgdr::model_config_missing(&current, message, &now);
-                        record(ctx, &mut current, missing).await?;
-                        return Ok(Action::requeue(MODEL_CONFIG_RETRY));
-                    }
-                };
                 let result = profile(&current, model).await;
                 if let Ok(profiled) = &result {
                     apply_planner_profile(ctx, &current, profiled).await?;

@@ -2,7 +2,12 @@
 //!
 //! The tracker counts what this router sent: a request's uncached prompt blocks are
 //! *prefill* load from the pick until its first token, then all its blocks are *decode*
-//! load (their KV stays resident) until it finishes. Engine metrics, scraped elsewhere
+//! load (their KV stays resident) until it finishes. Decode load counts blocks as the
+//! engine holds them: a prefix shared by several requests on a pod is one set of blocks
+//! there, so it counts once (as Dynamo's router counts each worker's active blocks by
+//! their sequence hashes, `lib/kv-router`); counting it per request would make a pod that
+//! serves many requests of one prefix look loaded, and push the next one away from the
+//! pod that caches it. Engine metrics, scraped elsewhere
 //! and passed in as numbers, correct that view: EPP replicas are active-active, so each
 //! sees only its own share of a pod's traffic. When metrics arrive, the engine's resident
 //! blocks beyond those of this router's own requests at that moment (all their blocks,
@@ -17,6 +22,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::WorkerId;
 use crate::fast_map::FastMap;
+use crate::hash::SeqHash;
 
 /// The router's id for one request, unique while it is in flight.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
@@ -79,22 +85,50 @@ pub enum LoadError {
     UnknownRequest(RequestId),
 }
 
-#[derive(Clone, Copy, Debug, Default)]
+#[derive(Debug, Default)]
 struct PodLoad {
     prefill: u64,
-    decode: u64,
-    /// Every block of this router's requests in flight on the pod, prefilling or not.
-    held: u64,
+    /// Distinct blocks of the decoding requests, each with how many of them hold it.
+    decoding: BlockCounts,
+    /// Distinct blocks of this router's requests in flight on the pod, prefilling or not.
+    held: BlockCounts,
     /// Resident blocks the last scrape showed beyond `held`.
     untracked: u64,
     metrics: Option<EngineMetrics>,
 }
 
-#[derive(Clone, Copy, Debug)]
+/// Blocks by how many requests hold each.
+#[derive(Debug, Default)]
+struct BlockCounts(FastMap<SeqHash, u32>);
+
+impl BlockCounts {
+    fn add(&mut self, blocks: &[SeqHash]) {
+        for &b in blocks {
+            *self.0.entry(b).or_insert(0) += 1;
+        }
+    }
+
+    fn remove(&mut self, blocks: &[SeqHash]) {
+        for b in blocks {
+            if let Some(n) = self.0.get_mut(b) {
+                *n -= 1;
+                if *n == 0 {
+                    self.0.remove(b);
+                }
+            }
+        }
+    }
+
+    fn distinct(&self) -> u64 {
+        self.0.len() as u64
+    }
+}
+
+#[derive(Clone, Debug)]
 struct InFlight {
     worker: WorkerId,
     new_blocks: u64,
-    total_blocks: u64,
+    blocks: Vec<SeqHash>,
     decoding: bool,
 }
 
@@ -122,12 +156,12 @@ impl LoadTracker {
     }
 
     /// `request` was sent to `worker`: its `new_blocks` uncached prompt blocks become
-    /// prefill load; `total_blocks` (cached ones included) will be decode load.
+    /// prefill load; the `prompt`'s blocks (cached ones included) will be decode load.
     pub fn on_pick(
         &mut self,
         request: RequestId,
         worker: WorkerId,
-        total_blocks: u64,
+        prompt: &[SeqHash],
         new_blocks: u64,
     ) -> Result<(), LoadError> {
         if self.requests.contains_key(&request) {
@@ -135,13 +169,13 @@ impl LoadTracker {
         }
         let pod = self.pods.entry(worker).or_default();
         pod.prefill += new_blocks;
-        pod.held += total_blocks;
+        pod.held.add(prompt);
         self.requests.insert(
             request,
             InFlight {
                 worker,
                 new_blocks,
-                total_blocks,
+                blocks: prompt.to_vec(),
                 decoding: false,
             },
         );
@@ -158,7 +192,7 @@ impl LoadTracker {
             r.decoding = true;
             if let Some(pod) = self.pods.get_mut(&r.worker) {
                 pod.prefill = pod.prefill.saturating_sub(r.new_blocks);
-                pod.decode += r.total_blocks;
+                pod.decoding.add(&r.blocks);
             }
         }
         Ok(())
@@ -171,9 +205,9 @@ impl LoadTracker {
             .remove(&request)
             .ok_or(LoadError::UnknownRequest(request))?;
         if let Some(pod) = self.pods.get_mut(&r.worker) {
-            pod.held = pod.held.saturating_sub(r.total_blocks);
+            pod.held.remove(&r.blocks);
             if r.decoding {
-                pod.decode = pod.decode.saturating_sub(r.total_blocks);
+                pod.decoding.remove(&r.blocks);
             } else {
                 pod.prefill = pod.prefill.saturating_sub(r.new_blocks);
             }
@@ -187,7 +221,7 @@ impl LoadTracker {
         let resident = metrics
             .num_gpu_blocks
             .map(|n| (n as f64 * metrics.kv_cache_usage_perc.clamp(0.0, 1.0)).round() as u64);
-        pod.untracked = resident.map_or(0, |r| r.saturating_sub(pod.held));
+        pod.untracked = resident.map_or(0, |r| r.saturating_sub(pod.held.distinct()));
         pod.metrics = Some(metrics);
     }
 
@@ -200,8 +234,23 @@ impl LoadTracker {
         WorkerLoad {
             worker,
             prefill_blocks: pod.prefill,
-            decode_blocks: pod.decode + pod.untracked,
+            decode_blocks: pod.decoding.distinct() + pod.untracked,
         }
+    }
+
+    /// `worker`'s load were `prompt` sent to it: its decode load grows by the prompt's
+    /// blocks that its requests in flight do not hold already (Dynamo's "potential active
+    /// blocks"), so a pod already serving the prefix costs less than one that would hold
+    /// a second copy of it.
+    pub fn potential(&self, worker: WorkerId, prompt: &[SeqHash]) -> WorkerLoad {
+        let mut load = self.load(worker);
+        let held = self.pods.get(&worker).map_or(0, |p| {
+            // Sequence hashes chain: a request holding a prompt's block holds every
+            // block before it, so the held blocks are a prefix of the prompt.
+            prompt.partition_point(|b| p.held.0.contains_key(b))
+        });
+        load.decode_blocks += (prompt.len() - held) as u64;
+        load
     }
 
     /// Every known pod's load, by increasing worker id.
@@ -247,10 +296,15 @@ mod tests {
 
     const W: WorkerId = WorkerId(1);
 
+    /// `n` distinct blocks, numbered from `first`.
+    fn blocks(first: u64, n: u64) -> Vec<SeqHash> {
+        (first..first + n).map(SeqHash).collect()
+    }
+
     #[test]
     fn a_request_moves_from_prefill_to_decode_then_leaves() {
         let mut t = LoadTracker::new();
-        t.on_pick(RequestId(1), W, 10, 4).unwrap();
+        t.on_pick(RequestId(1), W, &blocks(1000, 10), 4).unwrap();
         assert_eq!((t.load(W).prefill_blocks, t.load(W).decode_blocks), (4, 0));
         t.on_first_token(RequestId(1)).unwrap();
         t.on_first_token(RequestId(1)).unwrap(); // idempotent
@@ -264,12 +318,47 @@ mod tests {
     }
 
     #[test]
+    fn a_prefix_shared_by_requests_on_a_pod_is_decode_load_once() {
+        let mut t = LoadTracker::new();
+        let shared = blocks(0, 8);
+        let with = |tail: u64| [shared.clone(), blocks(tail, 2)].concat();
+        t.on_pick(RequestId(1), W, &with(100), 10).unwrap();
+        t.on_pick(RequestId(2), W, &with(200), 2).unwrap();
+        t.on_first_token(RequestId(1)).unwrap();
+        t.on_first_token(RequestId(2)).unwrap();
+        assert_eq!(t.load(W).decode_blocks, 8 + 2 + 2);
+        // The prefix stays while one request still holds it.
+        t.on_finish(RequestId(1)).unwrap();
+        assert_eq!(t.load(W).decode_blocks, 8 + 2);
+        t.on_finish(RequestId(2)).unwrap();
+        assert_eq!(t.load(W).total(), 0);
+    }
+
+    #[test]
+    fn a_prompt_costs_a_pod_the_blocks_its_requests_do_not_hold_yet() {
+        let mut t = LoadTracker::new();
+        let prefix = blocks(0, 8);
+        t.on_pick(
+            RequestId(1),
+            W,
+            &[prefix.clone(), blocks(100, 2)].concat(),
+            10,
+        )
+        .unwrap();
+        let next = [prefix, blocks(200, 4)].concat();
+        assert_eq!(t.potential(W, &next).decode_blocks, 4, "the prefix is held");
+        assert_eq!(t.potential(WorkerId(9), &next).decode_blocks, 12);
+        t.on_first_token(RequestId(1)).unwrap();
+        assert_eq!(t.potential(W, &next).decode_blocks, 10 + 4);
+    }
+
+    #[test]
     fn a_request_that_fails_before_its_first_token_releases_its_prefill() {
         let mut t = LoadTracker::new();
-        t.on_pick(RequestId(1), W, 10, 4).unwrap();
-        t.on_pick(RequestId(2), W, 6, 6).unwrap();
+        t.on_pick(RequestId(1), W, &blocks(1000, 10), 4).unwrap();
+        t.on_pick(RequestId(2), W, &blocks(2000, 6), 6).unwrap();
         assert_eq!(
-            t.on_pick(RequestId(2), W, 1, 1),
+            t.on_pick(RequestId(2), W, &blocks(2000, 1), 1),
             Err(LoadError::DuplicateRequest(RequestId(2)))
         );
         t.on_finish(RequestId(1)).unwrap();
@@ -284,7 +373,7 @@ mod tests {
             num_gpu_blocks: Some(100),
         };
         let mut t = LoadTracker::new();
-        t.on_pick(RequestId(1), W, 10, 10).unwrap();
+        t.on_pick(RequestId(1), W, &blocks(1000, 10), 10).unwrap();
         t.on_first_token(RequestId(1)).unwrap();
         // Another replica's traffic fills 40 of the 50 resident blocks; we know of 10.
         t.observe_metrics(W, usage(0.5));
@@ -293,14 +382,14 @@ mod tests {
         t.on_finish(RequestId(1)).unwrap();
         assert_eq!(t.load(W).decode_blocks, 40);
         // A scrape showing less than we track adds nothing.
-        t.on_pick(RequestId(2), W, 10, 10).unwrap();
+        t.on_pick(RequestId(2), W, &blocks(2000, 10), 10).unwrap();
         t.on_first_token(RequestId(2)).unwrap();
         t.observe_metrics(W, usage(0.01));
         assert_eq!(t.load(W).decode_blocks, 10);
         // A scrape during our own prefill: the engine already holds the request's blocks,
         // cached ones included, which are not someone else's load.
         t.on_finish(RequestId(2)).unwrap();
-        t.on_pick(RequestId(3), W, 10, 2).unwrap();
+        t.on_pick(RequestId(3), W, &blocks(3000, 10), 2).unwrap();
         t.observe_metrics(W, usage(0.1));
         assert_eq!(
             t.load(W),
@@ -312,7 +401,7 @@ mod tests {
         );
         t.on_finish(RequestId(3)).unwrap();
         assert_eq!(t.load(W).total(), 0, "nothing left once it is done");
-        t.on_pick(RequestId(2), W, 10, 10).unwrap();
+        t.on_pick(RequestId(2), W, &blocks(2000, 10), 10).unwrap();
         t.on_first_token(RequestId(2)).unwrap();
         // Without the cache size, usage cannot be turned into blocks.
         t.observe_metrics(
@@ -334,7 +423,8 @@ mod tests {
             ..SaturationThreshold::default()
         };
         assert!(!t.all_saturated(&limit), "no pods is not busy");
-        t.on_pick(RequestId(1), WorkerId(1), 30, 30).unwrap();
+        t.on_pick(RequestId(1), WorkerId(1), &blocks(1000, 30), 30)
+            .unwrap();
         t.add_worker(WorkerId(2));
         assert!(t.is_saturated(WorkerId(1), &limit));
         assert!(!t.all_saturated(&limit));

@@ -106,7 +106,10 @@ impl RoutingCore {
         now: Duration,
     ) -> Result<Decision, PickError> {
         let prompt_blocks = prompt.len() as u64;
-        let loads: Vec<_> = candidates.iter().map(|&w| self.load.load(w)).collect();
+        let loads: Vec<_> = candidates
+            .iter()
+            .map(|&w| self.load.potential(w, prompt))
+            .collect();
         let scheduler = match side {
             Side::Prefill => &mut self.prefill_scheduler,
             Side::Aggregated | Side::Decode => &mut self.scheduler,
@@ -119,7 +122,7 @@ impl RoutingCore {
             Side::Aggregated | Side::Prefill => prompt_blocks - cached,
         };
         self.load
-            .on_pick(request, decision.worker, prompt_blocks, new_blocks)?;
+            .on_pick(request, decision.worker, prompt, new_blocks)?;
         if self.mode == RouterMode::Approx && side != Side::Decode {
             self.approx.record(decision.worker, prompt, now);
         }

@@ -1,6 +1,7 @@
 //! What the engine and the router both need to speak for a model: its directory
-//! (tokenizer, chat template, context length) and the OpenAI-compatible API (request and
-//! response types, request preparation, OpenAI-style errors).
+//! (tokenizer, chat template, context length), the OpenAI-compatible API (request and
+//! response types, request preparation, OpenAI-style errors), and the parsers that turn
+//! engine text into `tool_calls` and `reasoning_content`.
 
 pub mod chat_template;
 pub mod disagg;
@@ -8,6 +9,7 @@ pub mod error;
 pub mod model_card;
 pub mod model_dir;
 pub mod openai;
+pub mod parsers;
 pub mod prepare;
 pub mod prompt_bound;
 

@@ -191,6 +191,65 @@ pub struct Delta {
     pub content: Option<String>,
 }
 
+/// One call of an assistant message's `tool_calls`: `{id, type: "function", function:
+/// {name, arguments}}`, `arguments` being JSON text, as OpenAI sends it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ToolCall {
+    pub id: String,
+    #[serde(rename = "type")]
+    pub kind: ToolCallType,
+    pub function: FunctionCall,
+}
+
+/// The only tool type OpenAI's chat API defines for calls.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ToolCallType {
+    Function,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FunctionCall {
+    pub name: String,
+    pub arguments: String,
+}
+
+/// One entry of a streamed delta's `tool_calls`. The first delta of a call carries its
+/// `index`, `id`, `type` and `function.name`; later ones the same `index` and more
+/// `function.arguments` text, which the client appends.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ToolCallDelta {
+    pub index: u32,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub id: Option<String>,
+    #[serde(rename = "type", default, skip_serializing_if = "Option::is_none")]
+    pub kind: Option<ToolCallType>,
+    pub function: FunctionCallDelta,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FunctionCallDelta {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub arguments: Option<String>,
+}
+
+impl ToolCall {
+    /// The whole call as one streamed delta, the `index`-th call of the answer.
+    pub fn into_delta(self, index: u32) -> ToolCallDelta {
+        ToolCallDelta {
+            index,
+            id: Some(self.id),
+            kind: Some(self.kind),
+            function: FunctionCallDelta {
+                name: Some(self.function.name),
+                arguments: Some(self.function.arguments),
+            },
+        }
+    }
+}
+
 /// A whole or streamed completion answer (`object: text_completion`; OpenAI uses the
 /// same object name for both).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -295,6 +354,33 @@ mod tests {
         assert_eq!(err.status.as_u16(), 400);
         let err = parse_body::<ChatCompletionRequest>(br#"{"model":"m"}"#).unwrap_err();
         assert!(err.message.contains("messages"), "{}", err.message);
+    }
+
+    #[test]
+    fn tool_calls_have_openai_shapes() {
+        let call = ToolCall {
+            id: "call_1".into(),
+            kind: ToolCallType::Function,
+            function: FunctionCall {
+                name: "f".into(),
+                arguments: r#"{"a":1}"#.into(),
+            },
+        };
+        assert_eq!(
+            serde_json::to_value(&call).unwrap(),
+            json!({"id": "call_1", "type": "function",
+                   "function": {"name": "f", "arguments": "{\"a\":1}"}})
+        );
+        assert_eq!(
+            serde_json::to_value(call.into_delta(2)).unwrap(),
+            json!({"index": 2, "id": "call_1", "type": "function",
+                   "function": {"name": "f", "arguments": "{\"a\":1}"}})
+        );
+        // A later delta of a call: only the index and more arguments.
+        let more: ToolCallDelta =
+            serde_json::from_value(json!({"index": 0, "function": {"arguments": "}"}})).unwrap();
+        assert_eq!((more.id, more.kind, more.function.name), (None, None, None));
+        assert_eq!(more.function.arguments.as_deref(), Some("}"));
     }
 
     #[test]

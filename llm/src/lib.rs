@@ -5,6 +5,7 @@
 
 pub mod chat_template;
 pub mod disagg;
+pub mod embeddings;
 pub mod error;
 pub mod model_card;
 pub mod model_dir;

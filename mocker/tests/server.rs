@@ -150,6 +150,75 @@ async fn parameters_the_mock_engine_cannot_honour_are_refused_by_name() {
 }
 
 #[tokio::test]
+async fn embeddings_are_unit_vectors_equal_for_equal_texts_and_bad_input_is_refused() {
+    let server = serve(EngineConfig::default()).await;
+    let (status, answer) = post(
+        &server,
+        "/v1/embeddings",
+        json!({"model": "qwen", "input": ["the cat sat", "the cat sat", "quantum chromodynamics"]}),
+    )
+    .await;
+    assert_eq!(status, 200, "{answer}");
+    assert_eq!(answer["object"], "list");
+    let vectors: Vec<Vec<f64>> = answer["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .enumerate()
+        .map(|(i, d)| {
+            assert_eq!(d["index"], i);
+            d["embedding"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|x| x.as_f64().unwrap())
+                .collect()
+        })
+        .collect();
+    assert_eq!(vectors[0].len(), 384);
+    let dot = |a: &[f64], b: &[f64]| a.iter().zip(b).map(|(x, y)| x * y).sum::<f64>();
+    assert!((dot(&vectors[0], &vectors[0]) - 1.0).abs() < 1e-4);
+    assert_eq!(vectors[0], vectors[1]);
+    assert!(dot(&vectors[0], &vectors[2]) < 0.9);
+    assert!(answer["usage"]["prompt_tokens"].as_u64().unwrap() >= 6);
+
+    let (_, short) = post(
+        &server,
+        "/v1/embeddings",
+        json!({"model": "qwen", "input": "the cat sat", "dimensions": 64}),
+    )
+    .await;
+    assert_eq!(short["data"][0]["embedding"].as_array().unwrap().len(), 64);
+
+    for (body, status, param) in [
+        (json!({"model": "other", "input": "x"}), 404, None),
+        (json!({"model": "qwen", "input": []}), 400, Some("input")),
+        (json!({"model": "qwen", "input": ""}), 400, Some("input")),
+        (
+            json!({"model": "qwen", "input": [999999999]}),
+            400,
+            Some("input"),
+        ),
+        (
+            json!({"model": "qwen", "input": "x", "encoding_format": "base64"}),
+            400,
+            Some("encoding_format"),
+        ),
+        (
+            json!({"model": "qwen", "input": "x", "dimensions": 0}),
+            400,
+            Some("dimensions"),
+        ),
+    ] {
+        let (got, answer) = post(&server, "/v1/embeddings", body.clone()).await;
+        assert_eq!(got, status, "{body}: {answer}");
+        if let Some(param) = param {
+            assert_eq!(answer["error"]["param"], param, "{answer}");
+        }
+    }
+}
+
+#[tokio::test]
 async fn streams_one_sse_chunk_per_token_then_usage_and_done() {
     let server = serve(EngineConfig::default()).await;
     let mut resp = reqwest::Client::new()

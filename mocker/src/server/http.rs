@@ -12,6 +12,7 @@ use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Json, Response};
 use axum::routing::{get, post};
+use dynamo_llm::embeddings::{self, Embedding, EmbeddingList, EmbeddingRequest, EmbeddingUsage};
 use dynamo_llm::openai::{
     AssistantMessage, ChatChoice, ChatChunkChoice, ChatCompletion, ChatCompletionChunk,
     ChatCompletionRequest, Completion, CompletionChoice, CompletionRequest, Delta, FinishReason,
@@ -66,6 +67,7 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/v1/models", get(models))
         .route("/v1/chat/completions", post(chat))
         .route("/v1/completions", post(completions))
+        .route(embeddings::PATH, post(embed))
         .route("/metrics", get(metrics))
         .route("/reset_prefix_cache", post(reset_prefix_cache))
         .with_state(state)
@@ -132,6 +134,60 @@ async fn completions(
     let prepared = state.model.prepare_completion(&req)?;
     let asked = asked(&state, req.params.kv_transfer_params.as_ref(), &headers);
     generate(state, prepared, req.params.max_tokens.is_some(), asked).await
+}
+
+/// Dimensions of the mock engine's embeddings (a small embedding model's, e.g. 384).
+const EMBEDDING_DIMS: usize = 384;
+
+/// `/v1/embeddings`, as vLLM serves a pooling model: each input's vector is the
+/// normalised sum of a fixed pseudo-random vector per token, so equal texts embed
+/// equally and texts sharing words lie closer than unrelated ones. Embedding is not
+/// simulated in engine time (vLLM runs it as a prefill; the mock answers at once).
+async fn embed(
+    State(state): State<Arc<AppState>>,
+    body: Bytes,
+) -> Result<Json<EmbeddingList>, ApiError> {
+    let req: EmbeddingRequest = parse_body(&body)?;
+    let inputs = state.model.prepare_embeddings(&req, EMBEDDING_DIMS)?;
+    let dims = req.dimensions.map_or(EMBEDDING_DIMS, |d| d as usize);
+    let tokens: u64 = inputs.iter().map(|ids| ids.len() as u64).sum();
+    let data = inputs
+        .iter()
+        .enumerate()
+        .map(|(index, ids)| Embedding {
+            object: "embedding".into(),
+            index,
+            embedding: bag_of_tokens(ids, dims),
+        })
+        .collect();
+    Ok(Json(EmbeddingList {
+        object: "list".into(),
+        data,
+        model: state.model.name.clone(),
+        usage: EmbeddingUsage {
+            prompt_tokens: tokens,
+            total_tokens: tokens,
+        },
+    }))
+}
+
+/// The unit-length sum of each token's pseudo-random vector (components uniform in
+/// [-1, 1], SplitMix64 of the token and the dimension).
+fn bag_of_tokens(ids: &[u32], dims: usize) -> Vec<f32> {
+    let mut v = vec![0f64; dims];
+    for &id in ids {
+        for (d, x) in v.iter_mut().enumerate() {
+            let r = splitmix64((u64::from(id) << 16) ^ d as u64);
+            *x += (r >> 11) as f64 / (1u64 << 52) as f64 - 1.0;
+        }
+    }
+    let norm = v
+        .iter()
+        .map(|x| x * x)
+        .sum::<f64>()
+        .sqrt()
+        .max(f64::MIN_POSITIVE);
+    v.iter().map(|x| (x / norm) as f32).collect()
 }
 
 /// OpenAI parameters whose effect the mock engine cannot produce: refused with a 400 that

@@ -22,6 +22,7 @@ pub mod frontend;
 pub mod meter;
 pub mod metrics;
 pub mod model_source;
+pub mod openapi;
 pub mod pool;
 pub mod request;
 pub mod router;

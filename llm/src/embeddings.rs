@@ -3,6 +3,7 @@
 
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
+use utoipa::ToSchema;
 
 use crate::error::ApiError;
 use crate::model_dir::ModelDir;
@@ -13,7 +14,7 @@ pub const PATH: &str = "/v1/embeddings";
 /// Inputs at most in one request (OpenAI's limit for an array input).
 pub const MAX_INPUTS: usize = 2048;
 
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
 pub struct EmbeddingRequest {
     pub model: String,
     pub input: EmbeddingInput,
@@ -28,7 +29,7 @@ pub struct EmbeddingRequest {
 }
 
 /// What to embed: one text, several, token ids, or several lists of token ids.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
 #[serde(untagged)]
 pub enum EmbeddingInput {
     Text(String),
@@ -37,7 +38,7 @@ pub enum EmbeddingInput {
     TokenLists(Vec<Vec<u32>>),
 }
 
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
 pub struct EmbeddingList {
     pub object: String,
     pub data: Vec<Embedding>,
@@ -45,14 +46,14 @@ pub struct EmbeddingList {
     pub usage: EmbeddingUsage,
 }
 
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
 pub struct Embedding {
     pub object: String,
     pub index: usize,
     pub embedding: Vec<f32>,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 pub struct EmbeddingUsage {
     pub prompt_tokens: u64,
     pub total_tokens: u64,

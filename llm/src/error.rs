@@ -7,7 +7,8 @@
 use axum::Json;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
-use serde_json::json;
+use serde::Serialize;
+use utoipa::ToSchema;
 
 /// OpenAI's `code` for a request longer than the model's context.
 pub const CONTEXT_LENGTH_EXCEEDED: &str = "context_length_exceeded";
@@ -122,15 +123,31 @@ impl ApiError {
 
     /// The JSON body OpenAI clients expect.
     pub fn body(&self) -> serde_json::Value {
-        json!({
-            "error": {
-                "message": self.message,
-                "type": self.kind,
-                "param": self.param,
-                "code": self.code,
-            }
-        })
+        let body = ErrorBody {
+            error: ErrorObject {
+                message: self.message.clone(),
+                kind: self.kind.to_owned(),
+                param: self.param.clone(),
+                code: self.code.map(str::to_owned),
+            },
+        };
+        serde_json::to_value(body).expect("an error body serializes")
     }
+}
+
+/// An error answer's body (for the API description; [`ApiError::body`] writes it).
+#[derive(Debug, Clone, PartialEq, Serialize, ToSchema)]
+pub struct ErrorBody {
+    pub error: ErrorObject,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, ToSchema)]
+pub struct ErrorObject {
+    pub message: String,
+    #[serde(rename = "type")]
+    pub kind: String,
+    pub param: Option<String>,
+    pub code: Option<String>,
 }
 
 impl IntoResponse for ApiError {
@@ -141,6 +158,8 @@ impl IntoResponse for ApiError {
 
 #[cfg(test)]
 mod tests {
+    use serde_json::json;
+
     use super::*;
 
     #[test]

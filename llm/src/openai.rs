@@ -7,6 +7,7 @@
 
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
+use utoipa::ToSchema;
 
 use crate::ApiError;
 
@@ -18,7 +19,7 @@ pub fn parse_body<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, ApiE
 }
 
 /// Options of a streamed answer.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, ToSchema)]
 pub struct StreamOptions {
     /// Send a last chunk carrying `usage`.
     #[serde(default)]
@@ -26,7 +27,7 @@ pub struct StreamOptions {
 }
 
 /// Generation parameters common to chat and completions.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, ToSchema)]
 pub struct SamplingParams {
     #[serde(default)]
     pub stream: bool,
@@ -60,7 +61,7 @@ pub struct SamplingParams {
 }
 
 /// `POST /v1/chat/completions`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
 pub struct ChatCompletionRequest {
     pub model: String,
     pub messages: Vec<ChatMessage>,
@@ -73,7 +74,7 @@ pub struct ChatCompletionRequest {
 }
 
 /// One message of a conversation.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
 pub struct ChatMessage {
     pub role: String,
     /// A string, an array of content parts, or null (an assistant turn with tool calls).
@@ -84,7 +85,7 @@ pub struct ChatMessage {
 }
 
 /// `POST /v1/completions`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
 pub struct CompletionRequest {
     pub model: String,
     pub prompt: Prompt,
@@ -95,7 +96,7 @@ pub struct CompletionRequest {
 }
 
 /// A completion prompt: text, or token ids (a batch of prompts is refused).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
 #[serde(untagged)]
 pub enum Prompt {
     Text(String),
@@ -104,7 +105,7 @@ pub enum Prompt {
 }
 
 /// Token counts of one answer.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 pub struct Usage {
     pub prompt_tokens: u64,
     pub completion_tokens: u64,
@@ -114,7 +115,7 @@ pub struct Usage {
 }
 
 /// How much of the prompt came from the prefix cache.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 pub struct PromptTokensDetails {
     pub cached_tokens: u64,
 }
@@ -131,7 +132,7 @@ impl Usage {
 }
 
 /// Why generation stopped: `stop` (end of sequence or a stop string) or `length`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum FinishReason {
     Stop,
@@ -139,7 +140,7 @@ pub enum FinishReason {
 }
 
 /// A whole chat answer (`object: chat.completion`).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
 pub struct ChatCompletion {
     pub id: String,
     pub object: String,
@@ -151,21 +152,21 @@ pub struct ChatCompletion {
     pub kv_transfer_params: Option<Value>,
 }
 
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
 pub struct ChatChoice {
     pub index: u32,
     pub message: AssistantMessage,
     pub finish_reason: Option<FinishReason>,
 }
 
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
 pub struct AssistantMessage {
     pub role: String,
     pub content: String,
 }
 
 /// One streamed piece of a chat answer (`object: chat.completion.chunk`).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
 pub struct ChatCompletionChunk {
     pub id: String,
     pub object: String,
@@ -176,14 +177,14 @@ pub struct ChatCompletionChunk {
     pub usage: Option<Usage>,
 }
 
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
 pub struct ChatChunkChoice {
     pub index: u32,
     pub delta: Delta,
     pub finish_reason: Option<FinishReason>,
 }
 
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, ToSchema)]
 pub struct Delta {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub role: Option<String>,
@@ -193,7 +194,7 @@ pub struct Delta {
 
 /// One call of an assistant message's `tool_calls`: `{id, type: "function", function:
 /// {name, arguments}}`, `arguments` being JSON text, as OpenAI sends it.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 pub struct ToolCall {
     pub id: String,
     #[serde(rename = "type")]
@@ -202,13 +203,13 @@ pub struct ToolCall {
 }
 
 /// The only tool type OpenAI's chat API defines for calls.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum ToolCallType {
     Function,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 pub struct FunctionCall {
     pub name: String,
     pub arguments: String,
@@ -217,7 +218,7 @@ pub struct FunctionCall {
 /// One entry of a streamed delta's `tool_calls`. The first delta of a call carries its
 /// `index`, `id`, `type` and `function.name`; later ones the same `index` and more
 /// `function.arguments` text, which the client appends.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 pub struct ToolCallDelta {
     pub index: u32,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -227,7 +228,7 @@ pub struct ToolCallDelta {
     pub function: FunctionCallDelta,
 }
 
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 pub struct FunctionCallDelta {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub name: Option<String>,
@@ -252,7 +253,7 @@ impl ToolCall {
 
 /// A whole or streamed completion answer (`object: text_completion`; OpenAI uses the
 /// same object name for both).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
 pub struct Completion {
     pub id: String,
     pub object: String,
@@ -265,7 +266,7 @@ pub struct Completion {
     pub kv_transfer_params: Option<Value>,
 }
 
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
 pub struct CompletionChoice {
     pub index: u32,
     pub text: String,
@@ -273,13 +274,13 @@ pub struct CompletionChoice {
 }
 
 /// `GET /v1/models`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
 pub struct ModelList {
     pub object: String,
     pub data: Vec<ModelCard>,
 }
 
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
 pub struct ModelCard {
     pub id: String,
     pub object: String,

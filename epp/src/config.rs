@@ -119,6 +119,12 @@ pub struct Args {
     /// fails before answering (engine unreachable, connection refused or reset).
     #[arg(long, env = "DYNAMO_EPP_MAX_ATTEMPTS", default_value_t = DEFAULT_MAX_ATTEMPTS)]
     pub max_attempts: usize,
+    /// Times one HTTP frontend request whose answer breaks off (its pod died, its stream
+    /// was cut) is sent to another pod to continue where it stopped, as Dynamo's frontend
+    /// `--migration-limit` (same variable, and off by default as there); when off or
+    /// used up, a stream ends with an error event and a whole answer is a 502.
+    #[arg(long, env = "DYN_MIGRATION_LIMIT", default_value_t = 0)]
+    pub migration_limit: u32,
     /// Largest request body accepted, in bytes [default: the longest prompt text the
     /// model's context could hold, plus 1 MiB].
     #[arg(long, env = "DYNAMO_EPP_MAX_BODY_BYTES")]
@@ -214,6 +220,8 @@ pub struct Config {
     pub router: RouterConfig,
     /// Pods one HTTP frontend request may be tried on (at least 1).
     pub max_attempts: usize,
+    /// Times one HTTP frontend request may migrate to another pod mid-answer (0: never).
+    pub migration_limit: u32,
     /// `None`: derived from the model ([`crate::request::default_body_limit`]).
     pub max_body_bytes: Option<usize>,
     pub server: ServerLimits,
@@ -304,6 +312,7 @@ impl Args {
                 },
             },
             max_attempts: self.max_attempts,
+            migration_limit: self.migration_limit,
             max_body_bytes: self.max_body_bytes,
             server: self.server,
         })
@@ -388,6 +397,9 @@ mod tests {
         assert!(e.contains("--max-attempts"), "{e}");
         let c = args(&["--endpoints", "10.0.0.1:8000"]).unwrap();
         assert_eq!((c.max_attempts, c.max_body_bytes), (3, None));
+        assert_eq!(c.migration_limit, 0, "off, as Dynamo's default");
+        let c = args(&["--endpoints", "10.0.0.1:8000", "--migration-limit", "3"]).unwrap();
+        assert_eq!(c.migration_limit, 3);
         let c = args(&[
             "--endpoints",
             "10.0.0.1:8000",

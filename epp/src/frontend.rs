@@ -12,6 +12,12 @@
 //! while and the request goes to another pod, up to `max_attempts` pods: nothing has
 //! reached the client yet and the body is still in hand. Any other answer, errors
 //! included, goes to the client unchanged.
+//!
+//! An answer that breaks off after its status (the pod died mid-answer) migrates
+//! ([`crate::migration`]) up to `migration_limit` times: a stream is relayed frame by
+//! frame and continued on another pod from the text already sent; a whole answer, of which
+//! nothing was sent yet, is asked again. When migration is off or used up, a stream ends
+//! with an error event and `[DONE]` and a whole answer is a 502, never a silent cut.
 
 use std::pin::Pin;
 use std::sync::Arc;
@@ -29,14 +35,16 @@ use dynamo_llm::ApiError;
 use dynamo_llm::disagg::PREFILLER_HEADER;
 use dynamo_llm::error::ENGINE_UNREACHABLE;
 use dynamo_llm::openai::ModelList;
+use dynamo_llm::openai::SSE_DONE;
 use futures::{Stream, StreamExt};
-use serde_json::{Value, json};
+use serde_json::{Map, Value, json};
 
-use crate::meter::ResponseMeter;
-use crate::metrics::Metrics;
+use crate::meter::{ResponseMeter, find_frame_end};
+use crate::metrics::{Metrics, NEW_REQUEST, ONGOING_REQUEST};
+use crate::migration::{self, Progress};
 use crate::model_source::ModelSource;
 use crate::request::{self, Api};
-use crate::router::{Assignment, RouteError, Router};
+use crate::router::{Assignment, RouteError, RouteRequest, Router};
 
 /// Client headers passed on to the pod: credentials for an engine started with an API
 /// key, and request ids and trace context for its logs. Everything else is the
@@ -60,6 +68,8 @@ pub struct Frontend {
     pub created: u64,
     /// Pods one request is tried on at most.
     pub max_attempts: usize,
+    /// Times one request may migrate mid-answer.
+    pub migration_limit: u32,
 }
 
 impl Frontend {
@@ -69,6 +79,7 @@ impl Frontend {
         metrics: Arc<Metrics>,
         client: reqwest::Client,
         max_attempts: usize,
+        migration_limit: u32,
     ) -> Self {
         let created = SystemTime::now()
             .duration_since(UNIX_EPOCH)
@@ -80,6 +91,7 @@ impl Frontend {
             client,
             created,
             max_attempts,
+            migration_limit,
         }
     }
 
@@ -251,7 +263,7 @@ impl Frontend {
     }
 
     async fn proxy(
-        &self,
+        self: &Arc<Self>,
         api: Api,
         headers: &HeaderMap,
         body: Bytes,
@@ -260,28 +272,88 @@ impl Frontend {
         let model = self.model.get()?.model.clone();
         let prepared = request::prepare_async(model, api, body.clone()).await?;
         let body = request::without_transfer_params(body);
-        let mut route = request::route_request(&prepared);
+        let mut call = Call {
+            api,
+            headers: headers.clone(),
+            request: body.clone(),
+            body,
+            route: request::route_request(&prepared),
+            prompt_tokens: prepared.token_ids.len(),
+            migration_limit: self.migration_limit,
+            migrations_left: self.migration_limit,
+        };
+        let (mut answer, mut assignment) = self.open(&mut call).await?;
+        let meter = ResponseMeter::start(
+            self.metrics.clone(),
+            self.model.name(),
+            call.prompt_tokens,
+            started,
+        );
+        loop {
+            let reply = match answer {
+                Answer::Stream(reply) if reply.status() == StatusCode::OK => reply,
+                other => return Ok(relay(other, assignment, meter)),
+            };
+            let content_type = reply.headers().get(header::CONTENT_TYPE).cloned();
+            if is_event_stream(content_type.as_ref()) {
+                let streamed = Streamed {
+                    progress: Progress::new(api, call.prompt_tokens),
+                    frontend: self.clone(),
+                    call,
+                    upstream: Box::pin(reply.bytes_stream()),
+                    assignment: Some(assignment),
+                    pending: BytesMut::new(),
+                    broke_at: None,
+                    ended: false,
+                };
+                return Ok(respond(
+                    StatusCode::OK,
+                    content_type,
+                    streamed.into_stream(),
+                    meter,
+                ));
+            }
+            // A whole answer is read before any of it is sent, so that one cut short can
+            // be asked again elsewhere.
+            let failure = match reply.bytes().await {
+                Ok(body) => {
+                    let whole = Answer::Whole {
+                        status: StatusCode::OK,
+                        content_type,
+                        body,
+                    };
+                    return Ok(relay(whole, assignment, meter));
+                }
+                Err(e) => e.to_string(),
+            };
+            let address = self.broken(assignment, &failure);
+            if let Some(reason) = call.cannot_migrate() {
+                return Err(migration::interrupted(format!(
+                    "the answer from {address} broke off ({failure}); {reason}"
+                )));
+            }
+            call.migrate(address);
+            self.metrics.migration(self.model.name(), ONGOING_REQUEST);
+            (answer, assignment) = self.open(&mut call).await?;
+        }
+    }
+
+    /// Routes the request and sends it, to another pod each time one fails before
+    /// answering, up to `max_attempts` pods.
+    async fn open(&self, call: &mut Call) -> Result<(Answer, Assignment), ApiError> {
         let mut attempt = 0;
         loop {
             attempt += 1;
             let queued = self.metrics.queued(self.model.name());
             let assignment = self
                 .router
-                .route(route.clone())
+                .route(call.route.clone())
                 .await
                 .map_err(route_error)?;
             drop(queued);
             let address = assignment.address;
-            let failure = match self.attempt(api, headers, &body, &assignment).await {
-                Ok(answer) => {
-                    let meter = ResponseMeter::start(
-                        self.metrics.clone(),
-                        self.model.name(),
-                        prepared.token_ids.len(),
-                        started,
-                    );
-                    return Ok(relay(answer, assignment, meter));
-                }
+            let failure = match self.attempt(call, &assignment).await {
+                Ok(answer) => return Ok((answer, assignment)),
                 Err(failure) => failure,
             };
             tracing::warn!(%address, %failure, attempt, "endpoint failed before answering");
@@ -293,26 +365,30 @@ impl Frontend {
                      {attempt} endpoints tried"
                 )));
             }
-            route.exclude.push(address);
+            self.metrics.migration(self.model.name(), NEW_REQUEST);
+            call.route.exclude.push(address);
         }
+    }
+
+    /// A pod's answer broke off: the pod is avoided for a while and the request's load
+    /// leaves it. Returns its address.
+    fn broken(&self, assignment: Assignment, failure: &str) -> std::net::SocketAddr {
+        let address = assignment.address;
+        tracing::warn!(%address, %failure, "an answer broke off");
+        self.router.mark_unhealthy(address);
+        address
     }
 
     /// Sends the request to the assigned pod; `Err` says why the pod failed before
     /// answering.
-    async fn attempt(
-        &self,
-        api: Api,
-        headers: &HeaderMap,
-        body: &Bytes,
-        assignment: &Assignment,
-    ) -> Result<Answer, String> {
+    async fn attempt(&self, call: &Call, assignment: &Assignment) -> Result<Answer, String> {
         let mut upstream = self
             .client
-            .post(format!("http://{}{}", assignment.address, api.path()))
+            .post(format!("http://{}{}", assignment.address, call.api.path()))
             .header(header::CONTENT_TYPE, "application/json")
-            .body(body.clone());
+            .body(call.body.clone());
         for name in FORWARDED_HEADERS {
-            for value in headers.get_all(name) {
+            for value in call.headers.get_all(name) {
                 upstream = upstream.header(name, value);
             }
         }
@@ -345,8 +421,40 @@ impl Frontend {
     }
 }
 
+/// One request as sent to the pods: what a migration changes and how often it may.
+struct Call {
+    api: Api,
+    /// The client's headers (those in [`FORWARDED_HEADERS`] go on).
+    headers: HeaderMap,
+    /// The client's body (less its transfer parameters), which continuations extend.
+    request: Bytes,
+    /// What goes to the pods: the client's body, or since a migration its continuation.
+    body: Bytes,
+    route: RouteRequest,
+    /// Our count of the prompt's tokens; `route.tokens` starts with them.
+    prompt_tokens: usize,
+    migration_limit: u32,
+    migrations_left: u32,
+}
+
+impl Call {
+    /// Why the request cannot migrate (again), if it cannot.
+    fn cannot_migrate(&self) -> Option<String> {
+        (self.migrations_left == 0).then(|| match self.migration_limit {
+            0 => "migration is off (--migration-limit 0)".to_owned(),
+            n => format!("it migrated {n} times already (--migration-limit {n})"),
+        })
+    }
+
+    /// The request leaves `failed` for another pod.
+    fn migrate(&mut self, failed: std::net::SocketAddr) {
+        self.migrations_left -= 1;
+        self.route.exclude.push(failed);
+    }
+}
+
 /// The upstream answer as the client's response: same status, content type and bytes.
-fn relay(answer: Answer, assignment: Assignment, mut meter: ResponseMeter) -> Response {
+fn relay(answer: Answer, mut assignment: Assignment, meter: ResponseMeter) -> Response {
     let (status, content_type, upstream): (_, _, ByteStream) = match answer {
         Answer::Stream(answer) => (
             answer.status(),
@@ -363,10 +471,25 @@ fn relay(answer: Answer, assignment: Assignment, mut meter: ResponseMeter) -> Re
             Box::pin(futures::stream::iter([Ok(body)])),
         ),
     };
+    // The request's load stays on the pod until the body ends or the client leaves.
+    let upstream = upstream.inspect(move |chunk| {
+        if chunk.is_ok() {
+            assignment.first_token();
+        }
+    });
+    respond(status, content_type, Box::pin(upstream), meter)
+}
+
+/// A response with `body`, measured by `meter`.
+fn respond(
+    status: StatusCode,
+    content_type: Option<HeaderValue>,
+    body: ByteStream,
+    mut meter: ResponseMeter,
+) -> Response {
     meter.set_content_type(content_type.as_ref().and_then(|v| v.to_str().ok()));
     let body = MeteredBody {
-        upstream,
-        assignment: Some(assignment),
+        upstream: body,
         meter: Some(meter),
     };
     let mut response = Response::new(Body::from_stream(body));
@@ -378,13 +501,175 @@ fn relay(answer: Answer, assignment: Assignment, mut meter: ResponseMeter) -> Re
     response
 }
 
+fn is_event_stream(content_type: Option<&HeaderValue>) -> bool {
+    content_type
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("text/event-stream"))
+}
+
 type ByteStream = Pin<Box<dyn Stream<Item = reqwest::Result<Bytes>> + Send>>;
 
-/// The upstream body passed through, measuring it and holding the request's load until
-/// it ends or the client goes away (which drops it).
+/// A streamed answer relayed whole frame by whole frame, so that when it breaks off the
+/// client has had none of a cut frame and the answer can continue on another pod.
+struct Streamed {
+    frontend: Arc<Frontend>,
+    call: Call,
+    upstream: ByteStream,
+    /// The pod's load, until its answer ends or breaks off.
+    assignment: Option<Assignment>,
+    /// Bytes after the last whole frame.
+    pending: BytesMut,
+    progress: Progress,
+    /// When the answer broke off, until its continuation's first chunk is relayed.
+    broke_at: Option<Instant>,
+    ended: bool,
+}
+
+impl Streamed {
+    fn into_stream(self) -> ByteStream {
+        Box::pin(futures::stream::unfold(self, |mut s| async move {
+            let bytes = s.next().await?;
+            Some((Ok(bytes), s))
+        }))
+    }
+
+    /// The next bytes for the client; `None` at the end.
+    async fn next(&mut self) -> Option<Bytes> {
+        while !self.ended {
+            let failure = match self.upstream.next().await {
+                Some(Ok(chunk)) => {
+                    if let Some(a) = self.assignment.as_mut() {
+                        a.first_token();
+                    }
+                    let out = self.frames(&chunk);
+                    if out.is_empty() {
+                        continue;
+                    }
+                    if let Some(broke_at) = self.broke_at.take() {
+                        let resumed = &self.frontend.metrics.migration_resume_seconds;
+                        resumed.observe(broke_at.elapsed().as_secs_f64());
+                    }
+                    return Some(out);
+                }
+                _ if self.progress.done() => break,
+                Some(Err(e)) => e.to_string(),
+                None => "the stream ended before [DONE]".to_owned(),
+            };
+            let end = self.recover(failure).await;
+            if let Some(end) = end {
+                self.ended = true;
+                return Some(Bytes::from(end));
+            }
+        }
+        self.ended = true;
+        self.assignment = None;
+        None
+    }
+
+    /// The whole frames `chunk` completes, as the client gets them.
+    fn frames(&mut self, chunk: &[u8]) -> Bytes {
+        self.pending.extend_from_slice(chunk);
+        let mut out = BytesMut::new();
+        let mut start = 0;
+        while let Some(len) = find_frame_end(&self.pending[start..]) {
+            let frame = &self.pending[start..start + len];
+            if let Some(relayed) = self.progress.on_frame(frame) {
+                out.extend_from_slice(&relayed);
+            }
+            start += len;
+        }
+        let _ = self.pending.split_to(start);
+        out.freeze()
+    }
+
+    /// The answer broke off: continues it on another pod (`None`), or gives the end of
+    /// the stream.
+    async fn recover(&mut self, failure: String) -> Option<String> {
+        let broke_at = Instant::now();
+        let assignment = self.assignment.take().expect("an answer was being relayed");
+        let address = self.frontend.broken(assignment, &failure);
+        self.pending.clear();
+        if self.progress.answered() {
+            return Some(SSE_DONE.to_owned());
+        }
+        let request = serde_json::from_slice::<Map<String, Value>>(&self.call.request)
+            .expect("the body parsed when it was prepared");
+        let loaded = self.frontend.model.get();
+        let sent = loaded
+            .expect("loaded to prepare the request")
+            .model
+            .encode(self.progress.text());
+        let why_not = self
+            .call
+            .cannot_migrate()
+            .or_else(|| migration::not_continuable(&request).map(str::to_owned))
+            .or_else(|| self.progress.not_continuable().map(str::to_owned));
+        if let Some(reason) = why_not {
+            let message = format!(
+                "the answer from {address} broke off after {} tokens ({failure}); {reason}",
+                sent.len()
+            );
+            return Some(migration::error_frames(
+                &migration::interrupted(message).body(),
+            ));
+        }
+        let remaining = migration::remaining(&request, sent.len() as u64);
+        if remaining == Some(0) {
+            let usage = request
+                .get("stream_options")
+                .is_some_and(|o| o["include_usage"] == true);
+            return Some(self.progress.finish_frames(usage, sent.len() as u64));
+        }
+        let next = migration::continuation(self.call.api, &request, self.progress.text(), &sent);
+        self.call.body = Bytes::from(serde_json::to_vec(&next).expect("JSON serializes"));
+        let route = &mut self.call.route;
+        route.tokens.truncate(self.call.prompt_tokens);
+        route.tokens.extend_from_slice(&sent);
+        route.max_tokens = remaining.unwrap_or(route.max_tokens);
+        self.call.migrate(address);
+        let model = self.frontend.model.name();
+        self.frontend.metrics.migration(model, ONGOING_REQUEST);
+        tracing::info!(%address, sent = sent.len(), "migrating an answer to another endpoint");
+        let error = match self.frontend.open(&mut self.call).await {
+            Ok((Answer::Stream(reply), assignment))
+                if reply.status() == StatusCode::OK
+                    && is_event_stream(reply.headers().get(header::CONTENT_TYPE)) =>
+            {
+                self.upstream = Box::pin(reply.bytes_stream());
+                self.assignment = Some(assignment);
+                self.progress.migrated(sent.len() as u64);
+                // A continuation that breaks before its first chunk keeps the first time.
+                self.broke_at.get_or_insert(broke_at);
+                return None;
+            }
+            Ok((answer, _)) => refusal(answer).await,
+            Err(e) => e.body(),
+        };
+        Some(migration::error_frames(&error))
+    }
+}
+
+/// The OpenAI error body of a pod's refusal of a continuation (its own when it sent one).
+async fn refusal(answer: Answer) -> Value {
+    let (status, body) = match answer {
+        Answer::Whole { status, body, .. } => (status, body),
+        Answer::Stream(reply) => {
+            let status = reply.status();
+            (status, reply.bytes().await.unwrap_or_default())
+        }
+    };
+    match serde_json::from_slice::<Value>(&body) {
+        Ok(error) if error.get("error").is_some() => error,
+        _ => migration::interrupted(format!(
+            "the endpoint that was to continue the answer answered {status}"
+        ))
+        .body(),
+    }
+}
+
+/// The client's body, measuring it as it passes.
 struct MeteredBody {
     upstream: ByteStream,
-    assignment: Option<Assignment>,
     meter: Option<ResponseMeter>,
 }
 
@@ -396,9 +681,6 @@ impl Stream for MeteredBody {
         let item = futures::ready!(this.upstream.as_mut().poll_next(cx));
         match &item {
             Some(Ok(chunk)) => {
-                if let Some(a) = this.assignment.as_mut() {
-                    a.first_token();
-                }
                 if let Some(m) = this.meter.as_mut() {
                     m.on_data(chunk);
                 }
@@ -406,13 +688,11 @@ impl Stream for MeteredBody {
             Some(Err(e)) => {
                 tracing::warn!(error = %e, "upstream stream failed");
                 this.meter = None;
-                this.assignment = None;
             }
             None => {
                 if let Some(m) = this.meter.take() {
                     m.finish();
                 }
-                this.assignment = None;
             }
         }
         Poll::Ready(item)

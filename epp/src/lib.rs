@@ -10,7 +10,8 @@
 //!   [`model_source`]: the model, from a directory or the pods' model cards;
 //! - [`router`]: the shared routing state, picks and load accounting;
 //! - [`request`]: OpenAI request checks and tokenization; [`meter`]: response metrics;
-//! - [`frontend`]: the HTTP frontend; [`ext_proc`]: the gateway's ext_proc server;
+//! - [`frontend`]: the HTTP frontend; [`migration`]: continuing an answer on another
+//!   pod; [`ext_proc`]: the gateway's ext_proc server;
 //! - [`metrics`]: the Prometheus registry.
 
 pub mod config;
@@ -21,6 +22,7 @@ pub mod ext_proc;
 pub mod frontend;
 pub mod meter;
 pub mod metrics;
+pub mod migration;
 pub mod model_source;
 pub mod openapi;
 pub mod pool;
@@ -127,6 +129,7 @@ pub async fn start(config: Config) -> anyhow::Result<Epp> {
         metrics.clone(),
         client,
         config.max_attempts,
+        config.migration_limit,
     ));
     let mut tasks = Vec::new();
 

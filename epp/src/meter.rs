@@ -1,7 +1,9 @@
 //! Measures a response as it streams past, without changing it: TTFT and the gaps
 //! between tokens from the Server-Sent Events frames (one frame per token, as vLLM and
 //! the mocker stream), OSL from the final `usage` when the engine sends one (else the
-//! count of token frames), ISL from the router's own tokenization.
+//! count of token frames), ISL from the router's own tokenization. A stream that ends
+//! with an error event (the engine's, or the frontend's when a migration was not
+//! possible) is counted as abandoned, like one cut off.
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -25,6 +27,8 @@ pub struct ResponseMeter {
     last_token: Option<Instant>,
     token_frames: u64,
     usage_tokens: Option<u64>,
+    /// An error event ended the stream.
+    failed: bool,
 }
 
 impl ResponseMeter {
@@ -50,6 +54,7 @@ impl ResponseMeter {
             last_token: None,
             token_frames: 0,
             usage_tokens: None,
+            failed: false,
         }
     }
 
@@ -87,6 +92,7 @@ impl ResponseMeter {
             let Ok(event) = serde_json::from_slice::<Value>(data) else {
                 continue;
             };
+            self.failed |= event.get("error").is_some();
             if carries_token(&event) {
                 self.on_token(Instant::now());
             }
@@ -113,8 +119,11 @@ impl ResponseMeter {
         self.token_frames += 1;
     }
 
-    /// The response ended normally: record its length and duration.
+    /// The response ended: record its length and duration, unless an error event ended it.
     pub fn finish(mut self) {
+        if self.failed {
+            return;
+        }
         if !self.sse {
             self.usage_tokens = serde_json::from_slice::<Value>(&self.buffer)
                 .ok()
@@ -136,7 +145,7 @@ impl Drop for ResponseMeter {
 }
 
 /// Length up to and including the blank line that ends the first frame.
-fn find_frame_end(bytes: &[u8]) -> Option<usize> {
+pub(crate) fn find_frame_end(bytes: &[u8]) -> Option<usize> {
     let lf = bytes.windows(2).position(|w| w == b"\n\n").map(|i| i + 2);
     let crlf = bytes
         .windows(4)
@@ -208,6 +217,25 @@ mod tests {
         assert!(
             text.contains("dynamo_frontend_inflight_requests{model=\"m\"} 0"),
             "{text}"
+        );
+    }
+
+    #[test]
+    fn a_stream_ended_by_an_error_event_is_not_counted_as_complete() {
+        let metrics = Arc::new(Metrics::new());
+        let mut meter = ResponseMeter::start(metrics.clone(), "m", 4, Instant::now());
+        meter.set_content_type(Some("text/event-stream"));
+        meter.on_data(b"data: {\"choices\":[{\"text\":\" a\"}]}\n\n");
+        meter.on_data(b"data: {\"error\":{\"message\":\"cut\"}}\n\ndata: [DONE]\n\n");
+        meter.finish();
+        let text = metrics.encode();
+        assert_eq!(
+            histogram_count(&text, "dynamo_frontend_request_duration_seconds"),
+            0
+        );
+        assert_eq!(
+            histogram_count(&text, "dynamo_frontend_output_sequence_tokens"),
+            0
         );
     }
 

@@ -83,6 +83,12 @@ pub struct Metrics {
     pub queue_wait_seconds: Histogram,
     pub queue_depth: Gauge,
     pub upstream_failures: Family<Labels, Counter>,
+    /// Requests sent to another pod after theirs failed, by `model` and `migration_type`
+    /// ([`NEW_REQUEST`], [`ONGOING_REQUEST`]), as Dynamo's frontend counts them.
+    pub migrations: Family<Labels, Counter>,
+    /// Streamed answers that migrated: from breaking off to their continuation's first
+    /// chunk reaching the client (the gap a migration adds).
+    pub migration_resume_seconds: Histogram,
     /// Disaggregated requests by how their decode pod's prefill hop ended (`outcome`,
     /// from the sidecar's `x-dynamo-prefill-hop`), and the KV transfers' seconds.
     pub prefill_hops: Family<Labels, Counter>,
@@ -110,6 +116,11 @@ pub struct Metrics {
     pub model_context_length: Family<Labels, Gauge>,
 }
 
+/// `migration_type` of [`Metrics::migrations`]: the pod failed before answering, or
+/// mid-answer (Dynamo's label values).
+pub const NEW_REQUEST: &str = "new_request";
+pub const ONGOING_REQUEST: &str = "ongoing_request";
+
 /// `worker_type` of Dynamo's per-worker gauges: `prefill`, or `decode` for pods that
 /// decode (aggregated pods included).
 pub const PREFILL_WORKER: &str = "prefill";
@@ -134,6 +145,17 @@ impl Metrics {
         if let Some(ms) = header(KV_TRANSFER_MS_HEADER).and_then(|v| v.parse::<f64>().ok()) {
             self.kv_transfer_seconds.observe(ms / 1000.0);
         }
+    }
+
+    /// Counts one migration of a request of `model`; `kind` is [`NEW_REQUEST`] or
+    /// [`ONGOING_REQUEST`].
+    pub fn migration(&self, model: &str, kind: &str) {
+        self.migrations
+            .get_or_create(&vec![
+                ("model", model.to_owned()),
+                ("migration_type", kind.to_owned()),
+            ])
+            .inc();
     }
 
     /// Counts a request of `model` as queued until the returned guard is dropped.
@@ -165,6 +187,8 @@ impl Metrics {
             queue_wait_seconds: latency(),
             queue_depth: Gauge::default(),
             upstream_failures: Family::default(),
+            migrations: Family::default(),
+            migration_resume_seconds: latency(),
             prefill_hops: Family::default(),
             kv_transfer_seconds: Histogram::new(ITL_BUCKETS),
             model_card_mismatch: Family::default(),
@@ -273,6 +297,17 @@ impl Metrics {
             "dynamo_epp_upstream_failures",
             "Requests a pod refused before answering, by pod",
             m.upstream_failures.clone(),
+        );
+        r.register(
+            "dynamo_frontend_model_migration",
+            "Requests sent to another pod after theirs failed, by migration_type: \
+             new_request (before answering), ongoing_request (mid-answer)",
+            m.migrations.clone(),
+        );
+        r.register(
+            "dynamo_epp_migration_resume_seconds",
+            "Streamed answers that migrated: from breaking off to the continuation's first chunk",
+            m.migration_resume_seconds.clone(),
         );
         r.register(
             "dynamo_epp_model_card_mismatch",

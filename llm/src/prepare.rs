@@ -30,6 +30,12 @@ pub struct PreparedRequest {
     pub priority: i64,
 }
 
+/// vLLM's chat options: render the conversation with the assistant turn opened for the
+/// answer (default), or leave the final message open so that the model continues it (a
+/// prefilled answer; request migration sends the answer so far this way).
+pub const ADD_GENERATION_PROMPT: &str = "add_generation_prompt";
+pub const CONTINUE_FINAL_MESSAGE: &str = "continue_final_message";
+
 /// Roles a chat template is written for (OpenAI's message roles).
 const ROLES: [&str; 5] = ["system", "developer", "user", "assistant", "tool"];
 
@@ -68,7 +74,19 @@ impl ModelDir {
             rendered["content"] = text_content(&message.content, i)?;
             messages.push(rendered);
         }
-        let prompt = template.render(&messages, req.tools.as_ref(), true)?;
+        let continue_final = chat_flag(req, CONTINUE_FINAL_MESSAGE, false)?;
+        // vLLM's defaults, and its refusal of both (a client must turn the first off).
+        let add_generation_prompt = chat_flag(req, ADD_GENERATION_PROMPT, true)?;
+        if continue_final && add_generation_prompt {
+            return Err(ApiError::bad_request(
+                format!("{CONTINUE_FINAL_MESSAGE} and {ADD_GENERATION_PROMPT} cannot both be true"),
+                Some(CONTINUE_FINAL_MESSAGE),
+            ));
+        }
+        let mut prompt = template.render(&messages, req.tools.as_ref(), add_generation_prompt)?;
+        if continue_final {
+            open_final_message(&mut prompt, &messages[messages.len() - 1]["content"])?;
+        }
         let token_ids = self.tokenize_prompt(&prompt, &req.params, "messages")?;
         self.finish(Endpoint::Chat, token_ids, &req.params, true)
     }
@@ -232,6 +250,37 @@ impl ModelDir {
             priority,
         })
     }
+}
+
+/// A boolean chat option of vLLM's, `default` when absent.
+fn chat_flag(req: &ChatCompletionRequest, name: &str, default: bool) -> Result<bool, ApiError> {
+    match req.other.get(name) {
+        None | Some(Value::Null) => Ok(default),
+        Some(Value::Bool(b)) => Ok(*b),
+        Some(_) => Err(ApiError::bad_request(
+            format!("{name} must be true or false"),
+            Some(name),
+        )),
+    }
+}
+
+/// Cuts the rendered conversation right after the final message's text, dropping what the
+/// template closes the turn with, as `transformers`' `apply_chat_template` does for
+/// `continue_final_message` (templates that strip the text are matched stripped).
+fn open_final_message(prompt: &mut String, content: &Value) -> Result<(), ApiError> {
+    let text = content.as_str().unwrap_or_default();
+    let end = [text, text.trim()]
+        .into_iter()
+        .find_map(|t| prompt.rfind(t).map(|at| at + t.len()))
+        .ok_or_else(|| {
+            ApiError::bad_request(
+                "the chat template does not keep the final message's text, so it cannot \
+                 be continued (continue_final_message)",
+                Some(CONTINUE_FINAL_MESSAGE),
+            )
+        })?;
+    prompt.truncate(end);
+    Ok(())
 }
 
 /// 400 for `prompt[index]`, which is not a token id of a vocabulary of `vocab`.

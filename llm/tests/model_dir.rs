@@ -73,6 +73,30 @@ fn chat_renders_chatml_with_special_tokens() {
 }
 
 #[test]
+fn a_final_message_left_open_is_continued_token_for_token() {
+    let model = load();
+    let user = json!({"role": "user", "content": "Tell a story"});
+    let asked = chat(json!({"model": "qwen", "max_tokens": 8, "messages": [user]}));
+    let prefilled = chat(json!({"model": "qwen", "max_tokens": 8,
+        "messages": [user, {"role": "assistant", "content": " once upon"}],
+        "add_generation_prompt": false, "continue_final_message": true}));
+    // The open assistant turn is the opened one with the answer so far after it.
+    let mut expected = model.prepare_chat(&asked).unwrap().token_ids;
+    expected.extend(model.encode(" once upon"));
+    assert_eq!(model.prepare_chat(&prefilled).unwrap().token_ids, expected);
+    // vLLM's rule: a final message cannot be continued after a new turn is opened.
+    let both = chat(json!({"model": "qwen",
+        "messages": [user, {"role": "assistant", "content": "x"}],
+        "continue_final_message": true}));
+    let err = model.prepare_chat(&both).unwrap_err();
+    assert_eq!(
+        err.param.as_deref(),
+        Some("continue_final_message"),
+        "{err:?}"
+    );
+}
+
+#[test]
 fn content_parts_are_joined_and_images_refused() {
     let model = load();
     let parts = chat(

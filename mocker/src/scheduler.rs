@@ -486,8 +486,12 @@ impl Scheduler {
             if seq.num_computed < seq.tokens.len() {
                 continue; // a prefill chunk with more to come
             }
+            // Keyed by the position in the whole sequence, prompt included: a request that
+            // continues a partial answer (prompt + the answer so far, same seed) gets the
+            // rest of that answer, as a model continuing its own output would.
             let index = seq.outputs();
-            let token = token_at(seq.stream, index as u64, self.limits.vocab_size);
+            let position = seq.tokens.len() as u64;
+            let token = token_at(seq.stream, position, self.limits.vocab_size);
             seq.tokens.push(token);
             seq.extend_hashes(&self.hasher);
             let (ttft_ms, itl_ms) = match seq.first_token_ms {

@@ -349,6 +349,24 @@ fn outputs_are_deterministic_for_a_seed() {
 }
 
 #[test]
+fn a_seeded_answer_resent_with_its_start_appended_continues_the_same() {
+    let run = |tokens: Vec<u32>, max_tokens: usize| {
+        let mut e = Engine::simulated(config(256, 16)).unwrap();
+        let mut r = req(1, tokens, max_tokens);
+        r.seed = Some(5);
+        e.submit(r).unwrap();
+        drain(&mut e)
+            .iter()
+            .flat_map(|s| s.outputs.iter().map(|o| o.token))
+            .collect::<Vec<u32>>()
+    };
+    let whole = run(prompt(0, 30), 12);
+    let mut continued = prompt(0, 30);
+    continued.extend_from_slice(&whole[..5]);
+    assert_eq!(run(continued, 7), whole[5..]);
+}
+
+#[test]
 fn max_num_seqs_caps_the_running_set_and_abort_frees_blocks() {
     let mut cfg = config(256, 16);
     cfg.max_num_seqs = 2;

@@ -230,6 +230,7 @@ pub fn config(file: &EndpointsFile, router: RouterConfig) -> Config {
             ..router
         },
         max_attempts: DEFAULT_MAX_ATTEMPTS,
+        migration_limit: 0,
         max_body_bytes: None,
         server: Default::default(),
     }

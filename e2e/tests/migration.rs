@@ -1,0 +1,170 @@
+//! Request migration (Dynamo's `--migration-limit`): `dynamo run` starts two mocker
+//! workers with their sidecars and the picker (round-robin) as real processes; ten
+//! streams, eight of them through the official `openai` Python client and two raw SSE,
+//! are mid-answer when one engine gets SIGKILL (`scripts/openai_migration.py`).
+//!
+//! With migration on, the five streams of the dead engine continue on the other worker:
+//! every client gets the whole answer, token for token the one the same seeded request
+//! gets alone (the mock engine continues a seeded answer exactly), as one stream (one
+//! chunk id, one role) with usage counting it all. With migration off, those five end
+//! with an error event and `[DONE]`, which the `openai` client raises as an `APIError`,
+//! and the other five complete.
+
+#[allow(dead_code)] // the fixture serves several test binaries, each using a part
+mod support;
+
+use std::path::PathBuf;
+
+use serde_json::Value;
+use support::{LocalGraph, ROOT, get_text, metric_sum};
+
+const STREAMS: usize = 10;
+const MAX_TOKENS: u64 = 400;
+
+/// Runs the streams against `graph`, killing its first worker's engine mid-answer.
+async fn kill_mid_stream(graph: &LocalGraph) -> Vec<Value> {
+    let pid = graph.graph().await["services"]["worker"][0]["engine_pid"]
+        .as_u64()
+        .expect("the engine runs");
+    let python = PathBuf::from(ROOT).join(".cache/venv/bin/python");
+    assert!(python.exists(), "run `make pyenv` first");
+    let script = PathBuf::from(ROOT).join("scripts/openai_migration.py");
+    let args = [
+        graph.url("/v1"),
+        graph.model.clone(),
+        pid.to_string(),
+        STREAMS.to_string(),
+        MAX_TOKENS.to_string(),
+    ];
+    let out = tokio::task::spawn_blocking(move || {
+        std::process::Command::new(python)
+            .arg(script)
+            .args(args)
+            .output()
+            .unwrap()
+    })
+    .await
+    .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "stdout: {stdout}\nstderr: {}\nlog:\n{}",
+        String::from_utf8_lossy(&out.stderr),
+        graph.log_text()
+    );
+    serde_json::from_str::<Vec<Value>>(&stdout).expect("the script prints its results")
+}
+
+/// Whether `stream` got its whole answer, exactly, as one stream; else why not.
+fn whole(stream: &Value) -> Result<(), String> {
+    let fail = |why: &str| Err(format!("{why}: {stream}"));
+    if !stream["error"].is_null() {
+        return fail("failed");
+    }
+    if stream["text"] != stream["expected"] {
+        return fail("not the answer the request gets alone (a token repeated or missing)");
+    }
+    if stream["pieces"] != MAX_TOKENS || stream["finish"] != "length" {
+        return fail("not max_tokens tokens, one per chunk, to a length finish");
+    }
+    match stream["kind"].as_str() {
+        Some("raw") if stream["last"][1] != "[DONE]" => fail("no [DONE] at the end"),
+        Some("raw") => Ok(()),
+        kind => {
+            if stream["usage"]["completion_tokens"] != MAX_TOKENS {
+                return fail("usage does not count the whole answer");
+            }
+            if stream["ids"] != 1 || (kind == Some("chat") && stream["roles"] != 1) {
+                return fail("not one stream: several chunk ids or roles");
+            }
+            Ok(())
+        }
+    }
+}
+
+fn migrations(metrics: &str) -> f64 {
+    let ongoing = [("migration_type", "ongoing_request")];
+    metric_sum(metrics, "dynamo_frontend_model_migration_total", &ongoing)
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn streams_continue_on_another_worker_when_their_engine_is_killed() {
+    let graph = LocalGraph::start_with_env(
+        "agg-mocker.yaml",
+        &["--replicas", "worker=2", "--router-mode", "round-robin"],
+        &[("DYN_MIGRATION_LIMIT", "3")],
+    )
+    .await;
+    let streams = kill_mid_stream(&graph).await;
+    let broken: Vec<String> = streams.iter().filter_map(|s| whole(s).err()).collect();
+    assert!(
+        broken.is_empty(),
+        "{} of {STREAMS} streams broken:\n{}\n{}",
+        broken.len(),
+        broken.join("\n"),
+        graph.log_text()
+    );
+    let metrics = get_text(&graph.url("/metrics")).await;
+    assert_eq!(
+        migrations(&metrics),
+        (STREAMS / 2) as f64,
+        "one migration per stream of the killed engine:\n{metrics}"
+    );
+    // What a migration adds, for the record: the picker times each from the break to the
+    // continuation's first chunk; the clients see it as their stream's longest gap (the
+    // other worker's streams also wait while it prefills the continuations).
+    let resumed = |suffix: &str| {
+        let name = format!("dynamo_epp_migration_resume_seconds_{suffix}");
+        metric_sum(&metrics, &name, &[])
+    };
+    let ms = |key: &str| -> Vec<f64> {
+        let mut v: Vec<f64> = streams.iter().filter_map(|s| s[key].as_f64()).collect();
+        v.sort_by(f64::total_cmp);
+        v
+    };
+    eprintln!(
+        "{STREAMS} of {STREAMS} streams completed whole; migrations resumed after {:.1} ms \
+         on average ({} of them); longest gap per stream (ms): {:.1?}; median gap per \
+         stream (ms): {:.1?}",
+        resumed("sum") * 1000.0 / resumed("count"),
+        resumed("count"),
+        ms("max_gap_ms"),
+        ms("itl_ms"),
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn without_migration_a_broken_stream_ends_with_an_error_event_and_done() {
+    // Migration is off unless asked for, as in Dynamo.
+    let graph = LocalGraph::start(
+        "agg-mocker.yaml",
+        &["--replicas", "worker=2", "--router-mode", "round-robin"],
+    )
+    .await;
+    let streams = kill_mid_stream(&graph).await;
+    let (complete, cut): (Vec<&Value>, Vec<&Value>) =
+        streams.iter().partition(|s| whole(s).is_ok());
+    assert_eq!(
+        (complete.len(), cut.len()),
+        (STREAMS / 2, STREAMS / 2),
+        "the streams of the killed engine, and only they, fail: {streams:#?}"
+    );
+    for stream in cut {
+        match stream["kind"].as_str() {
+            Some("raw") => {
+                let error: Value = serde_json::from_str(stream["last"][0].as_str().unwrap())
+                    .expect("the last event before [DONE] is JSON");
+                assert_eq!(error["error"]["code"], "answer_interrupted", "{stream}");
+                assert_eq!(stream["last"][1], "[DONE]", "{stream}");
+            }
+            _ => {
+                // The `openai` client raises the error event as an API error, not a
+                // broken connection.
+                assert_eq!(stream["error"]["type"], "APIError", "{stream}");
+                let message = stream["error"]["message"].as_str().unwrap();
+                assert!(message.contains("migration is off"), "{stream}");
+            }
+        }
+    }
+    assert_eq!(migrations(&get_text(&graph.url("/metrics")).await), 0.0);
+}

@@ -1,0 +1,141 @@
+"""Streams cut by a killed engine, seen by clients: the official OpenAI Python client
+(chat and completions) and raw SSE over httpx, against a local graph of two mock engine
+workers behind the endpoint picker in round-robin mode (the e2e test of request
+migration, e2e/tests/migration.rs).
+
+Streams start one after another (each once the previous one has its first token), so
+round-robin puts the even ones on one worker and the odd ones on the other. Once every
+stream has MIN_PIECES tokens, the engine ENGINE_PID gets SIGKILL. Every request carries
+a seed, and the mock engine's seeded answers are deterministic, so each stream's text is
+then compared with the same request asked again, whole, afterwards.
+
+Prints a JSON list, one object per stream: kind (raw, chat, completion), error (null,
+or the exception's type and message), text, expected, pieces (chunks with text), usage,
+ids (distinct chunk ids), roles (chunks carrying a role), finish, the last two data
+payloads (raw streams), and the largest and the median gap between pieces (max_gap_ms,
+itl_ms).
+
+Usage: python openai_migration.py BASE_URL MODEL ENGINE_PID STREAMS MAX_TOKENS
+"""
+
+import json
+import os
+import signal
+import statistics
+import sys
+import threading
+import time
+
+import httpx
+from openai import OpenAI
+
+base_url, model = sys.argv[1], sys.argv[2]
+pid, streams, max_tokens = int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
+MIN_PIECES = 30
+client = OpenAI(base_url=base_url, api_key="unused", max_retries=0)
+
+
+def kind(k):
+    """Two raw streams (one per worker), then pairs of chat and completion streams, so
+    that each worker serves both kinds."""
+    if k < 2:
+        return "raw"
+    return "chat" if (k // 2) % 2 else "completion"
+
+
+def request(k):
+    body = dict(model=model, max_tokens=max_tokens, seed=100 + k)
+    if kind(k) == "chat":
+        body["messages"] = [{"role": "user", "content": f"stream {k}: tell a story"}]
+    else:
+        body["prompt"] = f"stream {k}: once upon a time"
+    return body
+
+
+results = [
+    dict(kind=kind(k), error=None, pieces=0, times=[], text="", usage=None, ids=set(),
+         roles=0, finish=None, last=[])
+    for k in range(streams)
+]
+
+
+def piece(r, text):
+    if text:
+        r["text"] += text
+        r["pieces"] += 1
+        r["times"].append(time.monotonic())
+
+
+def stream_raw(r, body):
+    with httpx.stream("POST", f"{base_url}/completions", timeout=120,
+                      json={**body, "stream": True}) as answer:
+        for line in answer.iter_lines():
+            if not line.startswith("data:"):
+                continue
+            data = line[len("data:"):].strip()
+            r["last"] = (r["last"] + [data])[-2:]
+            if data == "[DONE]":
+                continue
+            event = json.loads(data)
+            for choice in event.get("choices") or []:
+                piece(r, choice.get("text"))
+                r["finish"] = choice.get("finish_reason") or r["finish"]
+
+
+def stream_openai(r, body):
+    options = dict(stream=True, stream_options={"include_usage": True})
+    if r["kind"] == "chat":
+        chunks = client.chat.completions.create(**body, **options)
+    else:
+        chunks = client.completions.create(**body, **options)
+    for chunk in chunks:
+        r["ids"].add(chunk.id)
+        r["usage"] = chunk.usage.model_dump() if chunk.usage else r["usage"]
+        for choice in chunk.choices:
+            if r["kind"] == "chat":
+                r["roles"] += choice.delta.role is not None
+                piece(r, choice.delta.content)
+            else:
+                piece(r, choice.text)
+            r["finish"] = choice.finish_reason or r["finish"]
+
+
+def run(k):
+    r = results[k]
+    try:
+        (stream_raw if r["kind"] == "raw" else stream_openai)(r, request(k))
+    except Exception as e:  # noqa: BLE001 - the test asserts on what was raised
+        r["error"] = dict(type=type(e).__name__, message=str(e))
+
+
+def wait_for(cond, what, limit=60):
+    start = time.monotonic()
+    while not cond():
+        if time.monotonic() - start > limit:
+            sys.exit(f"timed out waiting for {what}: {results}")
+        time.sleep(0.002)
+
+
+threads = []
+for k in range(streams):
+    threads.append(threading.Thread(target=run, args=(k,)))
+    threads[-1].start()
+    wait_for(lambda: results[k]["pieces"] or results[k]["error"], f"stream {k} to start")
+wait_for(lambda: all(r["pieces"] >= MIN_PIECES or r["error"] for r in results),
+         f"{MIN_PIECES} tokens on every stream")
+os.kill(pid, signal.SIGKILL)
+for t in threads:
+    t.join(timeout=120)
+
+for k, r in enumerate(results):
+    body = request(k)
+    if r["kind"] == "chat":
+        r["expected"] = client.chat.completions.create(**body).choices[0].message.content
+    else:
+        r["expected"] = client.completions.create(**body).choices[0].text
+    times = r.pop("times")
+    gaps = [b - a for a, b in zip(times, times[1:])]
+    r["max_gap_ms"] = max(gaps) * 1000 if gaps else None
+    r["itl_ms"] = statistics.median(gaps) * 1000 if gaps else None
+    r["ids"] = len(r["ids"])
+print(json.dumps(results))

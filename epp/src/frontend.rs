@@ -43,6 +43,7 @@ use crate::meter::{ResponseMeter, find_frame_end};
 use crate::metrics::{Metrics, NEW_REQUEST, ONGOING_REQUEST};
 use crate::migration::{self, Progress};
 use crate::model_source::ModelSource;
+use crate::openapi;
 use crate::request::{self, Api};
 use crate::router::{Assignment, RouteError, RouteRequest, Router};
 
@@ -122,12 +123,13 @@ pub fn routes(frontend: Arc<Frontend>) -> HttpRouter {
             ),
         )
         .route("/v1/models", get(models))
+        .route(openapi::PATH, get(openapi::serve))
         .merge(ops_routes())
         .fallback(|| async {
             ApiError {
                 status: StatusCode::NOT_FOUND,
                 message: "Not found: the frontend serves /v1/chat/completions, \
-                          /v1/completions and /v1/models"
+                          /v1/completions, /v1/models and /openapi.json"
                     .into(),
                 kind: "invalid_request_error",
                 param: None,

@@ -239,6 +239,12 @@ async fn streaming_passes_the_engines_sse_through_unchanged_and_is_measured() {
 
     let models: Value = picker.get("/v1/models").await.json().await.unwrap();
     assert_eq!(models["data"][0]["id"], MODEL);
+    // The API description, served by the picker itself.
+    let api: Value = picker.get("/openapi.json").await.json().await.unwrap();
+    assert!(
+        api["paths"]["/v1/chat/completions"]["post"].is_object(),
+        "{api}"
+    );
     let metrics = picker.metrics().await;
     assert_eq!(
         sum_metric(

@@ -3,7 +3,6 @@
 //! description cannot drift from the code that serves it.
 
 use axum::Json;
-use dynamo_llm::embeddings::{EmbeddingList, EmbeddingRequest};
 use dynamo_llm::error::ErrorBody;
 use dynamo_llm::openai::{
     ChatCompletion, ChatCompletionChunk, ChatCompletionRequest, Completion, CompletionRequest,
@@ -18,10 +17,10 @@ pub const PATH: &str = "/openapi.json";
 #[openapi(
     info(
         title = "dynamo-rs OpenAI-compatible frontend",
-        description = "The endpoint picker's HTTP frontend: OpenAI's chat, completions, \
-                       embeddings and models APIs, routed to the engine holding the prompt's KV cache."
+        description = "The endpoint picker's HTTP frontend: OpenAI's chat, completions \
+                       and models APIs, routed to the engine holding the prompt's KV cache."
     ),
-    paths(chat_completions, completions, embeddings, models),
+    paths(chat_completions, completions, models),
     components(schemas(ChatCompletionChunk))
 )]
 struct FrontendApi;
@@ -66,21 +65,6 @@ fn chat_completions() {}
 #[allow(dead_code)]
 fn completions() {}
 
-/// Embeddings, from the engines that serve them.
-#[utoipa::path(
-    post,
-    path = "/v1/embeddings",
-    request_body = EmbeddingRequest,
-    responses(
-        (status = 200, description = "One vector per input", body = EmbeddingList),
-        (status = 400, description = "A malformed request", body = ErrorBody),
-        (status = 404, description = "An unknown model, or engines that serve no embeddings", body = ErrorBody),
-        (status = 503, description = "No engine can serve it", body = ErrorBody),
-    )
-)]
-#[allow(dead_code)]
-fn embeddings() {}
-
 /// The served model.
 #[utoipa::path(get, path = "/v1/models", responses((status = 200, body = ModelList)))]
 #[allow(dead_code)]
@@ -94,7 +78,7 @@ mod tests {
     async fn the_document_names_every_route_with_its_generated_schemas() {
         let doc = serde_json::to_value(serve().await.0).unwrap();
         assert!(doc["openapi"].as_str().unwrap().starts_with("3."));
-        for path in ["/v1/chat/completions", "/v1/completions", "/v1/embeddings"] {
+        for path in ["/v1/chat/completions", "/v1/completions"] {
             let op = &doc["paths"][path]["post"];
             assert!(op["requestBody"].is_object(), "{path}: {op}");
             assert!(op["responses"]["400"].is_object(), "{path}");
@@ -111,12 +95,7 @@ mod tests {
         });
         let props = props.unwrap_or_else(|| panic!("{chat}"));
         assert!(props.contains_key("messages"), "{chat}");
-        for schema in [
-            "ChatCompletion",
-            "ChatCompletionChunk",
-            "ErrorBody",
-            "EmbeddingRequest",
-        ] {
+        for schema in ["ChatCompletion", "ChatCompletionChunk", "ErrorBody"] {
             assert!(schemas[schema].is_object(), "{schema} missing");
         }
     }

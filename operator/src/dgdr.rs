@@ -114,53 +114,21 @@ pub fn validated(
     now: &Time,
 ) -> Outcome {
     let mut out = begin(dgdr);
-    let generation = dgdr.metadata.generation;
+    let at = At::new(dgdr, now);
     let s = &mut out.status;
     match checked {
         Ok(()) => {
             s.phase = Some(RequestPhase::Pending);
-            set(
-                s,
-                VALIDATION,
-                "True",
-                "Validated",
-                "the spec is valid",
-                generation,
-                now,
-            );
-            set(
-                s,
-                SUCCEEDED,
-                "False",
-                "Pending",
-                "waiting to profile",
-                generation,
-                now,
-            );
+            at.set(s, VALIDATION, "True", "Validated", "the spec is valid");
+            at.set(s, SUCCEEDED, "False", "Pending", "waiting to profile");
             out.events
                 .push(normal("Initialized", "the spec is valid; profiling".into()));
         }
         Err(e) => {
             let message = e.to_string();
             s.phase = Some(RequestPhase::Failed);
-            set(
-                s,
-                VALIDATION,
-                "False",
-                "ValidationFailed",
-                &message,
-                generation,
-                now,
-            );
-            set(
-                s,
-                SUCCEEDED,
-                "False",
-                "ValidationFailed",
-                &message,
-                generation,
-                now,
-            );
+            at.set(s, VALIDATION, "False", "ValidationFailed", &message);
+            at.set(s, SUCCEEDED, "False", "ValidationFailed", &message);
             out.events.push(warning("ValidationFailed", message));
         }
     }
@@ -175,27 +143,11 @@ pub fn model_config_missing(
     now: &Time,
 ) -> Outcome {
     let mut out = begin(dgdr);
-    let generation = dgdr.metadata.generation;
+    let at = At::new(dgdr, now);
     let s = &mut out.status;
     s.phase = Some(RequestPhase::Pending);
-    set(
-        s,
-        VALIDATION,
-        "False",
-        MODEL_CONFIG_NOT_FOUND,
-        &message,
-        generation,
-        now,
-    );
-    set(
-        s,
-        SUCCEEDED,
-        "False",
-        MODEL_CONFIG_NOT_FOUND,
-        &message,
-        generation,
-        now,
-    );
+    at.set(s, VALIDATION, "False", MODEL_CONFIG_NOT_FOUND, &message);
+    at.set(s, SUCCEEDED, "False", MODEL_CONFIG_NOT_FOUND, &message);
     out.events.push(warning(MODEL_CONFIG_NOT_FOUND, message));
     out
 }
@@ -203,21 +155,13 @@ pub fn model_config_missing(
 /// Profiling begins.
 pub fn profiling(dgdr: &DynamoGraphDeploymentRequest, now: &Time) -> Outcome {
     let mut out = begin(dgdr);
-    let generation = dgdr.metadata.generation;
+    let at = At::new(dgdr, now);
     let s = &mut out.status;
     s.phase = Some(RequestPhase::Profiling);
     s.profiling_phase = Some(ProfilingPhase::Initializing);
     let message = "sweeping layouts on the performance model";
-    set(
-        s,
-        PROFILING,
-        "Unknown",
-        "Initializing",
-        message,
-        generation,
-        now,
-    );
-    set(s, SUCCEEDED, "False", "Profiling", message, generation, now);
+    at.set(s, PROFILING, "Unknown", "Initializing", message);
+    at.set(s, SUCCEEDED, "False", "Profiling", message);
     out
 }
 
@@ -228,7 +172,7 @@ pub fn profiled(
     now: &Time,
 ) -> Outcome {
     let mut out = begin(dgdr);
-    let generation = dgdr.metadata.generation;
+    let at = At::new(dgdr, now);
     let s = &mut out.status;
     s.profiling_phase = Some(ProfilingPhase::Done);
     let profiled = match result {
@@ -240,8 +184,8 @@ pub fn profiled(
             };
             let message = e.to_string();
             s.phase = Some(RequestPhase::Failed);
-            set(s, PROFILING, "False", reason, &message, generation, now);
-            set(s, SUCCEEDED, "False", reason, &message, generation, now);
+            at.set(s, PROFILING, "False", reason, &message);
+            at.set(s, SUCCEEDED, "False", reason, &message);
             out.events.push(warning(reason, message));
             return out;
         }
@@ -258,41 +202,17 @@ pub fn profiled(
     );
     s.phase = Some(RequestPhase::Ready);
     let dgd_name = profiled.dgd.metadata.name.clone();
-    set(s, PROFILING, "True", "Completed", &message, generation, now);
+    at.set(s, PROFILING, "True", "Completed", &message);
     let generated = format!(
         "graph {} is in status.profilingResults.selectedConfig",
         dgd_name.as_deref().unwrap_or_default()
     );
-    set(
-        s,
-        SPEC_GENERATED,
-        "True",
-        "SpecGenerated",
-        &generated,
-        generation,
-        now,
-    );
+    at.set(s, SPEC_GENERATED, "True", "SpecGenerated", &generated);
     if dgdr.spec.auto_apply {
-        set(
-            s,
-            SUCCEEDED,
-            "False",
-            "Deploying",
-            &message,
-            generation,
-            now,
-        );
+        at.set(s, SUCCEEDED, "False", "Deploying", &message);
     } else {
         // Without autoApply the request's work ends with the generated graph.
-        set(
-            s,
-            SUCCEEDED,
-            "True",
-            "SpecGenerated",
-            &message,
-            generation,
-            now,
-        );
+        at.set(s, SUCCEEDED, "True", "SpecGenerated", &message);
     }
     s.profiling_results = Some(ProfilingResults {
         pareto: Some(
@@ -377,29 +297,13 @@ pub fn controls(dgdr: &DynamoGraphDeploymentRequest, dgd: &DynamoGraphDeployment
 /// The generated graph was applied (`created`: it did not exist before).
 pub fn deploying(dgdr: &DynamoGraphDeploymentRequest, created: bool, now: &Time) -> Outcome {
     let mut out = begin(dgdr);
-    let generation = dgdr.metadata.generation;
+    let at = At::new(dgdr, now);
     let s = &mut out.status;
     let dgd = s.dgd_name.clone().unwrap_or_default();
     s.phase = Some(RequestPhase::Deploying);
     let message = format!("graph {dgd} applied; waiting for it to be ready");
-    set(
-        s,
-        DEPLOYMENT_READY,
-        "False",
-        "Deploying",
-        &message,
-        generation,
-        now,
-    );
-    set(
-        s,
-        SUCCEEDED,
-        "False",
-        "Deploying",
-        &message,
-        generation,
-        now,
-    );
+    at.set(s, DEPLOYMENT_READY, "False", "Deploying", &message);
+    at.set(s, SUCCEEDED, "False", "Deploying", &message);
     let (reason, verb) = if created {
         ("DeploymentCreated", "created")
     } else {
@@ -413,7 +317,7 @@ pub fn deploying(dgdr: &DynamoGraphDeploymentRequest, created: bool, now: &Time)
 /// A graph of the same name exists and this request does not control it.
 pub fn name_taken(dgdr: &DynamoGraphDeploymentRequest, now: &Time) -> Outcome {
     let mut out = begin(dgdr);
-    let generation = dgdr.metadata.generation;
+    let at = At::new(dgdr, now);
     let s = &mut out.status;
     let dgd = s.dgd_name.clone().unwrap_or_default();
     let message = format!(
@@ -421,24 +325,8 @@ pub fn name_taken(dgdr: &DynamoGraphDeploymentRequest, now: &Time) -> Outcome {
          delete it, or give the request another name"
     );
     s.phase = Some(RequestPhase::Failed);
-    set(
-        s,
-        DEPLOYMENT_READY,
-        "False",
-        "NameTaken",
-        &message,
-        generation,
-        now,
-    );
-    set(
-        s,
-        SUCCEEDED,
-        "False",
-        "NameTaken",
-        &message,
-        generation,
-        now,
-    );
+    at.set(s, DEPLOYMENT_READY, "False", "NameTaken", &message);
+    at.set(s, SUCCEEDED, "False", "NameTaken", &message);
     out.events.push(warning("NameTaken", message));
     out
 }
@@ -450,7 +338,7 @@ pub fn follow(
     now: &Time,
 ) -> Outcome {
     let mut out = begin(dgdr);
-    let generation = dgdr.metadata.generation;
+    let at = At::new(dgdr, now);
     let was = out.status.phase;
     let s = &mut out.status;
     let name = s.dgd_name.clone().unwrap_or_default();
@@ -460,24 +348,8 @@ pub fn follow(
              manifest stays in status.profilingResults.selectedConfig)"
         );
         s.phase = Some(RequestPhase::Ready);
-        set(
-            s,
-            DEPLOYMENT_READY,
-            "False",
-            DEPLOYMENT_DELETED,
-            &message,
-            generation,
-            now,
-        );
-        set(
-            s,
-            SUCCEEDED,
-            "False",
-            DEPLOYMENT_DELETED,
-            &message,
-            generation,
-            now,
-        );
+        at.set(s, DEPLOYMENT_READY, "False", DEPLOYMENT_DELETED, &message);
+        at.set(s, SUCCEEDED, "False", DEPLOYMENT_DELETED, &message);
         out.events.push(warning(DEPLOYMENT_DELETED, message));
         return out;
     };
@@ -487,16 +359,8 @@ pub fn follow(
     if current && state == Some(GraphState::Ready) {
         let message = format!("graph {name} is ready");
         s.phase = Some(RequestPhase::Deployed);
-        set(
-            s,
-            DEPLOYMENT_READY,
-            "True",
-            "DeploymentReady",
-            &message,
-            generation,
-            now,
-        );
-        set(s, SUCCEEDED, "True", "Deployed", &message, generation, now);
+        at.set(s, DEPLOYMENT_READY, "True", "DeploymentReady", &message);
+        at.set(s, SUCCEEDED, "True", "Deployed", &message);
         if was != Some(RequestPhase::Deployed) {
             out.events.push(normal("DeploymentReady", message));
         }
@@ -511,24 +375,8 @@ pub fn follow(
     });
     let message = format!("graph {name} is {state}");
     s.phase = Some(RequestPhase::Deploying);
-    set(
-        s,
-        DEPLOYMENT_READY,
-        "False",
-        "Deploying",
-        &message,
-        generation,
-        now,
-    );
-    set(
-        s,
-        SUCCEEDED,
-        "False",
-        "Deploying",
-        &message,
-        generation,
-        now,
-    );
+    at.set(s, DEPLOYMENT_READY, "False", "Deploying", &message);
+    at.set(s, SUCCEEDED, "False", "Deploying", &message);
     if was == Some(RequestPhase::Deployed) {
         out.events.push(warning("DeploymentDegraded", message));
     }
@@ -550,6 +398,35 @@ fn find<'s>(status: &'s DynamoGraphDeploymentRequestStatus, type_: &str) -> Opti
         .iter()
         .find(|c| c.type_ == type_)
 }
+
+/// The generation and time a step's conditions are written at.
+struct At<'t> {
+    generation: Option<i64>,
+    now: &'t Time,
+}
+
+impl<'t> At<'t> {
+    fn new(dgdr: &DynamoGraphDeploymentRequest, now: &'t Time) -> Self {
+        Self {
+            generation: dgdr.metadata.generation,
+            now,
+        }
+    }
+
+    fn set(&self, status: &mut Status, type_: &str, value: &str, reason: &str, message: &str) {
+        set(
+            status,
+            type_,
+            value,
+            reason,
+            message,
+            self.generation,
+            self.now,
+        );
+    }
+}
+
+type Status = DynamoGraphDeploymentRequestStatus;
 
 /// Sets condition `type_`; its transition time moves only when its status does.
 fn set(

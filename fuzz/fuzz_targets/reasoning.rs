@@ -8,20 +8,8 @@
 use dynamo_llm::parsers::ReasoningParser;
 use libfuzzer_sys::fuzz_target;
 
-/// `text` in deltas of 1 to 13 bytes, sizes drawn from `seed`, cut between characters.
-fn deltas(text: &str, seed: u8) -> Vec<&str> {
-    let (mut out, mut at, mut step) = (Vec::new(), 0, usize::from(seed));
-    while at < text.len() {
-        let mut end = (at + 1 + step % 13).min(text.len());
-        while !text.is_char_boundary(end) {
-            end += 1;
-        }
-        out.push(&text[at..end]);
-        at = end;
-        step = step.wrapping_mul(31).wrapping_add(7);
-    }
-    out
-}
+mod deltas;
+use deltas::deltas;
 
 fuzz_target!(|data: &[u8]| {
     let [mode, seed, rest @ ..] = data else {

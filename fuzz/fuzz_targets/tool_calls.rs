@@ -8,6 +8,9 @@
 use dynamo_llm::parsers::{StreamDelta, ToolCallParser};
 use libfuzzer_sys::fuzz_target;
 
+mod deltas;
+use deltas::deltas;
+
 const NAMES: [&str; 6] = [
     "hermes",
     "mistral",
@@ -16,21 +19,6 @@ const NAMES: [&str; 6] = [
     "pythonic",
     "phi4_mini_json",
 ];
-
-/// `text` in deltas of 1 to 13 bytes, sizes drawn from `seed`, cut between characters.
-fn deltas(text: &str, seed: u8) -> Vec<&str> {
-    let (mut out, mut at, mut step) = (Vec::new(), 0, usize::from(seed));
-    while at < text.len() {
-        let mut end = (at + 1 + step % 13).min(text.len());
-        while !text.is_char_boundary(end) {
-            end += 1;
-        }
-        out.push(&text[at..end]);
-        at = end;
-        step = step.wrapping_mul(31).wrapping_add(7);
-    }
-    out
-}
 
 fuzz_target!(|data: &[u8]| {
     let [format, seed, rest @ ..] = data else {

@@ -37,7 +37,7 @@ pub fn poisson(n: usize, rate: f64, seed: u64) -> Vec<f64> {
 
 /// A gap between two arrivals of a Poisson process of `rate` requests/s, ms: exponential
 /// with mean `1/rate`, drawn by inversion.
-fn exponential_gap_ms(rng: &mut StdRng, rate: f64) -> f64 {
+pub fn exponential_gap_ms(rng: &mut StdRng, rate: f64) -> f64 {
     // 1 - u lies in (0, 1], so the logarithm is finite.
     let u: f64 = rng.random();
     -(1.0 - u).ln() / rate * 1000.0

@@ -21,8 +21,33 @@ use support::{LocalGraph, ROOT, get_text, metric_sum};
 const STREAMS: usize = 10;
 const MAX_TOKENS: u64 = 400;
 
+/// Waits until the picker routes to both workers: round-robin then gives each half of
+/// the streams (on a loaded machine the second worker can come up after the graph is
+/// healthy).
+async fn both_workers_routable(graph: &LocalGraph) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    loop {
+        let metrics = get_text(&graph.url("/metrics")).await;
+        let ready = metric_sum(
+            &metrics,
+            "dynamo_epp_endpoints",
+            &[("role", "worker"), ("state", "ready")],
+        );
+        if ready >= 2.0 {
+            return;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{ready} workers ready in the picker after 60 s\n{}",
+            graph.log_text()
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+}
+
 /// Runs the streams against `graph`, killing its first worker's engine mid-answer.
 async fn kill_mid_stream(graph: &LocalGraph) -> Vec<Value> {
+    both_workers_routable(graph).await;
     let pid = graph.graph().await["services"]["worker"][0]["engine_pid"]
         .as_u64()
         .expect("the engine runs");

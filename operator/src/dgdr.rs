@@ -127,8 +127,7 @@ pub fn validated(
         Err(e) => {
             let message = e.to_string();
             s.phase = Some(RequestPhase::Failed);
-            at.set(s, VALIDATION, "False", "ValidationFailed", &message);
-            at.set(s, SUCCEEDED, "False", "ValidationFailed", &message);
+            at.not_done(s, VALIDATION, "ValidationFailed", &message);
             out.events.push(warning("ValidationFailed", message));
         }
     }
@@ -146,8 +145,7 @@ pub fn model_config_missing(
     let at = At::new(dgdr, now);
     let s = &mut out.status;
     s.phase = Some(RequestPhase::Pending);
-    at.set(s, VALIDATION, "False", MODEL_CONFIG_NOT_FOUND, &message);
-    at.set(s, SUCCEEDED, "False", MODEL_CONFIG_NOT_FOUND, &message);
+    at.not_done(s, VALIDATION, MODEL_CONFIG_NOT_FOUND, &message);
     out.events.push(warning(MODEL_CONFIG_NOT_FOUND, message));
     out
 }
@@ -184,8 +182,7 @@ pub fn profiled(
             };
             let message = e.to_string();
             s.phase = Some(RequestPhase::Failed);
-            at.set(s, PROFILING, "False", reason, &message);
-            at.set(s, SUCCEEDED, "False", reason, &message);
+            at.not_done(s, PROFILING, reason, &message);
             out.events.push(warning(reason, message));
             return out;
         }
@@ -302,8 +299,7 @@ pub fn deploying(dgdr: &DynamoGraphDeploymentRequest, created: bool, now: &Time)
     let dgd = s.dgd_name.clone().unwrap_or_default();
     s.phase = Some(RequestPhase::Deploying);
     let message = format!("graph {dgd} applied; waiting for it to be ready");
-    at.set(s, DEPLOYMENT_READY, "False", "Deploying", &message);
-    at.set(s, SUCCEEDED, "False", "Deploying", &message);
+    at.not_done(s, DEPLOYMENT_READY, "Deploying", &message);
     let (reason, verb) = if created {
         ("DeploymentCreated", "created")
     } else {
@@ -325,8 +321,7 @@ pub fn name_taken(dgdr: &DynamoGraphDeploymentRequest, now: &Time) -> Outcome {
          delete it, or give the request another name"
     );
     s.phase = Some(RequestPhase::Failed);
-    at.set(s, DEPLOYMENT_READY, "False", "NameTaken", &message);
-    at.set(s, SUCCEEDED, "False", "NameTaken", &message);
+    at.not_done(s, DEPLOYMENT_READY, "NameTaken", &message);
     out.events.push(warning("NameTaken", message));
     out
 }
@@ -348,8 +343,7 @@ pub fn follow(
              manifest stays in status.profilingResults.selectedConfig)"
         );
         s.phase = Some(RequestPhase::Ready);
-        at.set(s, DEPLOYMENT_READY, "False", DEPLOYMENT_DELETED, &message);
-        at.set(s, SUCCEEDED, "False", DEPLOYMENT_DELETED, &message);
+        at.not_done(s, DEPLOYMENT_READY, DEPLOYMENT_DELETED, &message);
         out.events.push(warning(DEPLOYMENT_DELETED, message));
         return out;
     };
@@ -375,8 +369,7 @@ pub fn follow(
     });
     let message = format!("graph {name} is {state}");
     s.phase = Some(RequestPhase::Deploying);
-    at.set(s, DEPLOYMENT_READY, "False", "Deploying", &message);
-    at.set(s, SUCCEEDED, "False", "Deploying", &message);
+    at.not_done(s, DEPLOYMENT_READY, "Deploying", &message);
     if was == Some(RequestPhase::Deployed) {
         out.events.push(warning("DeploymentDegraded", message));
     }
@@ -423,6 +416,13 @@ impl<'t> At<'t> {
             self.generation,
             self.now,
         );
+    }
+
+    /// Condition `type_` False for `reason`, and the request not done (`Succeeded`
+    /// False) for the same reason.
+    fn not_done(&self, status: &mut Status, type_: &str, reason: &str, message: &str) {
+        self.set(status, type_, "False", reason, message);
+        self.set(status, SUCCEEDED, "False", reason, message);
     }
 }
 

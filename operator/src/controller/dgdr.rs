@@ -77,17 +77,22 @@ async fn reconcile_request(
         return Ok(Action::await_change());
     }
     let mut current = dgdr.clone();
+    // The model's ConfigMap, read once per pass: validating and profiling both need it.
+    let mut read: Option<Option<ModelArch>> = None;
     loop {
         let now = Time(Timestamp::now());
         let step = dgdr::step(&current);
         let model = match step {
-            Step::Validate | Step::Profile => match model_config(ctx, &current).await? {
-                Ok(model) => model,
-                Err(message) => {
-                    let missing = dgdr::model_config_missing(&current, message, &now);
-                    record(ctx, &mut current, missing).await?;
-                    return Ok(Action::requeue(MODEL_CONFIG_RETRY));
-                }
+            Step::Validate | Step::Profile => match &read {
+                Some(model) => model.clone(),
+                None => match model_config(ctx, &current).await? {
+                    Ok(model) => read.insert(model).clone(),
+                    Err(message) => {
+                        let missing = dgdr::model_config_missing(&current, message, &now);
+                        record(ctx, &mut current, missing).await?;
+                        return Ok(Action::requeue(MODEL_CONFIG_RETRY));
+                    }
+                },
             },
             Step::Deploy | Step::Follow | Step::Wait => None,
         };

@@ -11,15 +11,6 @@ use libfuzzer_sys::fuzz_target;
 mod deltas;
 use deltas::deltas;
 
-const NAMES: [&str; 6] = [
-    "hermes",
-    "mistral",
-    "llama3_json",
-    "deepseek_v3",
-    "pythonic",
-    "phi4_mini_json",
-];
-
 fuzz_target!(|data: &[u8]| {
     let [format, seed, rest @ ..] = data else {
         return;
@@ -27,7 +18,8 @@ fuzz_target!(|data: &[u8]| {
     let Ok(text) = std::str::from_utf8(rest) else {
         return;
     };
-    let parser = ToolCallParser::from_name(NAMES[usize::from(*format) % NAMES.len()]).unwrap();
+    let names = ToolCallParser::NAMES;
+    let parser = ToolCallParser::from_name(names[usize::from(*format) % names.len()]).unwrap();
     let whole = parser.parse(text);
 
     let mut stream = parser.streaming();

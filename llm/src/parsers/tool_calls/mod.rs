@@ -40,14 +40,17 @@ pub enum ToolCallParser {
     Phi4MiniJson,
 }
 
-const NAMES: &[&str] = &[
-    "hermes",
-    "mistral",
-    "llama3_json",
-    "deepseek_v3",
-    "pythonic",
-    "phi4_mini_json",
-];
+impl ToolCallParser {
+    /// Every format's main name, as [`ToolCallParser::from_name`] takes it.
+    pub const NAMES: &[&str] = &[
+        "hermes",
+        "mistral",
+        "llama3_json",
+        "deepseek_v3",
+        "pythonic",
+        "phi4_mini_json",
+    ];
+}
 
 /// The content and the calls of a whole answer.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -80,7 +83,7 @@ impl ToolCallParser {
             _ => {
                 return Err(UnknownParser {
                     name: name.to_owned(),
-                    known: NAMES,
+                    known: Self::NAMES,
                 });
             }
         })

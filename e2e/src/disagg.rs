@@ -354,6 +354,7 @@ pub fn simulate(
                 token_ids: leg.token_ids,
                 max_tokens: leg.max_tokens,
                 seed: None,
+                pin_ttl: None,
             };
             let t = Transfer {
                 decode: d,
@@ -389,6 +390,7 @@ pub fn simulate(
                 token_ids: item.token_ids,
                 max_tokens: item.max_tokens,
                 seed: None,
+                pin_ttl: None,
             };
             if engines[k].submit_at(request, at).is_err() {
                 rejected += 1;
@@ -403,6 +405,7 @@ pub fn simulate(
             token_ids: item.token_ids.clone(),
             max_tokens: 1,
             seed: None,
+            pin_ttl: None,
         };
         if engines[p].submit_at(leg, at).is_err() {
             rejected += 1;

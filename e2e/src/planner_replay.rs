@@ -457,6 +457,7 @@ impl Sim<'_> {
             token_ids: item.token_ids,
             max_tokens: item.max_tokens,
             seed: None,
+            pin_ttl: None,
         };
         // The engine counts its TTFT from the arrival, the picker's wait included.
         if self.engines[k]

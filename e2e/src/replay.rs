@@ -648,6 +648,7 @@ pub fn run_sessions_with_tiers(
                 token_ids: item.token_ids,
                 max_tokens: item.max_tokens,
                 seed: None,
+                pin_ttl: None,
             };
             let (blocks, ms) = match &mut stores {
                 Some(stores) => {

@@ -157,6 +157,7 @@ async fn bench_finds_the_model_and_reports_a_live_run() {
                 ..EngineConfig::default()
             },
             server: Default::default(),
+            behaviour: Default::default(),
         },
         std::future::pending(),
     )
@@ -212,6 +213,7 @@ async fn a_live_rate_sweep_sends_each_rate_its_own_prompts() {
                 ..EngineConfig::default()
             },
             server: Default::default(),
+            behaviour: Default::default(),
         },
         std::future::pending(),
     )

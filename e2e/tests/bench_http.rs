@@ -34,6 +34,7 @@ async fn serve() -> RunningServer {
             ..EngineConfig::default()
         },
         server: Default::default(),
+        behaviour: Default::default(),
     };
     start(config, std::future::pending())
         .await

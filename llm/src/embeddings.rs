@@ -18,7 +18,7 @@ pub const MAX_INPUTS: usize = 2048;
 pub struct EmbeddingRequest {
     pub model: String,
     pub input: EmbeddingInput,
-    /// `float` (the default) or `base64`.
+    /// `float` (the default) or `base64` ([`Vector`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub encoding_format: Option<String>,
     /// Fewer dimensions than the model's (Matryoshka truncation).
@@ -50,8 +50,35 @@ pub struct EmbeddingList {
 pub struct Embedding {
     pub object: String,
     pub index: usize,
-    pub embedding: Vec<f32>,
+    pub embedding: Vector,
 }
+
+/// An embedding as `encoding_format` asks: numbers (`float`), or the little-endian
+/// float32 bytes in base64 (`base64`; OpenAI's Python client asks for it by default and
+/// decodes it, as vLLM serves it).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(untagged)]
+pub enum Vector {
+    Float(Vec<f32>),
+    Base64(String),
+}
+
+impl Vector {
+    /// `values` in the encoding `req` asked for (checked by `prepare_embeddings`).
+    pub fn encode(req: &EmbeddingRequest, values: Vec<f32>) -> Self {
+        use base64::Engine;
+        match req.encoding_format.as_deref() {
+            Some(BASE64) => {
+                let bytes: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
+                Self::Base64(base64::engine::general_purpose::STANDARD.encode(bytes))
+            }
+            _ => Self::Float(values),
+        }
+    }
+}
+
+const FLOAT: &str = "float";
+const BASE64: &str = "base64";
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 pub struct EmbeddingUsage {
@@ -71,9 +98,13 @@ impl ModelDir {
         if req.model != self.name {
             return Err(ApiError::model_not_found(&req.model));
         }
-        if req.encoding_format.as_deref().is_some_and(|f| f != "float") {
+        if req
+            .encoding_format
+            .as_deref()
+            .is_some_and(|f| f != FLOAT && f != BASE64)
+        {
             return Err(ApiError::bad_request(
-                "encoding_format: only float is supported",
+                "encoding_format must be float or base64",
                 Some("encoding_format"),
             ));
         }

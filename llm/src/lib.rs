@@ -3,6 +3,7 @@
 //! response types, request preparation, OpenAI-style errors), and the parsers that turn
 //! engine text into `tool_calls` and `reasoning_content`.
 
+pub mod agent_hints;
 pub mod chat_template;
 pub mod disagg;
 pub mod embeddings;

@@ -131,12 +131,14 @@ impl Usage {
     }
 }
 
-/// Why generation stopped: `stop` (end of sequence or a stop string) or `length`.
+/// Why generation stopped: `stop` (end of sequence or a stop string), `length`, or
+/// `tool_calls` (the answer ended with calls for the client to run).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum FinishReason {
     Stop,
     Length,
+    ToolCalls,
 }
 
 /// A whole chat answer (`object: chat.completion`).
@@ -152,17 +154,28 @@ pub struct ChatCompletion {
     pub kv_transfer_params: Option<Value>,
 }
 
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, ToSchema)]
 pub struct ChatChoice {
     pub index: u32,
     pub message: AssistantMessage,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub logprobs: Option<ChatLogprobs>,
     pub finish_reason: Option<FinishReason>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stop_reason: Option<StopReason>,
 }
 
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+/// The answer's message. `content` is null when the answer is only tool calls (OpenAI's
+/// shape); `reasoning_content` is vLLM's and DeepSeek's field for a reasoning model's
+/// thinking, apart from the answer.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, ToSchema)]
 pub struct AssistantMessage {
     pub role: String,
-    pub content: String,
+    pub content: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reasoning_content: Option<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tool_calls: Vec<ToolCall>,
 }
 
 /// One streamed piece of a chat answer (`object: chat.completion.chunk`).
@@ -177,11 +190,16 @@ pub struct ChatCompletionChunk {
     pub usage: Option<Usage>,
 }
 
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+/// One choice of a streamed chunk; `logprobs` are those of this chunk's own tokens.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, ToSchema)]
 pub struct ChatChunkChoice {
     pub index: u32,
     pub delta: Delta,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub logprobs: Option<ChatLogprobs>,
     pub finish_reason: Option<FinishReason>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stop_reason: Option<StopReason>,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, ToSchema)]
@@ -190,6 +208,10 @@ pub struct Delta {
     pub role: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub content: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reasoning_content: Option<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tool_calls: Vec<ToolCallDelta>,
 }
 
 /// One call of an assistant message's `tool_calls`: `{id, type: "function", function:
@@ -266,11 +288,100 @@ pub struct Completion {
     pub kv_transfer_params: Option<Value>,
 }
 
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, ToSchema)]
 pub struct CompletionChoice {
     pub index: u32,
     pub text: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub logprobs: Option<CompletionLogprobs>,
     pub finish_reason: Option<FinishReason>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stop_reason: Option<StopReason>,
+}
+
+/// vLLM's `stop_reason` beside `finish_reason: stop`: the stop string or the stop token
+/// id that ended the answer (vLLM `vllm/entrypoints/openai/protocol.py`,
+/// `CompletionResponseChoice.stop_reason`; absent when the answer ended otherwise).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(untagged)]
+pub enum StopReason {
+    TokenId(u32),
+    Text(String),
+}
+
+/// A chat choice's `logprobs` (OpenAI's `ChatCompletionTokenLogprob` list; vLLM
+/// `ChatCompletionLogProbs`).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct ChatLogprobs {
+    pub content: Vec<ChatTokenLogprob>,
+}
+
+/// One output token: its text, log probability, UTF-8 bytes, and the most likely tokens
+/// at its position (`top_logprobs` of the request), most likely first.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct ChatTokenLogprob {
+    pub token: String,
+    pub logprob: f64,
+    pub bytes: Option<Vec<u8>>,
+    pub top_logprobs: Vec<TopLogprob>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct TopLogprob {
+    pub token: String,
+    pub logprob: f64,
+    pub bytes: Option<Vec<u8>>,
+}
+
+/// A completion choice's `logprobs`, the legacy shape: parallel lists, one entry per
+/// output token (vLLM `CompletionLogProbs`). `text_offset` is where each token starts in
+/// the choice's text, in characters.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct CompletionLogprobs {
+    pub tokens: Vec<String>,
+    pub token_logprobs: Vec<f64>,
+    #[schema(value_type = Vec<Object>)]
+    pub top_logprobs: Vec<TokenLogprobMap>,
+    pub text_offset: Vec<u64>,
+}
+
+/// `{token: logprob}` for the most likely tokens at one position, kept in the order
+/// written (most likely first) where a JSON map would sort its keys.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct TokenLogprobMap(pub Vec<(String, f64)>);
+
+impl Serialize for TokenLogprobMap {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeMap;
+        let mut map = serializer.serialize_map(Some(self.0.len()))?;
+        for (token, logprob) in &self.0 {
+            map.serialize_entry(token, logprob)?;
+        }
+        map.end()
+    }
+}
+
+impl<'de> Deserialize<'de> for TokenLogprobMap {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Entries;
+        impl<'de> serde::de::Visitor<'de> for Entries {
+            type Value = TokenLogprobMap;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a map of tokens to log probabilities")
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                mut map: A,
+            ) -> Result<Self::Value, A::Error> {
+                let mut entries = Vec::new();
+                while let Some(entry) = map.next_entry()? {
+                    entries.push(entry);
+                }
+                Ok(TokenLogprobMap(entries))
+            }
+        }
+        deserializer.deserialize_map(Entries)
+    }
 }
 
 /// `GET /v1/models`.
@@ -382,6 +493,43 @@ mod tests {
             serde_json::from_value(json!({"index": 0, "function": {"arguments": "}"}})).unwrap();
         assert_eq!((more.id, more.kind, more.function.name), (None, None, None));
         assert_eq!(more.function.arguments.as_deref(), Some("}"));
+    }
+
+    #[test]
+    fn logprobs_and_stop_reasons_have_vllms_shapes() {
+        let top = TokenLogprobMap(vec![(" b".into(), -0.5), (" a".into(), -1.0)]);
+        // Written in order, most likely first, though a JSON map would sort the keys.
+        assert_eq!(
+            serde_json::to_string(&top).unwrap(),
+            r#"{" b":-0.5," a":-1.0}"#
+        );
+        let back: TokenLogprobMap = serde_json::from_str(r#"{" b":-0.5," a":-1.0}"#).unwrap();
+        assert_eq!(back, top);
+        let choice = CompletionChoice {
+            text: " b".into(),
+            logprobs: Some(CompletionLogprobs {
+                tokens: vec![" b".into()],
+                token_logprobs: vec![-0.5],
+                top_logprobs: vec![top],
+                text_offset: vec![0],
+            }),
+            finish_reason: Some(FinishReason::Stop),
+            stop_reason: Some(StopReason::TokenId(7)),
+            ..CompletionChoice::default()
+        };
+        let value = serde_json::to_value(&choice).unwrap();
+        assert_eq!(value["stop_reason"], json!(7));
+        assert_eq!(value["logprobs"]["text_offset"], json!([0]));
+        let text = serde_json::to_string(&choice).unwrap();
+        assert_eq!(
+            serde_json::from_str::<CompletionChoice>(&text).unwrap(),
+            choice
+        );
+        let text: StopReason = serde_json::from_value(json!("\n\n")).unwrap();
+        assert_eq!(text, StopReason::Text("\n\n".into()));
+        // Absent unless asked for or set.
+        let plain = serde_json::to_value(ChatChunkChoice::default()).unwrap();
+        assert!(plain.get("logprobs").is_none() && plain.get("stop_reason").is_none());
     }
 
     #[test]

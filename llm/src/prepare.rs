@@ -3,6 +3,7 @@
 
 use serde_json::Value;
 
+use crate::agent_hints::AgentHints;
 use crate::openai::{ChatCompletionRequest, CompletionRequest, Prompt, SamplingParams};
 use crate::{ApiError, ModelDir};
 
@@ -26,8 +27,10 @@ pub struct PreparedRequest {
     pub include_usage: bool,
     pub seed: Option<u64>,
     pub ignore_eos: bool,
-    /// `nvext.agent_hints.priority`; higher is served sooner when requests queue.
-    pub priority: i64,
+    /// Independent answers to the prompt (`n`), each `max_tokens` long at most.
+    pub n: u32,
+    /// `nvext.agent_hints` and `nvext.cache_control`.
+    pub hints: AgentHints,
 }
 
 /// vLLM's chat options: render the conversation with the assistant turn opened for the
@@ -35,6 +38,14 @@ pub struct PreparedRequest {
 /// prefilled answer; request migration sends the answer so far this way).
 pub const ADD_GENERATION_PROMPT: &str = "add_generation_prompt";
 pub const CONTINUE_FINAL_MESSAGE: &str = "continue_final_message";
+
+/// The most answers one request may ask for: OpenAI's bound on `n` (its API reference,
+/// chat `create`: "minimum 1, maximum 128"; vLLM's own, `VLLM_MAX_N_SEQUENCES`, is far
+/// higher and meant for offline sampling).
+pub const MAX_N: i64 = 128;
+
+/// The `nvext` field of a chat request's pre-tokenized prompt (Dynamo's name).
+pub const TOKEN_DATA: &str = "token_data";
 
 /// Roles a chat template is written for (OpenAI's message roles).
 const ROLES: [&str; 5] = ["system", "developer", "user", "assistant", "tool"];
@@ -83,12 +94,41 @@ impl ModelDir {
                 Some(CONTINUE_FINAL_MESSAGE),
             ));
         }
+        if let Some(token_ids) = self.token_data(&req.params)? {
+            return self.finish(Endpoint::Chat, token_ids, &req.params, true);
+        }
         let mut prompt = template.render(&messages, req.tools.as_ref(), add_generation_prompt)?;
         if continue_final {
             open_final_message(&mut prompt, &messages[messages.len() - 1]["content"])?;
         }
         let token_ids = self.tokenize_prompt(&prompt, &req.params, "messages")?;
         self.finish(Endpoint::Chat, token_ids, &req.params, true)
+    }
+
+    /// Dynamo's `nvext.token_data`: the prompt's token ids, rendered and tokenized by
+    /// whoever sent them (the endpoint picker, which did it to route the request), used
+    /// instead of rendering and tokenizing the messages again. Checked against the
+    /// vocabulary; `None` when absent.
+    fn token_data(&self, params: &SamplingParams) -> Result<Option<Vec<u32>>, ApiError> {
+        let Some(data) = params.nvext.as_ref().and_then(|n| n.get(TOKEN_DATA)) else {
+            return Ok(None);
+        };
+        let vocab = self.vocab_size() as u64;
+        let ids = data.as_array().and_then(|ids| {
+            ids.iter()
+                .map(|id| id.as_u64().filter(|&id| id < vocab).map(|id| id as u32))
+                .collect::<Option<Vec<u32>>>()
+        });
+        match ids {
+            Some(ids) => Ok(Some(ids)),
+            None => Err(ApiError::bad_request(
+                format!(
+                    "nvext.{TOKEN_DATA} must be a list of token ids from 0 to {}",
+                    vocab - 1
+                ),
+                Some("nvext"),
+            )),
+        }
     }
 
     /// Checks a completion request and tokenizes its prompt.
@@ -181,12 +221,16 @@ impl ModelDir {
                 Some(prompt_param),
             ));
         }
-        if let Some(n) = params.n.filter(|&n| n != 1) {
-            return Err(ApiError::bad_request(
-                format!("n = {n} is not supported; only one choice (n = 1) is generated"),
-                Some("n"),
-            ));
-        }
+        let n = match params.n {
+            None => 1,
+            Some(n) if (1..=MAX_N).contains(&n) => n as u32,
+            Some(n) => {
+                return Err(ApiError::bad_request(
+                    format!("n must be between 1 and {MAX_N}, got {n}"),
+                    Some("n"),
+                ));
+            }
+        };
         if let Some(t) = params.temperature.filter(|t| !(0.0..=2.0).contains(t)) {
             return Err(ApiError::bad_request(
                 format!("temperature must be between 0 and 2, got {t}"),
@@ -229,12 +273,7 @@ impl ModelDir {
             }
             Some(n) => n as u64,
         };
-        let priority = params
-            .nvext
-            .as_ref()
-            .and_then(|x| x.pointer("/agent_hints/priority"))
-            .and_then(Value::as_i64)
-            .unwrap_or(0);
+        let hints = AgentHints::from_nvext(params.nvext.as_ref())?;
         Ok(PreparedRequest {
             endpoint,
             token_ids,
@@ -247,7 +286,8 @@ impl ModelDir {
                 .is_some_and(|o| o.include_usage),
             seed: params.seed,
             ignore_eos: params.ignore_eos,
-            priority,
+            n,
+            hints,
         })
     }
 }

@@ -97,6 +97,45 @@ fn a_final_message_left_open_is_continued_token_for_token() {
 }
 
 #[test]
+fn a_prompt_tokenized_upstream_is_taken_as_it_is_and_checked() {
+    let model = load();
+    let body = json!({"model": "qwen", "messages": [{"role": "user", "content": "Hi"}],
+                      "max_tokens": 4});
+    let rendered = model.prepare_chat(&chat(body.clone())).unwrap();
+    let mut forwarded = body.clone();
+    forwarded["nvext"] = json!({"token_data": rendered.token_ids});
+    assert_eq!(model.prepare_chat(&chat(forwarded)).unwrap(), rendered);
+    // The ids are the prompt, whatever the messages say; the checks still apply.
+    let mut other = body.clone();
+    other["nvext"] = json!({"token_data": [9707, 1879]});
+    assert_eq!(
+        model.prepare_chat(&chat(other)).unwrap().token_ids,
+        [9707, 1879]
+    );
+    for bad in [
+        json!([-1]),
+        json!([999_999_999]),
+        json!("9707"),
+        json!([1.5]),
+    ] {
+        let mut body = body.clone();
+        body["nvext"] = json!({ "token_data": bad });
+        let err = model.prepare_chat(&chat(body)).unwrap_err();
+        assert_eq!(err.param.as_deref(), Some("nvext"), "{bad}");
+    }
+    let mut empty = body;
+    empty["nvext"] = json!({"token_data": []});
+    assert_eq!(
+        model
+            .prepare_chat(&chat(empty))
+            .unwrap_err()
+            .param
+            .as_deref(),
+        Some("messages")
+    );
+}
+
+#[test]
 fn content_parts_are_joined_and_images_refused() {
     let model = load();
     let parts = chat(
@@ -145,7 +184,12 @@ fn client_mistakes_are_4xx_naming_the_field() {
             "max_completion_tokens",
         ),
         (
-            json!({"model": "qwen", "messages": [{"role": "user", "content": "x"}], "n": 2}),
+            json!({"model": "qwen", "messages": [{"role": "user", "content": "x"}], "n": 0}),
+            400,
+            "n",
+        ),
+        (
+            json!({"model": "qwen", "messages": [{"role": "user", "content": "x"}], "n": 129}),
             400,
             "n",
         ),
@@ -165,6 +209,22 @@ fn client_mistakes_are_4xx_naming_the_field() {
         assert_eq!(err.status.as_u16(), status, "{body}");
         assert_eq!(err.param.as_deref(), Some(param), "{body}");
     }
+}
+
+#[test]
+fn n_answers_are_let_through_up_to_openais_bound() {
+    let model = load();
+    let ask = |n: Option<i64>| {
+        let mut body = json!({"model": "qwen", "messages": [{"role": "user", "content": "x"}]});
+        if let Some(n) = n {
+            body["n"] = json!(n);
+        }
+        model.prepare_chat(&chat(body)).map(|p| p.n)
+    };
+    assert_eq!(ask(None).unwrap(), 1);
+    assert_eq!(ask(Some(3)).unwrap(), 3);
+    assert_eq!(ask(Some(128)).unwrap(), 128);
+    assert_eq!(ask(Some(-1)).unwrap_err().param.as_deref(), Some("n"));
 }
 
 #[test]
@@ -195,7 +255,7 @@ fn completion_prompts_as_tokens_are_checked_against_the_vocabulary() {
     .unwrap();
     let prepared = model.prepare_completion(&ok).unwrap();
     assert!(prepared.stream && prepared.include_usage);
-    assert_eq!(prepared.priority, 5);
+    assert_eq!(prepared.hints.priority, 5);
     let bad: CompletionRequest = parse_body(br#"{"model":"qwen","prompt":[999999999]}"#).unwrap();
     assert_eq!(
         model.prepare_completion(&bad).unwrap_err().param.as_deref(),

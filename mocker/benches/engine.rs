@@ -30,6 +30,7 @@ fn decode_steps(c: &mut Criterion) {
                 token_ids: prompt(next_id, 128),
                 max_tokens: 1000,
                 seed: None,
+                pin_ttl: None,
             };
             e.submit(r).unwrap();
             next_id += 1;
@@ -61,6 +62,7 @@ fn small_requests(c: &mut Criterion) {
             token_ids,
             max_tokens: 16,
             seed: None,
+            pin_ttl: None,
         })
         .unwrap();
     }
@@ -86,6 +88,7 @@ fn small_requests(c: &mut Criterion) {
                     token_ids: prompt(id, 128),
                     max_tokens: 16,
                     seed: None,
+                    pin_ttl: None,
                 };
                 e.submit(r).unwrap();
             }

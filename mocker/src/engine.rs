@@ -10,7 +10,7 @@ use std::ops::Range;
 use dynamo_kvcache::vllm_events::KvEvent;
 use dynamo_kvcache::{BlockHasher, SeqHash};
 
-use crate::block_pool::{BlockPool, OffloadBlock};
+use crate::block_pool::{BlockPool, OffloadBlock, PinCounters};
 use crate::clock::{Clock, SimClock};
 use crate::config::{ConfigError, EngineConfig};
 use crate::scheduler::{
@@ -58,6 +58,9 @@ pub struct EngineMetrics {
     /// `vllm:prefix_cache_queries`, `vllm:prefix_cache_hits` (tokens),
     /// `vllm:num_preemptions`, `vllm:prompt_tokens`, `vllm:generation_tokens`, ...
     pub counters: SchedulerCounters,
+    /// Blocks under a live `cache_control` pin (as of the last step).
+    pub pinned_blocks: usize,
+    pub pins: PinCounters,
 }
 
 #[derive(Debug)]
@@ -175,6 +178,8 @@ impl<C: Clock> Engine<C> {
     /// Runs one step. With nothing to do it returns an empty outcome of 0 ms.
     pub fn step(&mut self) -> StepOutcome {
         let started_ms = self.clock.now_ms();
+        // Pins live in engine time: they run out as the clock moves, idle or not.
+        self.scheduler.pool_mut().set_now(started_ms);
         let mut kv_events = std::mem::take(&mut self.pending_events);
         if !self.scheduler.has_work() {
             return StepOutcome {
@@ -217,6 +222,8 @@ impl<C: Clock> Engine<C> {
             block_size: pool.block_size(),
             steps: self.steps,
             counters: self.scheduler.counters(),
+            pinned_blocks: pool.num_pinned(),
+            pins: pool.pin_counters(),
         }
     }
 }

@@ -16,7 +16,7 @@ pub mod server;
 pub mod timing;
 pub mod tokens;
 
-pub use block_pool::{BlockId, BlockPool, OffloadBlock, OutOfBlocks};
+pub use block_pool::{BlockId, BlockPool, OffloadBlock, OutOfBlocks, PinCounters};
 pub use clock::{Clock, RealClock, SimClock};
 pub use config::{ConfigError, EngineConfig};
 pub use engine::{Engine, EngineMetrics, StepOutcome};

@@ -110,6 +110,7 @@ pub fn measure_ttft_ms(config: &EngineConfig, isl: usize) -> Result<Option<f64>,
         token_ids: prompt(0, isl, config.vocab_size),
         max_tokens: 1,
         seed: None,
+        pin_ttl: None,
     };
     if engine.submit_at(request, 0.0).is_err() {
         return Ok(None);
@@ -158,6 +159,7 @@ pub fn measure_itl_ms(
             token_ids: prompt(r, context_length, config.vocab_size),
             max_tokens,
             seed: None,
+            pin_ttl: None,
         };
         if engine.submit_at(request, 0.0).is_err() {
             return Ok(None);

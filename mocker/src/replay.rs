@@ -394,6 +394,8 @@ pub fn replay_requests(
             token_ids: req.token_ids,
             max_tokens: req.max_tokens,
             seed: None,
+            // Mooncake traces carry no cache hints.
+            pin_ttl: None,
         };
         if engines[k].submit_at(request, req.arrival_ms).is_err() {
             rejected += 1;

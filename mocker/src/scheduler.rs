@@ -18,6 +18,7 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::ops::Range;
+use std::time::Duration;
 
 use dynamo_kvcache::{BlockHasher, SeqHash};
 use dynamo_perfmodel::attention_pairs;
@@ -38,6 +39,9 @@ pub struct Request {
     pub max_tokens: usize,
     /// Seed of this request's output stream; `None` uses the request id.
     pub seed: Option<u64>,
+    /// Pin the prompt's full blocks in the prefix cache for this long (engine time) once
+    /// computed, renewed by every later hit (Dynamo's `nvext.cache_control`).
+    pub pin_ttl: Option<Duration>,
 }
 
 /// Why a request was refused at submission (the HTTP layer answers 4xx).
@@ -109,6 +113,8 @@ struct Sequence {
     num_committed: usize,
     /// Positions of blocks whose KV was onboarded before the first admission.
     onboarded: Range<usize>,
+    /// How long to pin the prompt's full blocks, ms.
+    pin_ttl_ms: Option<f64>,
     arrival_ms: f64,
     first_token_ms: Option<f64>,
     last_token_ms: f64,
@@ -119,6 +125,12 @@ struct Sequence {
 impl Sequence {
     fn outputs(&self) -> usize {
         self.tokens.len() - self.prompt_len
+    }
+
+    /// The pin the request puts on its block at position `i`: prompt blocks only (a
+    /// preempted sequence's cached prefix may run into its output).
+    fn pin_for(&self, i: usize, block_size: usize) -> Option<f64> {
+        self.pin_ttl_ms.filter(|_| i < self.prompt_len / block_size)
     }
 
     fn extend_hashes(&mut self, hasher: &BlockHasher) {
@@ -279,6 +291,7 @@ impl Scheduler {
             num_computed: 0,
             num_committed: 0,
             onboarded,
+            pin_ttl_ms: req.pin_ttl.map(|ttl| ttl.as_secs_f64() * 1000.0),
             arrival_ms,
             first_token_ms: None,
             last_token_ms: arrival_ms,
@@ -405,7 +418,8 @@ impl Scheduler {
         // Touch the GPU hits before allocating, so allocation cannot evict them.
         let touched: Vec<Option<BlockId>> = seq.hashes[..hit]
             .iter()
-            .map(|&h| self.pool.touch(h))
+            .enumerate()
+            .map(|(i, &h)| self.pool.touch(h, seq.pin_for(i, bs)))
             .collect();
         let mut fresh = self
             .pool
@@ -462,10 +476,12 @@ impl Scheduler {
         self.waiting.push_front(id);
     }
 
-    /// Applies a step that ended at `end_ms`: advances, caches, samples and finishes.
+    /// Applies a step that ended at `end_ms`: advances, caches (pins count from then),
+    /// samples and finishes.
     pub fn complete(&mut self, batch: &Batch, end_ms: f64) -> StepTokens {
         let mut out = StepTokens::default();
         let bs = self.pool.block_size();
+        self.pool.set_now(end_ms);
         for s in &batch.scheduled {
             let seq = self.seqs.get_mut(&s.id).expect("scheduled sequence exists");
             seq.num_computed += s.num_tokens;
@@ -481,6 +497,7 @@ impl Scheduler {
                     from.checked_sub(1).map(|p| seq.hashes[p]),
                     &seq.tokens[from * bs..full * bs],
                 );
+                pin_prompt(&mut self.pool, seq, from..full, bs);
                 seq.num_committed = full;
             }
             if seq.num_computed < seq.tokens.len() {
@@ -534,6 +551,15 @@ fn commit_onboarded(pool: &mut BlockPool, seq: &Sequence, run: Range<usize>, bs:
         run.start.checked_sub(1).map(|p| seq.hashes[p]),
         &seq.tokens[run.start * bs..run.end * bs],
     );
+    pin_prompt(pool, seq, run, bs);
+}
+
+/// Pins the prompt blocks among the just registered positions `run`, if `seq` pins.
+fn pin_prompt(pool: &mut BlockPool, seq: &Sequence, run: Range<usize>, bs: usize) {
+    if let Some(ttl_ms) = seq.pin_for(run.start, bs) {
+        let prompt_end = run.end.min(seq.prompt_len / bs);
+        pool.pin(&seq.hashes[run.start..prompt_end], ttl_ms);
+    }
 }
 
 fn finished(id: RequestId, seq: &Sequence, reason: FinishReason, now_ms: f64) -> FinishedRequest {

@@ -409,6 +409,7 @@ async fn pod(engine_id: &str, sidecar_flags: &[&str]) -> (Sidecar, RunningServer
         kv_events_endpoint: None,
         engine: config(on(&sidecar, engine_id)),
         server: Default::default(),
+        behaviour: Default::default(),
     };
     let engine = start(config, std::future::pending()).await.unwrap();
     (sidecar, engine)

@@ -21,6 +21,7 @@ fn req(id: u64, tokens: Vec<u32>, max_tokens: usize) -> Request {
         token_ids: tokens,
         max_tokens,
         seed: None,
+        pin_ttl: None,
     }
 }
 

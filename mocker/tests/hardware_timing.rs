@@ -29,6 +29,7 @@ fn lone_request(e: Estimator, isl: usize, osl: usize) -> (f64, f64) {
             token_ids: (0..isl as u32).collect(),
             max_tokens: osl,
             seed: None,
+            pin_ttl: None,
         })
         .unwrap();
     let mut steps: Vec<StepOutcome> = Vec::new();
@@ -101,6 +102,7 @@ fn batching_decodes_costs_less_than_running_them_one_by_one() {
                 token_ids,
                 max_tokens: 4,
                 seed: None,
+                pin_ttl: None,
             })
             .unwrap();
     }

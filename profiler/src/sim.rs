@@ -247,6 +247,7 @@ pub fn simulate(
             token_ids: prompt(id as usize, isl, vocab),
             max_tokens,
             seed: None,
+            pin_ttl: None,
         };
         engine.submit_onboarded(request, at, onboarded.clone())
     };

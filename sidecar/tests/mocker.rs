@@ -37,6 +37,7 @@ async fn mocker_with(engine: EngineConfig) -> RunningServer {
         kv_events_endpoint: Some("tcp://127.0.0.1:0".into()),
         engine,
         server: Default::default(),
+        behaviour: Default::default(),
     };
     start(config, std::future::pending()).await.unwrap()
 }

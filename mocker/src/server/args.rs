@@ -5,10 +5,11 @@ use std::path::PathBuf;
 
 use anyhow::{Context, anyhow};
 use clap::{Parser, ValueEnum};
+use dynamo_llm::parsers::ToolCallParser;
 use dynamo_perfmodel::{Dtype, Estimator, GpuSpec, ModelArch};
 use dynamo_server::ServerLimits;
 
-use super::ServerConfig;
+use super::{ModelBehaviour, ServerConfig};
 use crate::kv_blocks::{
     DEFAULT_DISK_BANDWIDTH_GBPS, DEFAULT_HOST_BANDWIDTH_GBPS, DEFAULT_LINK_BANDWIDTH_GBPS,
     DEFAULT_OBJECT_BANDWIDTH_GBPS, DEFAULT_TIMEOUT_MS,
@@ -115,8 +116,21 @@ pub struct Args {
     /// JSON), write it to this file and exit without serving.
     #[arg(long)]
     pub planner_profile_out: Option<PathBuf>,
+    /// Play a reasoning model: chat answers open with thinking closed by `</think>`
+    /// (DeepSeek-R1's and Qwen3's), unless the request turns thinking off.
+    #[arg(long, env = "DYNAMO_MOCKER_REASONING")]
+    pub reasoning: bool,
+    /// Play a tool-calling model of this family: a chat request offering `tools` is
+    /// answered with a call in its format (vLLM's `--tool-call-parser` names: hermes,
+    /// mistral, llama3_json, deepseek_v3, pythonic, phi4_mini_json).
+    #[arg(long, env = "DYNAMO_MOCKER_TOOL_CALL_FORMAT", value_parser = tool_call_format)]
+    pub tool_call_format: Option<ToolCallParser>,
     #[command(flatten)]
     pub server: ServerLimits,
+}
+
+fn tool_call_format(name: &str) -> Result<ToolCallParser, String> {
+    ToolCallParser::from_name(name).map_err(|e| e.to_string())
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -272,6 +286,10 @@ impl Args {
             kv_events_endpoint: (self.kv_events_endpoint != "none")
                 .then_some(self.kv_events_endpoint),
             engine,
+            behaviour: ModelBehaviour {
+                reasoning: self.reasoning,
+                tool_calls: self.tool_call_format,
+            },
             server: self.server,
         })
     }

@@ -8,6 +8,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
 
 use dynamo_kvcache::SeqHash;
 use dynamo_kvcache::vllm_events::KvEvent;
@@ -61,13 +62,15 @@ pub struct EngineHandle {
 
 impl EngineHandle {
     /// Queues a request; its tokens arrive on the returned receiver. Dropping the
-    /// receiver cancels the request. A request that `onboarded` its prompt's blocks
-    /// already (from a remote prefill) does not look in the sidecar's tiers.
+    /// receiver cancels the request. `pin_ttl` pins its prompt's blocks once computed
+    /// (`nvext.cache_control`). A request that `onboarded` its prompt's blocks already
+    /// (from a remote prefill) does not look in the sidecar's tiers.
     pub async fn submit(
         &self,
         token_ids: Vec<u32>,
         max_tokens: usize,
         seed: Option<u64>,
+        pin_ttl: Option<Duration>,
         onboarded: Option<Onboarded>,
     ) -> Result<(RequestId, mpsc::UnboundedReceiver<GenEvent>), SubmitError> {
         let onboarded = match (onboarded, &self.kv_blocks) {
@@ -83,6 +86,7 @@ impl EngineHandle {
             token_ids,
             max_tokens,
             seed,
+            pin_ttl,
         };
         self.commands
             .send(Command::Submit {

@@ -2,33 +2,32 @@
 //! (whole or streamed as SSE), `/v1/models`, `/health`, `/metrics`, and
 //! `/reset_prefix_cache`; either role of a disaggregated request (`super::disagg`).
 
-use std::convert::Infallible;
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use axum::Router;
-use axum::body::{Body, Bytes};
+use axum::body::Bytes;
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Json, Response};
 use axum::routing::{get, post};
-use dynamo_llm::embeddings::{self, Embedding, EmbeddingList, EmbeddingRequest, EmbeddingUsage};
-use dynamo_llm::openai::{
-    AssistantMessage, ChatChoice, ChatChunkChoice, ChatCompletion, ChatCompletionChunk,
-    ChatCompletionRequest, Completion, CompletionChoice, CompletionRequest, Delta, FinishReason,
-    ModelList, SSE_DONE, Usage, parse_body, sse_data,
+use dynamo_llm::embeddings::{
+    self, Embedding, EmbeddingList, EmbeddingRequest, EmbeddingUsage, Vector,
 };
+use dynamo_llm::openai::{ChatCompletionRequest, CompletionRequest, ModelList, parse_body};
 use dynamo_llm::{ApiError, Endpoint, ModelDir, PreparedRequest};
 use serde_json::Value;
 use tokio::sync::mpsc;
-use tokio_stream::StreamExt;
-use tokio_stream::wrappers::UnboundedReceiverStream;
 
+use super::answer::{Answer, ChoicePlan};
 use super::disagg::{Asked, Disagg};
 use super::engine_loop::{EngineHandle, GenEvent, SubmitError};
+use super::kv_blocks::Onboarded;
 use super::metrics::EngineMetricsExporter;
+use super::model_output::{ModelBehaviour, Script};
 use super::output_vocab::OutputVocab;
-use crate::{FinishedRequest, Rejected, tokens::splitmix64};
+use super::sampling::Sampling;
+use crate::{EngineConfig, Rejected, RequestId, tokens::splitmix64};
 
 /// Answers stop "naturally" after this many tokens at most when the client sets no
 /// limit: the mock has no EOS to sample, and vLLM's default (the rest of the context)
@@ -39,12 +38,67 @@ pub struct AppState {
     pub model: ModelDir,
     pub vocab: OutputVocab,
     pub engine: EngineHandle,
+    pub kv_pool: KvPool,
+    /// The kind of model the engine plays (its answers' reasoning and tool calls).
+    pub behaviour: ModelBehaviour,
     pub disagg: Disagg,
     pub metrics: Arc<EngineMetricsExporter>,
     pub created: u64,
     /// Mixed into response ids, so that engines numbering their requests alike still
     /// answer with ids unique across a pool.
     pub id_salt: u64,
+}
+
+/// The engine's KV block pool, as far as whether a request's `n` answers fit it goes.
+#[derive(Debug, Clone, Copy)]
+pub struct KvPool {
+    block_size: usize,
+    blocks: usize,
+    prefix_caching: bool,
+}
+
+impl KvPool {
+    pub fn of(engine: &EngineConfig) -> Self {
+        Self {
+            block_size: engine.block_size,
+            blocks: engine.num_gpu_blocks,
+            prefix_caching: engine.enable_prefix_caching,
+        }
+    }
+
+    /// Refuses `n > 1` answers whose KV cannot be held at once, as the engine refuses
+    /// one answer that cannot (`Rejected::TooLong`): the prompt's full blocks are shared
+    /// (the later answers find them cached), the rest each answer holds for itself.
+    fn check_fits(&self, prompt: usize, plans: &[ChoicePlan]) -> Result<(), ApiError> {
+        // At most `len - 1` prompt tokens are taken from the cache (the scheduler's rule).
+        let shared = if self.prefix_caching {
+            (prompt - 1) / self.block_size
+        } else {
+            0
+        };
+        let needed = shared
+            + plans
+                .iter()
+                .map(|p| (prompt + p.max_tokens - 1).div_ceil(self.block_size) - shared)
+                .sum::<usize>();
+        if needed <= self.blocks {
+            return Ok(());
+        }
+        let longest = plans.iter().map(|p| p.max_tokens).max().unwrap_or(0);
+        Err(ApiError {
+            code: Some(dynamo_llm::error::CONTEXT_LENGTH_EXCEEDED),
+            ..ApiError::bad_request(
+                format!(
+                    "The request does not fit in the KV cache: n = {} answers to a prompt of \
+                     {prompt} tokens, of up to {longest} output tokens each, need {needed} KV \
+                     blocks, the pool has {}",
+                    plans.len(),
+                    self.blocks
+                ),
+                Some("n"),
+            )
+        })
+    }
 }
 
 /// A value no other engine process is likely to draw: the start time and the process id,
@@ -57,7 +111,7 @@ pub fn process_salt() -> u64 {
 }
 
 /// A response id of 128 bits (vLLM's ids are random UUIDs) from engine request `id`.
-fn response_id(prefix: &str, salt: u64, id: u64) -> String {
+pub(super) fn response_id(prefix: &str, salt: u64, id: u64) -> String {
     format!("{prefix}-{salt:016x}{:016x}", splitmix64(salt ^ id))
 }
 
@@ -117,11 +171,17 @@ async fn chat(
     body: Bytes,
 ) -> Result<Response, ApiError> {
     let req: ChatCompletionRequest = parse_body(&body)?;
-    refuse_unimplemented(&req.other)?;
+    let calls_tools = state.behaviour.tool_calls.is_some();
+    refuse_unimplemented(&req.other, calls_tools)?;
+    let sampling = Sampling::from_request(Endpoint::Chat, &req.other)?;
     let prepared = state.model.prepare_chat(&req)?;
     let limited = req.params.max_tokens.is_some() || req.params.max_completion_tokens.is_some();
     let asked = asked(&state, req.params.kv_transfer_params.as_ref(), &headers);
-    generate(state, prepared, limited, asked).await
+    let key = prepared.seed.unwrap_or(prepared.token_ids.len() as u64);
+    let script = state
+        .behaviour
+        .script(&req, &state.model, &state.vocab, key);
+    generate(state, prepared, sampling, limited, asked, script).await
 }
 
 async fn completions(
@@ -130,10 +190,12 @@ async fn completions(
     body: Bytes,
 ) -> Result<Response, ApiError> {
     let req: CompletionRequest = parse_body(&body)?;
-    refuse_unimplemented(&req.other)?;
+    refuse_unimplemented(&req.other, false)?;
+    let sampling = Sampling::from_request(Endpoint::Completions, &req.other)?;
     let prepared = state.model.prepare_completion(&req)?;
+    let limited = req.params.max_tokens.is_some();
     let asked = asked(&state, req.params.kv_transfer_params.as_ref(), &headers);
-    generate(state, prepared, req.params.max_tokens.is_some(), asked).await
+    generate(state, prepared, sampling, limited, asked, Script::default()).await
 }
 
 /// Dimensions of the mock engine's embeddings (a small embedding model's, e.g. 384).
@@ -157,7 +219,7 @@ async fn embed(
         .map(|(index, ids)| Embedding {
             object: "embedding".into(),
             index,
-            embedding: bag_of_tokens(ids, dims),
+            embedding: Vector::encode(&req, bag_of_tokens(ids, dims)),
         })
         .collect();
     Ok(Json(EmbeddingList {
@@ -192,8 +254,12 @@ fn bag_of_tokens(ids: &[u32], dims: usize) -> Vec<f32> {
 
 /// OpenAI parameters whose effect the mock engine cannot produce: refused with a 400 that
 /// names them rather than ignored, so a client never takes a mock answer for a
-/// constrained one (a real vLLM behind the same picker honours them).
-fn refuse_unimplemented(other: &serde_json::Map<String, Value>) -> Result<(), ApiError> {
+/// constrained one (a real vLLM behind the same picker honours them). A forced
+/// `tool_choice` is served when the engine plays a tool-calling model (`calls_tools`).
+fn refuse_unimplemented(
+    other: &serde_json::Map<String, Value>,
+    calls_tools: bool,
+) -> Result<(), ApiError> {
     let set = |name: &str| -> Option<&Value> {
         other.get(name).filter(|v| match v {
             Value::Null | Value::Bool(false) => false,
@@ -208,18 +274,14 @@ fn refuse_unimplemented(other: &serde_json::Map<String, Value>) -> Result<(), Ap
             Some(name),
         ))
     };
-    if set("stop").is_some() {
-        return refuse("stop", "stop sequences");
-    }
-    if set("logprobs").is_some() || set("top_logprobs").is_some() {
-        return refuse("logprobs", "log probabilities");
-    }
     if set("response_format").is_some_and(|f| f.get("type").and_then(Value::as_str) != Some("text"))
     {
         return refuse("response_format", "structured output");
     }
-    // `auto` and `none` leave the choice to the model, which here never calls a tool.
-    if set("tool_choice").is_some_and(|c| !matches!(c.as_str(), Some("auto" | "none"))) {
+    // `auto` and `none` leave the choice to the model, which calls a tool only when it
+    // plays a tool-calling model.
+    let forced = set("tool_choice").is_some_and(|c| !matches!(c.as_str(), Some("auto" | "none")));
+    if forced && !calls_tools {
         return refuse("tool_choice", "tool calls");
     }
     Ok(())
@@ -229,18 +291,23 @@ fn refuse_unimplemented(other: &serde_json::Map<String, Value>) -> Result<(), Ap
 async fn generate(
     state: Arc<AppState>,
     req: PreparedRequest,
+    sampling: Sampling,
     limited: bool,
     asked: Asked,
+    script: Script,
 ) -> Result<Response, ApiError> {
-    let seed = req.seed;
-    // Without a limit (and unless told to ignore EOS) the answer ends "naturally" after a
-    // length fixed by the prompt and seed, reported as `stop` like a real EOS.
-    let natural = (!limited && !req.ignore_eos).then(|| {
-        let key = splitmix64(req.token_ids.len() as u64 ^ seed.unwrap_or(0));
-        let span = NATURAL_LENGTH.end() - NATURAL_LENGTH.start() + 1;
-        NATURAL_LENGTH.start() + key % span
-    });
-    let max_tokens = natural.map_or(req.max_tokens, |n| n.min(req.max_tokens));
+    if req.n > 1 && (asked.lend_as.is_some() || asked.remote_prefill.is_some()) {
+        return Err(ApiError::bad_request(
+            "n > 1 is not supported with kv_transfer_params (a disaggregated request)",
+            Some("n"),
+        ));
+    }
+    let plans: Vec<ChoicePlan> = (0..req.n)
+        .map(|choice| choice_plan(&req, limited, choice, &script))
+        .collect();
+    if req.n > 1 {
+        state.kv_pool.check_fits(req.token_ids.len(), &plans)?;
+    }
     let onboarded = match &asked.remote_prefill {
         Some(lease) => Some(
             state
@@ -251,13 +318,62 @@ async fn generate(
         None => None,
     };
     // Only a whole answer can wait for the lend: vLLM's proxies ask `stream: false`.
-    let lend = match asked.lend_as {
-        Some(lease) if !req.stream => Some((lease, req.token_ids.clone())),
-        _ => None,
-    };
-    let (id, events) = state
+    let lend = asked.lend_as.filter(|_| !req.stream);
+    let first = submit(&state, req.token_ids.clone(), &plans[0], onboarded).await?;
+    let stream = req.stream;
+    let answer = Answer::new(state, req, sampling, plans, first, lend, script);
+    if stream {
+        Ok(answer.stream())
+    } else {
+        answer.whole().await
+    }
+}
+
+/// Choice `choice`'s seed: the request's for the first (so `n = 1` answers as before),
+/// one derived from it for the others.
+fn choice_seed(seed: u64, choice: u32) -> u64 {
+    match choice {
+        0 => seed,
+        _ => splitmix64(seed ^ splitmix64(u64::from(choice))),
+    }
+}
+
+fn choice_plan(req: &PreparedRequest, limited: bool, choice: u32, script: &Script) -> ChoicePlan {
+    // Without a limit (and unless told to ignore EOS) an answer ends "naturally" after a
+    // length fixed by the prompt and its seed, reported as `stop` like a real EOS, or
+    // where its script says (after a tool call; some words after its reasoning).
+    let natural = (!limited && !req.ignore_eos).then(|| {
+        let seed = choice_seed(req.seed.unwrap_or(0), choice);
+        let key = splitmix64(req.token_ids.len() as u64 ^ seed);
+        let span = NATURAL_LENGTH.end() - NATURAL_LENGTH.start() + 1;
+        let length = NATURAL_LENGTH.start() + key % span;
+        script
+            .len()
+            .map_or(length + script.opening.len() as u64, |n| n as u64)
+    });
+    // A call is the end of the answer, even within a limit the client set.
+    let natural = natural.or_else(|| {
+        let call = script.len().map(|n| n as u64);
+        call.filter(|&n| !req.ignore_eos && n <= req.max_tokens)
+    });
+    ChoicePlan {
+        seed: req.seed.map(|seed| choice_seed(seed, choice)),
+        max_tokens: natural.map_or(req.max_tokens, |n| n.min(req.max_tokens)) as usize,
+        natural_stop: natural.is_some(),
+        pin_ttl: req.hints.pin_ttl,
+    }
+}
+
+/// Queues one choice of a request in the engine; its tokens arrive on the receiver.
+pub(super) async fn submit(
+    state: &AppState,
+    tokens: Vec<u32>,
+    plan: &ChoicePlan,
+    onboarded: Option<Onboarded>,
+) -> Result<(RequestId, mpsc::UnboundedReceiver<GenEvent>), ApiError> {
+    state
         .engine
-        .submit(req.token_ids, max_tokens as usize, seed, onboarded)
+        .submit(tokens, plan.max_tokens, plan.seed, plan.pin_ttl, onboarded)
         .await
         .map_err(|e| match e {
             SubmitError::Rejected(r @ Rejected::TooLong { .. }) => ApiError {
@@ -269,225 +385,7 @@ async fn generate(
             },
             SubmitError::Rejected(r) => ApiError::bad_request(r.to_string(), None),
             SubmitError::Stopped => ApiError::unavailable("the engine has stopped"),
-        })?;
-    let id = match req.endpoint {
-        Endpoint::Chat => response_id("chatcmpl", state.id_salt, id),
-        Endpoint::Completions => response_id("cmpl", state.id_salt, id),
-    };
-    let answer = Answer {
-        state,
-        endpoint: req.endpoint,
-        id,
-        created: unix_now(),
-        natural_stop: natural.is_some(),
-        include_usage: req.include_usage,
-        sent_role: false,
-        lend,
-    };
-    if req.stream {
-        Ok(answer.stream(events))
-    } else {
-        answer.whole(events).await
-    }
-}
-
-/// Formats one request's answer.
-struct Answer {
-    state: Arc<AppState>,
-    endpoint: Endpoint,
-    id: String,
-    created: u64,
-    natural_stop: bool,
-    include_usage: bool,
-    sent_role: bool,
-    /// The lease to lend the prompt's blocks under once prefilled, and the prompt.
-    lend: Option<(String, Vec<u32>)>,
-}
-
-impl Answer {
-    fn finish_reason(&self, done: &FinishedRequest) -> FinishReason {
-        match done.reason {
-            crate::FinishReason::Length if !self.natural_stop => FinishReason::Length,
-            _ => FinishReason::Stop,
-        }
-    }
-
-    fn usage(done: &FinishedRequest) -> Usage {
-        Usage::new(
-            done.prompt_tokens as u64,
-            done.output_tokens as u64,
-            done.cached_prompt_tokens as u64,
-        )
-    }
-
-    async fn whole(
-        self,
-        mut events: mpsc::UnboundedReceiver<GenEvent>,
-    ) -> Result<Response, ApiError> {
-        let mut text = String::new();
-        while let Some(event) = events.recv().await {
-            match event {
-                GenEvent::Token(token) => text.push_str(self.state.vocab.piece(token)),
-                GenEvent::Finished(done) => {
-                    let model = self.state.model.name.clone();
-                    let (reason, usage) = (self.finish_reason(&done), Self::usage(&done));
-                    // Answered only once the blocks wait in the sidecar (or will not).
-                    let kv_transfer_params = match &self.lend {
-                        Some((lease, tokens)) if done.reason == crate::FinishReason::Length => {
-                            Some(self.state.disagg.lend(lease, tokens).await)
-                        }
-                        Some(_) => Some(Value::Null),
-                        None => None,
-                    };
-                    let body = match self.endpoint {
-                        Endpoint::Chat => serde_json::to_value(ChatCompletion {
-                            id: self.id,
-                            object: "chat.completion".into(),
-                            created: self.created,
-                            model,
-                            choices: vec![ChatChoice {
-                                index: 0,
-                                message: AssistantMessage {
-                                    role: "assistant".into(),
-                                    content: text,
-                                },
-                                finish_reason: Some(reason),
-                            }],
-                            usage,
-                            kv_transfer_params,
-                        }),
-                        Endpoint::Completions => serde_json::to_value(Completion {
-                            id: self.id,
-                            object: "text_completion".into(),
-                            created: self.created,
-                            model,
-                            choices: vec![CompletionChoice {
-                                index: 0,
-                                text,
-                                finish_reason: Some(reason),
-                            }],
-                            usage: Some(usage),
-                            kv_transfer_params,
-                        }),
-                    }
-                    .expect("answers serialize");
-                    return Ok(Json(body).into_response());
-                }
-            }
-        }
-        Err(ApiError::unavailable(
-            "the engine stopped before the answer was complete",
-        ))
-    }
-
-    /// SSE, one chunk per token as the engine produces it. Dropping the body (the client
-    /// left) drops the receiver, and the engine aborts the request.
-    fn stream(mut self, events: mpsc::UnboundedReceiver<GenEvent>) -> Response {
-        let frames = UnboundedReceiverStream::new(events)
-            .map(move |event| Ok::<_, Infallible>(self.frames(event)));
-        Response::builder()
-            .header(header::CONTENT_TYPE, "text/event-stream")
-            .header(header::CACHE_CONTROL, "no-cache")
-            .body(Body::from_stream(frames))
-            .expect("static headers are valid")
-    }
-
-    /// The SSE frames for one engine event (the last event also closes the stream).
-    fn frames(&mut self, event: GenEvent) -> String {
-        match event {
-            GenEvent::Token(token) => {
-                let piece = self.state.vocab.piece(token).to_owned();
-                let mut out = String::new();
-                if self.endpoint == Endpoint::Chat && !self.sent_role {
-                    // OpenAI opens a chat stream with the role alone.
-                    self.sent_role = true;
-                    out.push_str(&self.chat_chunk(
-                        Delta {
-                            role: Some("assistant".into()),
-                            content: Some(String::new()),
-                        },
-                        None,
-                    ));
-                }
-                out.push_str(&match self.endpoint {
-                    Endpoint::Chat => self.chat_chunk(
-                        Delta {
-                            role: None,
-                            content: Some(piece),
-                        },
-                        None,
-                    ),
-                    Endpoint::Completions => self.completion_chunk(piece, None),
-                });
-                out
-            }
-            GenEvent::Finished(done) => {
-                let reason = self.finish_reason(&done);
-                let mut out = match self.endpoint {
-                    Endpoint::Chat => self.chat_chunk(Delta::default(), Some(reason)),
-                    Endpoint::Completions => self.completion_chunk(String::new(), Some(reason)),
-                };
-                if self.include_usage {
-                    out.push_str(&self.usage_chunk(Self::usage(&done)));
-                }
-                out.push_str(SSE_DONE);
-                out
-            }
-        }
-    }
-
-    fn chat_chunk(&self, delta: Delta, finish_reason: Option<FinishReason>) -> String {
-        self.chat_frame(
-            vec![ChatChunkChoice {
-                index: 0,
-                delta,
-                finish_reason,
-            }],
-            None,
-        )
-    }
-
-    fn completion_chunk(&self, text: String, finish_reason: Option<FinishReason>) -> String {
-        self.completion_frame(
-            vec![CompletionChoice {
-                index: 0,
-                text,
-                finish_reason,
-            }],
-            None,
-        )
-    }
-
-    /// OpenAI's last chunk when `stream_options.include_usage`: no choices, only usage.
-    fn usage_chunk(&self, usage: Usage) -> String {
-        match self.endpoint {
-            Endpoint::Chat => self.chat_frame(vec![], Some(usage)),
-            Endpoint::Completions => self.completion_frame(vec![], Some(usage)),
-        }
-    }
-
-    fn chat_frame(&self, choices: Vec<ChatChunkChoice>, usage: Option<Usage>) -> String {
-        sse_data(&ChatCompletionChunk {
-            id: self.id.clone(),
-            object: "chat.completion.chunk".into(),
-            created: self.created,
-            model: self.state.model.name.clone(),
-            choices,
-            usage,
         })
-    }
-
-    fn completion_frame(&self, choices: Vec<CompletionChoice>, usage: Option<Usage>) -> String {
-        sse_data(&Completion {
-            id: self.id.clone(),
-            object: "text_completion".into(),
-            created: self.created,
-            model: self.state.model.name.clone(),
-            choices,
-            usage,
-            kv_transfer_params: None,
-        })
-    }
 }
 
 pub fn unix_now() -> u64 {

@@ -6,8 +6,8 @@
 //! Python's `prometheus_client` does, so `vllm:prefix_cache_queries` is exported as
 //! `vllm:prefix_cache_queries_total` by both.
 //!
-//! The KV block API's metrics have no vLLM counterpart; they are ours, `dynamo_mocker_*`.
-//! Disaggregated serving's are in [`disagg`].
+//! The KV block API's and prefix pinning's metrics have no vLLM counterpart; they are
+//! ours, `dynamo_mocker_*`. Disaggregated serving's are in [`disagg`].
 
 mod disagg;
 
@@ -25,7 +25,7 @@ use prometheus_client::registry::Registry;
 
 use dynamo_kvcache::Tier;
 
-use crate::{EngineMetrics, FinishReason, FinishedRequest, SchedulerCounters};
+use crate::{EngineMetrics, FinishReason, FinishedRequest, PinCounters, SchedulerCounters};
 
 const TTFT_BUCKETS: [f64; 22] = [
     0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
@@ -89,8 +89,13 @@ pub struct EngineMetricsExporter {
     itl: Histogram,
     e2e: Histogram,
     success: Family<Labels, Counter>,
+    pinned_blocks: Gauge,
+    pins_set: Counter,
+    pins_renewed: Counter,
+    pinned_evicted_offloaded: Counter,
+    pinned_evicted_dropped: Counter,
     /// Engine counters at the last update, to add only what changed since.
-    seen: Mutex<SchedulerCounters>,
+    seen: Mutex<(SchedulerCounters, PinCounters)>,
 }
 
 impl EngineMetricsExporter {
@@ -182,6 +187,37 @@ impl EngineMetricsExporter {
             "KV cache configuration",
             cache_config,
         );
+        let pinned_blocks = Gauge::default();
+        r.register(
+            "dynamo_mocker_kv_pinned_blocks",
+            "Blocks under a live nvext.cache_control pin, in use or free",
+            pinned_blocks.clone(),
+        );
+        // Every label value from the start: each series reads 0 before its first pin.
+        let pins = Family::<Labels, Counter>::default();
+        let action = |a: &str| {
+            pins.get_or_create(&vec![("action".into(), a.into())])
+                .clone()
+        };
+        let (pins_set, pins_renewed) = (action("set"), action("renewed"));
+        r.register(
+            "dynamo_mocker_kv_pins",
+            "Block pins: set (the block had none) or renewed (a hit or a new pin pushed its expiry later)",
+            pins,
+        );
+        let evictions = Family::<Labels, Counter>::default();
+        let offloaded = |o: &str| {
+            evictions
+                .get_or_create(&vec![("offloaded".into(), o.into())])
+                .clone()
+        };
+        let (pinned_evicted_offloaded, pinned_evicted_dropped) =
+            (offloaded("true"), offloaded("false"));
+        r.register(
+            "dynamo_mocker_kv_pinned_evictions",
+            "Pinned blocks evicted because only pinned blocks were free, by whether they were handed to the KV tier",
+            evictions,
+        );
         Self {
             registry: r,
             running,
@@ -196,7 +232,12 @@ impl EngineMetricsExporter {
             itl,
             e2e,
             success,
-            seen: Mutex::new(SchedulerCounters::default()),
+            pinned_blocks,
+            pins_set,
+            pins_renewed,
+            pinned_evicted_offloaded,
+            pinned_evicted_dropped,
+            seen: Mutex::default(),
         }
     }
 
@@ -205,7 +246,9 @@ impl EngineMetricsExporter {
         self.running.set(m.num_requests_running as i64);
         self.waiting.set(m.num_requests_waiting as i64);
         self.kv_cache_usage.set(m.kv_cache_usage);
+        self.pinned_blocks.set(m.pinned_blocks as i64);
         let mut seen = self.seen.lock().expect("metrics lock");
+        let (seen, seen_pins) = &mut *seen;
         let now = m.counters;
         self.prefix_cache_queries
             .inc_by(now.prefix_cache_queries - seen.prefix_cache_queries);
@@ -218,6 +261,14 @@ impl EngineMetricsExporter {
         self.preemptions
             .inc_by(now.num_preemptions - seen.num_preemptions);
         *seen = now;
+        let pins = m.pins;
+        self.pins_set.inc_by(pins.set - seen_pins.set);
+        self.pins_renewed.inc_by(pins.renewed - seen_pins.renewed);
+        self.pinned_evicted_offloaded
+            .inc_by(pins.evicted_offloaded - seen_pins.evicted_offloaded);
+        self.pinned_evicted_dropped
+            .inc_by(pins.evicted_dropped - seen_pins.evicted_dropped);
+        *seen_pins = pins;
     }
 
     pub fn observe_token(&self, ttft_ms: Option<f64>, itl_ms: Option<f64>) {

@@ -1,6 +1,7 @@
 //! The mock engine as a server: vLLM's HTTP API, metrics and ZMQ KV events over the
 //! engine core, on wall-clock time.
 
+mod answer;
 mod args;
 mod disagg;
 mod engine_loop;
@@ -8,7 +9,9 @@ mod http;
 mod kv_blocks;
 mod kv_publisher;
 mod metrics;
+mod model_output;
 mod output_vocab;
+mod sampling;
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -24,6 +27,7 @@ use crate::{Engine, EngineConfig, KvGeometry, RealClock};
 
 pub use args::{Args, PerfModel};
 pub use engine_loop::{EngineHandle, GenEvent, SubmitError};
+pub use model_output::ModelBehaviour;
 
 /// Everything the server needs to start.
 #[derive(Clone, Debug)]
@@ -35,6 +39,8 @@ pub struct ServerConfig {
     /// ZMQ PUB endpoint for KV events; `None` publishes none.
     pub kv_events_endpoint: Option<String>,
     pub engine: EngineConfig,
+    /// The kind of model the engine plays: whether it thinks and calls tools.
+    pub behaviour: ModelBehaviour,
     /// Timeouts and connection budget of the HTTP server.
     pub server: ServerLimits,
 }
@@ -121,6 +127,8 @@ pub async fn start(
         model,
         vocab,
         engine,
+        kv_pool: http::KvPool::of(&config.engine),
+        behaviour: config.behaviour,
         disagg,
         metrics,
         created: http::unix_now(),

@@ -4,13 +4,18 @@
 use std::path::PathBuf;
 
 use dynamo_mocker::EngineConfig;
-use dynamo_mocker::server::{RunningServer, ServerConfig, start};
+use dynamo_mocker::server::{ModelBehaviour, RunningServer, ServerConfig, start};
 
 /// The repository root, where `make model` and `make pyenv` put their output.
 pub const ROOT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/..");
 
 /// A server for model `qwen` on a free loopback port, KV events on a free port too.
 pub async fn serve(engine: EngineConfig) -> RunningServer {
+    serve_playing(engine, ModelBehaviour::default()).await
+}
+
+/// [`serve`], the engine playing a model that thinks or calls tools as `behaviour` says.
+pub async fn serve_playing(engine: EngineConfig, behaviour: ModelBehaviour) -> RunningServer {
     let model_path = PathBuf::from(ROOT).join(".cache/models/qwen-mock");
     assert!(
         model_path.join("tokenizer.json").exists(),
@@ -23,6 +28,7 @@ pub async fn serve(engine: EngineConfig) -> RunningServer {
         kv_events_endpoint: Some("tcp://127.0.0.1:0".into()),
         engine,
         server: Default::default(),
+        behaviour,
     };
     start(config, std::future::pending())
         .await

@@ -5,6 +5,8 @@
 //! the model's special tokens, the bars are U+FF5C (fullwidth vertical line) and the `▁`
 //! U+2581 (lower one eighth block, SentencePiece's space mark).
 
+use serde_json::Value;
+
 use super::{Call, Scan, Stop, arguments_at, expect, name_at, ws};
 
 pub(super) const START: &str = "<｜tool▁calls▁begin｜>";
@@ -43,6 +45,17 @@ pub(super) fn scan(text: &str, eof: bool) -> Scan {
             Ok((calls, at))
         };
     }
+}
+
+/// One block of calls, each with its arguments in a JSON code fence.
+pub(super) fn render(calls: &[(String, Value)]) -> String {
+    let calls: Vec<String> = calls
+        .iter()
+        .map(|(name, arguments)| {
+            format!("{CALL_START}function{SEP}{name}\n```json\n{arguments}\n```{CALL_END}")
+        })
+        .collect();
+    format!("{START}{}{END}", calls.join("\n"))
 }
 
 /// One call after its `<｜tool▁call▁begin｜>`, through its `<｜tool▁call▁end｜>`.

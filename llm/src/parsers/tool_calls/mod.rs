@@ -109,6 +109,38 @@ impl ToolCallParser {
         }
     }
 
+    /// The calls as a model of this family writes them: each `(name, arguments)`, the
+    /// arguments a JSON object. [`ToolCallParser::parse`] reads the text back to the same
+    /// calls. The mock engine answers with it when it plays a tool-calling model.
+    pub fn render(&self, calls: &[(String, Value)]) -> String {
+        let object = |(name, arguments): &(String, Value), args: &str| {
+            let mut call = serde_json::Map::new();
+            call.insert("name".into(), name.clone().into());
+            call.insert(args.into(), arguments.clone());
+            Value::Object(call).to_string()
+        };
+        let each = |args: &'static str| calls.iter().map(move |c| object(c, args));
+        match self {
+            Self::Hermes => each("arguments")
+                .map(|call| format!("{}\n{call}\n</tool_call>", hermes::START))
+                .collect::<Vec<_>>()
+                .join("\n"),
+            Self::Mistral => format!(
+                "{}[{}]",
+                mistral::START,
+                each("arguments").collect::<Vec<_>>().join(", ")
+            ),
+            Self::Llama3Json => each("parameters").collect::<Vec<_>>().join("; "),
+            Self::DeepseekV3 => deepseek_v3::render(calls),
+            Self::Pythonic => pythonic::render(calls),
+            Self::Phi4MiniJson => format!(
+                "{}[{}]",
+                phi4::START,
+                each("arguments").collect::<Vec<_>>().join(", ")
+            ),
+        }
+    }
+
     /// A parser for one streamed answer, delta by delta.
     pub fn streaming(&self) -> StreamingToolParser {
         StreamingToolParser {
@@ -710,8 +742,53 @@ pub(super) mod tests {
         })
     }
 
+    /// A JSON value of a call's arguments: literals, lists and objects, keys and
+    /// strings with quotes, backslashes, newlines and non-ASCII.
+    fn argument() -> impl Strategy<Value = Value> {
+        let text = "[a-z\"\\\n é中']{0,6}";
+        let leaf = prop_oneof![
+            Just(Value::Null),
+            any::<bool>().prop_map(Value::from),
+            any::<i32>().prop_map(Value::from),
+            // Eighths are exact in binary: serde_json's float parsing is not correctly
+            // rounded for every shortest form, so arbitrary floats would not compare.
+            (-8_000_000i32..8_000_000).prop_map(|n| Value::from(f64::from(n) / 8.0)),
+            text.prop_map(Value::from),
+        ];
+        leaf.prop_recursive(3, 16, 4, move |inner| {
+            prop_oneof![
+                prop::collection::vec(inner.clone(), 0..4).prop_map(Value::from),
+                prop::collection::btree_map("[a-z_]{1,5}", inner, 0..4)
+                    .prop_map(|m| Value::Object(m.into_iter().collect())),
+            ]
+        })
+    }
+
+    fn calls() -> impl Strategy<Value = Vec<(String, Value)>> {
+        let call = (
+            "[a-z_][a-z0-9_]{0,8}",
+            prop::collection::btree_map("[a-z_]{1,6}", argument(), 0..4),
+        )
+            .prop_map(|(name, args)| (name, Value::Object(args.into_iter().collect())));
+        prop::collection::vec(call, 1..4)
+    }
+
     proptest! {
         #![proptest_config(ProptestConfig::with_cases(1024))]
+
+        /// What a model of the family would write parses back to the same calls,
+        /// whole and streamed in any pieces, with no content left over.
+        #[test]
+        fn rendered_calls_parse_back(
+            format in prop::sample::select(FORMATS.to_vec()),
+            calls in calls(),
+            cuts in prop::collection::vec(any::<usize>(), 0..10),
+        ) {
+            let text = format.render(&calls);
+            let parsed = format.parse(&text);
+            prop_assert_eq!(whole(&parsed), (String::new(), calls.clone()), "{}", text);
+            prop_assert_eq!(streamed(format, &chunked(&text, &cuts)), (String::new(), calls));
+        }
 
         /// Any split of the text into deltas gives the content and calls of the whole,
         /// and text with no calls in it comes back unchanged.

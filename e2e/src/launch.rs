@@ -45,15 +45,27 @@ impl Launched {
     /// Runs `command` with `sh -c` in a new process group; its output goes to our
     /// stderr, so stdout keeps only the results.
     pub fn start(command: String) -> anyhow::Result<Self> {
-        let child = Command::new("sh")
-            .arg("-c")
-            .arg(&command)
+        let mut shell = Command::new("sh");
+        shell.arg("-c").arg(&command);
+        Self::spawn(shell, command)
+    }
+
+    /// Runs `program` as [`Launched::start`] runs a shell command; `command` names it in
+    /// errors.
+    pub fn spawn(mut program: Command, command: String) -> anyhow::Result<Self> {
+        let child = program
             .stdin(Stdio::null())
             .stdout(std::io::stderr())
             .process_group(0)
             .spawn()
             .with_context(|| format!("starting `{command}`"))?;
         Ok(Self { child, command })
+    }
+
+    /// The process started: the shell of [`Launched::start`], the program itself of
+    /// [`Launched::spawn`].
+    pub fn pid(&self) -> u32 {
+        self.child.id()
     }
 
     /// Waits until `GET {base_url}/health` answers 200, failing if the command exits

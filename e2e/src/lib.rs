@@ -12,6 +12,7 @@
 //! - [`planner_replay`]: the planner in the loop of a simulated graph under a load
 //!   that steps up and down, against static replica counts;
 //! - [`launch`]: starting and stopping a graph per router mode for live comparisons;
+//! - [`overhead`]: CPU per request of the picker, a sidecar and a mock engine, live;
 //! - [`report`]: the figures of a run, JSON and Markdown tables, ratios to round-robin;
 //! - [`cli`]: the `dynamo-e2e` command line.
 //!
@@ -24,6 +25,7 @@ pub mod client;
 pub mod disagg;
 pub mod graph_watch;
 pub mod launch;
+pub mod overhead;
 pub mod planner_replay;
 pub mod replay;
 pub mod report;

@@ -1,4 +1,4 @@
-//! `dynamo-e2e bench | replay`: see `docs/performance.md`.
+//! `dynamo-e2e bench | replay | planner | overhead`: see `docs/performance.md`.
 
 use clap::Parser;
 use dynamo_e2e::cli::{self, Cli};

@@ -114,11 +114,11 @@ impl Sidecar {
             metrics: hop_metrics,
         });
         let proxy_app = Proxy::new(
-            client.clone(),
             &config.engine_url,
             PathAllowlist::new(&config.proxy_paths),
             metrics.clone(),
         )
+        .map_err(|e| anyhow::anyhow!("--engine-url: {e}"))?
         .router();
         let proxy_app = axum::Router::new().fallback_service(hop.layer(proxy_app));
         let proxy = {

@@ -1,47 +1,53 @@
 //! The inference proxy: every request to an allowed path ([`PathAllowlist`]) goes to the
 //! engine with its headers and body streamed as they arrive, and the answer streams back
-//! the same way, so SSE tokens pass one chunk at a time. A client that leaves drops the
-//! response body, which drops the engine connection and so cancels the request there.
-//! An engine error that is not JSON (a 413 from its HTTP server, say) reaches the client
-//! as an OpenAI-style error with the same status.
+//! the same way: SSE tokens pass as they come, those that came together in one write
+//! (`upstream`). A client that leaves drops the response body, which drops the engine
+//! connection and so cancels the request there. An engine error that is not JSON (a 413
+//! from its HTTP server, say) reaches the client as an OpenAI-style error with the same
+//! status.
+
+mod upstream;
 
 use std::error::Error;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::Duration;
+use std::task::{Context, Poll};
 
 use axum::Router;
-use axum::body::{Body, HttpBody};
+use axum::body::{Body, Bytes, HttpBody};
 use axum::extract::{Request, State};
-use axum::http::{HeaderMap, HeaderName, StatusCode, header};
+use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode, Version, header};
 use axum::response::{IntoResponse, Response};
 use dynamo_llm::ApiError;
-use futures::StreamExt;
+use http_body::{Frame, SizeHint};
 
 use crate::engine;
 use crate::metrics::Metrics;
+use upstream::{EngineBody, Upstream, UpstreamError};
 
 #[derive(Clone)]
 pub struct Proxy {
-    client: reqwest::Client,
-    engine: reqwest::Url,
+    engine: Arc<Upstream>,
+    /// The engine's base URL, as errors name it.
+    engine_url: reqwest::Url,
     paths: Arc<PathAllowlist>,
     metrics: Arc<Metrics>,
 }
 
 impl Proxy {
+    /// The proxy to the engine at `engine`, an `http://` URL.
     pub fn new(
-        client: reqwest::Client,
         engine: &reqwest::Url,
         paths: PathAllowlist,
         metrics: Arc<Metrics>,
-    ) -> Self {
-        Self {
-            client,
-            engine: engine.clone(),
+    ) -> Result<Self, String> {
+        Ok(Self {
+            engine: Arc::new(Upstream::new(engine)?),
+            engine_url: engine.clone(),
             paths: Arc::new(paths),
             metrics,
-        }
+        })
     }
 
     pub fn router(self) -> Router {
@@ -73,18 +79,16 @@ impl PathAllowlist {
     }
 }
 
-/// The HTTP client the sidecar talks to its engine with.
+/// The HTTP client the sidecar asks its engine with (health, model, the prefill hop); the
+/// proxied requests go through `upstream`.
 pub fn engine_client() -> reqwest::Result<reqwest::Client> {
     reqwest::Client::builder()
         // The engine is on loopback or in the pod: never through an HTTP proxy.
         .no_proxy()
         .redirect(reqwest::redirect::Policy::none())
         .tcp_nodelay(true)
-        .connect_timeout(Duration::from_secs(5))
-        // vLLM's server closes connections idle for 5 s (uvicorn's `timeout_keep_alive`,
-        // vllm `entrypoints/constants.py` TIMEOUT_KEEP_ALIVE): reusing one it is closing
-        // would fail a request, so ours are dropped first.
-        .pool_idle_timeout(Duration::from_secs(4))
+        .connect_timeout(upstream::CONNECT_TIMEOUT)
+        .pool_idle_timeout(upstream::IDLE_TIMEOUT)
         .build()
 }
 
@@ -120,23 +124,30 @@ async fn answer(proxy: &Proxy, request: Request) -> (&'static str, Response) {
         return ("4xx", refused.into_response());
     }
     let path = parts.uri.path_and_query().map_or("/", |pq| pq.as_str());
-    let url = engine::url(&proxy.engine, path);
-    let mut upstream = proxy
-        .client
-        .request(parts.method, &url)
-        .headers(end_to_end(parts.headers, true));
-    // A body-less request stays body-less (a stream would make it chunked).
+    let url = engine::url(&proxy.engine_url, path);
+    let mut headers = end_to_end(parts.headers, true);
+    let authority = HeaderValue::from_str(proxy.engine.authority());
+    headers.insert(
+        header::HOST,
+        authority.expect("a URL's authority is a header value"),
+    );
     let client_body_failed = Arc::new(AtomicBool::new(false));
-    if body.size_hint().exact() != Some(0) {
-        let failed = client_body_failed.clone();
-        let stream = body.into_data_stream().inspect(move |chunk| {
-            if chunk.is_err() {
-                failed.store(true, Ordering::Relaxed);
-            }
-        });
-        upstream = upstream.body(reqwest::Body::wrap_stream(stream));
+    let body = Body::new(Watched {
+        body,
+        failed: client_body_failed.clone(),
+    });
+    let mut request = axum::http::Request::new(body);
+    *request.method_mut() = parts.method;
+    *request.version_mut() = Version::HTTP_11;
+    *request.headers_mut() = headers;
+    match proxy.engine.target(path).parse() {
+        Ok(target) => *request.uri_mut() = target,
+        Err(e) => {
+            let error = ApiError::bad_request(format!("{path:?} is not a request path: {e}"), None);
+            return ("4xx", error.into_response());
+        }
     }
-    let sent = upstream.send().await;
+    let sent = proxy.engine.send(request).await;
     // The client went away mid-upload (or stalled past the body timeout): whatever the
     // engine made of the cut body, the failure is the client's, not the engine's.
     if client_body_failed.load(Ordering::Relaxed) {
@@ -147,21 +158,77 @@ async fn answer(proxy: &Proxy, request: Request) -> (&'static str, Response) {
         Ok(answer) => answer,
         Err(e) => return ("5xx", engine_error(&url, &e).into_response()),
     };
-    let status = answer.status();
+    let (parts, body) = answer.into_parts();
+    let status = parts.status;
     let class = status_class(status);
-    if (status.is_client_error() || status.is_server_error()) && !is_json(answer.headers()) {
-        return (class, plain_error(status, answer).await.into_response());
+    if (status.is_client_error() || status.is_server_error()) && !is_json(&parts.headers) {
+        return (class, plain_error(status, body).await.into_response());
     }
-    let headers = end_to_end(answer.headers().clone(), false);
     // The guard rides with the body: the request is in flight until it is sent.
-    let body = Body::from_stream(answer.bytes_stream().map(move |chunk| {
-        let _ = &in_flight;
-        chunk
-    }));
+    let body = Body::new(Guarded {
+        body,
+        _in_flight: in_flight,
+    });
     let mut response = Response::new(body);
     *response.status_mut() = status;
-    *response.headers_mut() = headers;
+    *response.headers_mut() = end_to_end(parts.headers, false);
     (class, response)
+}
+
+/// The client's request body on its way to the engine, noting whether it failed.
+struct Watched {
+    body: Body,
+    failed: Arc<AtomicBool>,
+}
+
+impl HttpBody for Watched {
+    type Data = Bytes;
+    type Error = axum::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, axum::Error>>> {
+        let frame = Pin::new(&mut self.body).poll_frame(cx);
+        if let Poll::Ready(Some(Err(_))) = &frame {
+            self.failed.store(true, Ordering::Relaxed);
+        }
+        frame
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.body.size_hint()
+    }
+}
+
+/// The engine's answer on its way to the client, in flight until sent or dropped.
+struct Guarded {
+    body: EngineBody,
+    _in_flight: InFlight,
+}
+
+impl HttpBody for Guarded {
+    type Data = Bytes;
+    type Error = hyper::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+        Pin::new(&mut self.body).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.body.size_hint()
+    }
 }
 
 fn is_json(headers: &HeaderMap) -> bool {
@@ -173,12 +240,12 @@ fn is_json(headers: &HeaderMap) -> bool {
 
 /// An engine error whose body is not JSON (its HTTP server's own 413 or 502 page, say)
 /// as an OpenAI-style error with the same status, quoting the start of the body.
-async fn plain_error(status: StatusCode, answer: reqwest::Response) -> ApiError {
+async fn plain_error(status: StatusCode, mut answer: EngineBody) -> ApiError {
     let mut quoted = Vec::new();
-    let mut chunks = answer.bytes_stream();
     while quoted.len() < QUOTED_ERROR_BYTES {
-        match chunks.next().await {
-            Some(Ok(chunk)) => quoted.extend_from_slice(&chunk),
+        let frame = std::future::poll_fn(|cx| Pin::new(&mut answer).poll_frame(cx)).await;
+        match frame.map(|f| f.map(Frame::into_data)) {
+            Some(Ok(Ok(data))) => quoted.extend_from_slice(&data),
             _ => break,
         }
     }
@@ -204,16 +271,19 @@ async fn plain_error(status: StatusCode, answer: reqwest::Response) -> ApiError 
 /// status line (it died with the request). Nothing reached the client, so the picker
 /// may send the request to another pod. 502 for the rest (a timeout, a malformed answer):
 /// the engine took the request and may still be working on it.
-fn engine_error(url: &str, e: &reqwest::Error) -> ApiError {
+fn engine_error(url: &str, e: &UpstreamError) -> ApiError {
     let mut message = format!("engine request to {url} failed");
-    let mut source: Option<&dyn Error> = e.source();
-    let mut went_away = e.is_connect();
+    let mut source: Option<&dyn Error> = match e {
+        UpstreamError::Http(e) => Some(e),
+        other => Some(other),
+    };
+    let mut went_away = matches!(e, UpstreamError::Connect { .. });
     while let Some(cause) = source {
         message = format!("{message}: {cause}");
         went_away |= closed_before_answer(cause);
         source = cause.source();
     }
-    if went_away && !e.is_timeout() {
+    if went_away {
         ApiError {
             code: Some(dynamo_llm::error::ENGINE_UNREACHABLE),
             ..ApiError::unavailable(message)

@@ -2,7 +2,8 @@
 
 mod common;
 
-use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use common::*;
@@ -365,4 +366,119 @@ async fn an_engine_that_answers_garbage_is_an_engine_error_not_retried() {
     let (status, body) = post_completion(&sidecar).await;
     assert_eq!(status, 502, "{body}");
     assert_eq!(body["error"]["code"], "engine_error", "{body}");
+}
+
+/// An engine at a free port that answers each request on a connection with `answer`,
+/// written whole at once, and then keeps the connection for the next request
+/// (`keep_alive`) or closes it without saying so; it counts the connections it took.
+async fn canned_engine(
+    answer: &'static str,
+    keep_alive: bool,
+) -> (String, Arc<AtomicUsize>, AbortOnDrop) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let connections = Arc::new(AtomicUsize::new(0));
+    let counted = connections.clone();
+    let server = tokio::spawn(async move {
+        loop {
+            let (mut tcp, _) = listener.accept().await.unwrap();
+            counted.fetch_add(1, Ordering::SeqCst);
+            tokio::spawn(async move {
+                let mut buf = Vec::new();
+                loop {
+                    // One request: its head, then its `content-length` bytes of body.
+                    let mut chunk = [0u8; 4096];
+                    let head_end = loop {
+                        if let Some(at) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+                            break at + 4;
+                        }
+                        match tcp.read(&mut chunk).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                        }
+                    };
+                    let head = String::from_utf8_lossy(&buf[..head_end]).to_lowercase();
+                    let length: usize = head
+                        .lines()
+                        .find_map(|l| l.strip_prefix("content-length:"))
+                        .map_or(0, |v| v.trim().parse().unwrap());
+                    while buf.len() < head_end + length {
+                        match tcp.read(&mut chunk).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                        }
+                    }
+                    buf.drain(..head_end + length);
+                    tcp.write_all(answer.as_bytes()).await.unwrap();
+                    if !keep_alive {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    (url, connections, AbortOnDrop(server))
+}
+
+/// Five SSE frames, each its own HTTP chunk, as an engine streams tokens.
+const FIVE_FRAMES: &str = "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n\
+    transfer-encoding: chunked\r\n\r\n\
+    9\r\ndata: 1\n\n\r\n9\r\ndata: 2\n\n\r\n9\r\ndata: 3\n\n\r\n9\r\ndata: 4\n\n\r\n\
+    e\r\ndata: [DONE]\n\n\r\n0\r\n\r\n";
+
+#[tokio::test]
+async fn frames_the_engine_sent_together_reach_the_client_together() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let (engine, _, _server) = canned_engine(FIVE_FRAMES, true).await;
+    let sidecar = sidecar(&engine, None, None).await;
+    let mut tcp = tokio::net::TcpStream::connect(sidecar.proxy_addr)
+        .await
+        .unwrap();
+    tcp.write_all(
+        b"POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-length: 2\r\nconnection: close\r\n\r\n{}",
+    )
+    .await
+    .unwrap();
+    let mut raw = Vec::new();
+    tcp.read_to_end(&mut raw).await.unwrap();
+    let raw = String::from_utf8(raw).unwrap();
+    let (head, mut body) = raw.split_once("\r\n\r\n").unwrap();
+    assert!(head.starts_with("HTTP/1.1 200"), "{raw}");
+    // The chunked body as the client gets it: the frames, in fewer chunks than the
+    // engine's five (one, unless the engine's single write reached the sidecar cut).
+    let (mut chunks, mut frames) = (0, String::new());
+    loop {
+        let (size, rest) = body.split_once("\r\n").unwrap();
+        let size = usize::from_str_radix(size, 16).unwrap();
+        if size == 0 {
+            break;
+        }
+        frames.push_str(&rest[..size]);
+        body = &rest[size + 2..];
+        chunks += 1;
+    }
+    assert_eq!(
+        frames,
+        "data: 1\n\ndata: 2\n\ndata: 3\n\ndata: 4\n\ndata: [DONE]\n\n"
+    );
+    assert!(chunks < 5, "{chunks} chunks: {raw:?}");
+}
+
+#[tokio::test]
+async fn engine_connections_are_reused_and_one_the_engine_closed_is_replaced() {
+    const ANSWER: &str =
+        "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 2\r\n\r\n{}";
+    for keep_alive in [true, false] {
+        let (engine, connections, _server) = canned_engine(ANSWER, keep_alive).await;
+        let sidecar = sidecar(&engine, None, None).await;
+        for _ in 0..3 {
+            let (status, body) = post_completion(&sidecar).await;
+            assert_eq!((status, body), (200, serde_json::json!({})));
+            // Time for the engine's close to reach the sidecar.
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let expected = if keep_alive { 1 } else { 3 };
+        assert_eq!(connections.load(Ordering::SeqCst), expected, "{keep_alive}");
+    }
 }

@@ -5,6 +5,7 @@
 //! a killed prefill engine degrades to local prefill with the same answer, scaling
 //! either side works under traffic, and no lease is left behind.
 
+#[allow(dead_code)] // the fixture serves several test binaries, each using a part
 mod support;
 
 use std::time::Duration;

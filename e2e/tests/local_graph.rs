@@ -4,12 +4,11 @@
 
 mod support;
 
-use std::path::PathBuf;
 use std::time::Duration;
 
 use rustix::process::Signal;
 use serde_json::{Value, json};
-use support::{LocalGraph, ROOT, get_text, metric_sum, signal};
+use support::{LocalGraph, get_text, metric_sum, signal};
 
 /// A completion of `prompt`; returns (prompt tokens, cached prompt tokens).
 async fn complete(graph: &LocalGraph, prompt: &str, max_tokens: u32) -> (u64, u64) {
@@ -72,27 +71,8 @@ async fn engine_counter(graph: &LocalGraph, service: &str, metric: &str) -> Vec<
 async fn the_official_openai_client_works_against_four_workers() {
     let graph = LocalGraph::start("agg-mocker.yaml", &["--replicas", "worker=4"]).await;
     assert_eq!(graph.engines("worker").await.len(), 4);
-    let python = PathBuf::from(ROOT).join(".cache/venv/bin/python");
-    assert!(python.exists(), "run `make pyenv` first");
-    let script = PathBuf::from(ROOT).join("scripts/openai_checks.py");
-    let base_url = graph.url("/v1");
-    let model = graph.model.clone();
-    let out = tokio::task::spawn_blocking(move || {
-        std::process::Command::new(python)
-            .arg(&script)
-            .args([&base_url, &model])
-            .output()
-            .unwrap()
-    })
-    .await
-    .unwrap();
-    assert!(
-        out.status.success(),
-        "stdout: {}\nstderr: {}\nlog:\n{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr),
-        graph.log_text()
-    );
+    let args = vec![graph.url("/v1"), graph.model.clone()];
+    graph.run_script("openai_checks.py", args).await;
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -13,10 +13,8 @@
 #[allow(dead_code)] // the fixture serves several test binaries, each using a part
 mod support;
 
-use std::path::PathBuf;
-
 use serde_json::Value;
-use support::{LocalGraph, ROOT, get_text, metric_sum};
+use support::{LocalGraph, get_text, metric_sum};
 
 const STREAMS: usize = 10;
 const MAX_TOKENS: u64 = 400;
@@ -51,32 +49,14 @@ async fn kill_mid_stream(graph: &LocalGraph) -> Vec<Value> {
     let pid = graph.graph().await["services"]["worker"][0]["engine_pid"]
         .as_u64()
         .expect("the engine runs");
-    let python = PathBuf::from(ROOT).join(".cache/venv/bin/python");
-    assert!(python.exists(), "run `make pyenv` first");
-    let script = PathBuf::from(ROOT).join("scripts/openai_migration.py");
-    let args = [
+    let args = vec![
         graph.url("/v1"),
         graph.model.clone(),
         pid.to_string(),
         STREAMS.to_string(),
         MAX_TOKENS.to_string(),
     ];
-    let out = tokio::task::spawn_blocking(move || {
-        std::process::Command::new(python)
-            .arg(script)
-            .args(args)
-            .output()
-            .unwrap()
-    })
-    .await
-    .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "stdout: {stdout}\nstderr: {}\nlog:\n{}",
-        String::from_utf8_lossy(&out.stderr),
-        graph.log_text()
-    );
+    let stdout = graph.run_script("openai_migration.py", args).await;
     serde_json::from_str::<Vec<Value>>(&stdout).expect("the script prints its results")
 }
 

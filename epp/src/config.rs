@@ -9,6 +9,9 @@ use clap::Parser;
 use dynamo_kvcache::{QueuePolicy, RouterMode, SaturationThreshold};
 use dynamo_server::{ServerLimits, parse_duration};
 
+use crate::answer_parsing::AnswerParsers;
+use crate::frontend::FrontendOptions;
+
 /// Endpoint picker: Gateway API Inference Extension ext_proc server and OpenAI HTTP
 /// frontend, routing on KV cache overlap and load.
 #[derive(Parser, Debug, Clone)]
@@ -125,6 +128,21 @@ pub struct Args {
     /// used up, a stream ends with an error event and a whole answer is a 502.
     #[arg(long, env = "DYN_MIGRATION_LIMIT", default_value_t = 0)]
     pub migration_limit: u32,
+    /// Splits tool calls out of chat answers' text, in this model family's format (vLLM's
+    /// `--tool-call-parser` names: hermes, mistral, llama3_json, deepseek_v3, pythonic,
+    /// phi4_mini_json), for engines that send calls as text (the mock engine; vLLM without
+    /// `--enable-auto-tool-choice`).
+    #[arg(long, env = "DYN_TOOL_CALL_PARSER")]
+    pub tool_call_parser: Option<String>,
+    /// Splits `<think>` reasoning out of chat answers' text into `reasoning_content`
+    /// (vLLM's `--reasoning-parser` names: deepseek_r1, qwen3).
+    #[arg(long, env = "DYN_REASONING_PARSER")]
+    pub reasoning_parser: Option<String>,
+    /// Send each chat prompt's token ids to the engine in `nvext.token_data` (Dynamo's
+    /// field), so that an engine reading it (the mock engine) does not render and
+    /// tokenize the messages again; vLLM ignores the field and tokenizes as usual.
+    #[arg(long, env = "DYNAMO_EPP_FORWARD_TOKEN_IDS")]
+    pub forward_token_ids: bool,
     /// Largest request body accepted, in bytes [default: the longest prompt text the
     /// model's context could hold, plus 1 MiB].
     #[arg(long, env = "DYNAMO_EPP_MAX_BODY_BYTES")]
@@ -218,10 +236,8 @@ pub struct Config {
     pub kv_events_port: u16,
     pub metrics_poll_interval: Option<Duration>,
     pub router: RouterConfig,
-    /// Pods one HTTP frontend request may be tried on (at least 1).
-    pub max_attempts: usize,
-    /// Times one HTTP frontend request may migrate to another pod mid-answer (0: never).
-    pub migration_limit: u32,
+    /// Retries, migration and answer parsing of the HTTP frontend.
+    pub frontend: FrontendOptions,
     /// `None`: derived from the model ([`crate::request::default_body_limit`]).
     pub max_body_bytes: Option<usize>,
     pub server: ServerLimits,
@@ -279,6 +295,11 @@ impl Args {
                 "--max-kv-usage must be between 0 and 1, got {usage}"
             );
         }
+        let parsers = AnswerParsers::from_names(
+            self.tool_call_parser.as_deref(),
+            self.reasoning_parser.as_deref(),
+        )
+        .map_err(|e| anyhow::anyhow!("--tool-call-parser / --reasoning-parser: {e}"))?;
         let ip: std::net::IpAddr = self
             .host
             .parse()
@@ -311,8 +332,12 @@ impl Args {
                     max_blocks_in_flight: self.max_blocks_in_flight,
                 },
             },
-            max_attempts: self.max_attempts,
-            migration_limit: self.migration_limit,
+            frontend: FrontendOptions {
+                max_attempts: self.max_attempts,
+                migration_limit: self.migration_limit,
+                parsers,
+                forward_token_ids: self.forward_token_ids,
+            },
             max_body_bytes: self.max_body_bytes,
             server: self.server,
         })
@@ -396,10 +421,26 @@ mod tests {
         let e = args(&["--endpoints", "10.0.0.1:8000", "--max-attempts", "0"]).unwrap_err();
         assert!(e.contains("--max-attempts"), "{e}");
         let c = args(&["--endpoints", "10.0.0.1:8000"]).unwrap();
-        assert_eq!((c.max_attempts, c.max_body_bytes), (3, None));
-        assert_eq!(c.migration_limit, 0, "off, as Dynamo's default");
+        assert_eq!((c.frontend.max_attempts, c.max_body_bytes), (3, None));
+        assert_eq!(c.frontend.migration_limit, 0, "off, as Dynamo's default");
+        assert_eq!(c.frontend.parsers, AnswerParsers::default());
         let c = args(&["--endpoints", "10.0.0.1:8000", "--migration-limit", "3"]).unwrap();
-        assert_eq!(c.migration_limit, 3);
+        assert_eq!(c.frontend.migration_limit, 3);
+        let e = args(&["--endpoints", "10.0.0.1:8000", "--tool-call-parser", "xml"]).unwrap_err();
+        assert!(
+            e.contains("--tool-call-parser") && e.contains("hermes"),
+            "{e}"
+        );
+        let c = args(&[
+            "--endpoints",
+            "10.0.0.1:8000",
+            "--tool-call-parser",
+            "hermes",
+            "--reasoning-parser",
+            "qwen3",
+        ])
+        .unwrap();
+        assert!(c.frontend.parsers.tool_calls.is_some() && c.frontend.parsers.reasoning.is_some());
         let c = args(&[
             "--endpoints",
             "10.0.0.1:8000",

@@ -304,8 +304,10 @@ impl Session {
             };
             match request::prepare_async(model, api, body.clone()).await {
                 Ok(prepared) => {
-                    self.prompt_tokens = prepared.token_ids.len();
-                    route = request::route_request(&prepared);
+                    let model = self.shared.model.name();
+                    self.shared.metrics.hints(model, &prepared.hints);
+                    self.prompt_tokens = prepared.prompt_tokens;
+                    route = prepared.route;
                 }
                 Err(e) => return (vec![self.refuse(e)], true),
             }

@@ -39,6 +39,7 @@ use dynamo_llm::openai::SSE_DONE;
 use futures::{Stream, StreamExt};
 use serde_json::{Map, Value, json};
 
+use crate::answer_parsing::{AnswerParsers, RequestParsers, StreamParsing};
 use crate::meter::{ResponseMeter, find_frame_end};
 use crate::metrics::{Metrics, NEW_REQUEST, ONGOING_REQUEST};
 use crate::migration::{self, Progress};
@@ -46,6 +47,7 @@ use crate::model_source::ModelSource;
 use crate::openapi;
 use crate::request::{self, Api};
 use crate::router::{Assignment, RouteError, RouteRequest, Router};
+use crate::speculative;
 
 /// Client headers passed on to the pod: credentials for an engine started with an API
 /// key, and request ids and trace context for its logs. Everything else is the
@@ -67,10 +69,20 @@ pub struct Frontend {
     pub client: reqwest::Client,
     /// Unix seconds of start, for `/v1/models`.
     pub created: u64,
+    pub options: FrontendOptions,
+}
+
+/// How the frontend treats requests and answers (from the picker's flags).
+#[derive(Debug, Clone, Copy)]
+pub struct FrontendOptions {
     /// Pods one request is tried on at most.
     pub max_attempts: usize,
     /// Times one request may migrate mid-answer.
     pub migration_limit: u32,
+    /// Tool-call and reasoning parsing of chat answers.
+    pub parsers: AnswerParsers,
+    /// Send chat prompts' token ids along (`nvext.token_data`) to engines that read them.
+    pub forward_token_ids: bool,
 }
 
 impl Frontend {
@@ -79,8 +91,7 @@ impl Frontend {
         router: Arc<Router>,
         metrics: Arc<Metrics>,
         client: reqwest::Client,
-        max_attempts: usize,
-        migration_limit: u32,
+        options: FrontendOptions,
     ) -> Self {
         let created = SystemTime::now()
             .duration_since(UNIX_EPOCH)
@@ -91,8 +102,7 @@ impl Frontend {
             metrics,
             client,
             created,
-            max_attempts,
-            migration_limit,
+            options,
         }
     }
 
@@ -105,23 +115,18 @@ impl Frontend {
 
 /// Every route of the HTTP frontend.
 pub fn routes(frontend: Arc<Frontend>) -> HttpRouter {
-    HttpRouter::new()
-        .route(
-            Api::Chat.path(),
+    let mut routes = HttpRouter::new();
+    for api in Api::ALL {
+        routes = routes.route(
+            api.path(),
             post(
-                |State(f): State<Arc<Frontend>>, headers: HeaderMap, body: Body| async move {
-                    f.serve(Api::Chat, headers, body).await
+                move |State(f): State<Arc<Frontend>>, headers: HeaderMap, body: Body| async move {
+                    f.serve(api, headers, body).await
                 },
             ),
-        )
-        .route(
-            Api::Completions.path(),
-            post(
-                |State(f): State<Arc<Frontend>>, headers: HeaderMap, body: Body| async move {
-                    f.serve(Api::Completions, headers, body).await
-                },
-            ),
-        )
+        );
+    }
+    routes
         .route("/v1/models", get(models))
         .route(openapi::PATH, get(openapi::serve))
         .merge(ops_routes())
@@ -129,7 +134,7 @@ pub fn routes(frontend: Arc<Frontend>) -> HttpRouter {
             ApiError {
                 status: StatusCode::NOT_FOUND,
                 message: "Not found: the frontend serves /v1/chat/completions, \
-                          /v1/completions, /v1/models and /openapi.json"
+                          /v1/completions, /v1/embeddings, /v1/models and /openapi.json"
                     .into(),
                 kind: "invalid_request_error",
                 param: None,
@@ -273,16 +278,25 @@ impl Frontend {
     ) -> Result<Response, ApiError> {
         let model = self.model.get()?.model.clone();
         let prepared = request::prepare_async(model, api, body.clone()).await?;
-        let body = request::without_transfer_params(body);
+        let parsers = self.answer_parsers(api, &body);
+        let request = request::without_transfer_params(body);
+        let body = match api {
+            Api::Chat if self.options.forward_token_ids => {
+                request::with_token_data(request.clone(), &prepared.route.tokens)
+            }
+            _ => request.clone(),
+        };
+        self.metrics.hints(self.model.name(), &prepared.hints);
         let mut call = Call {
             api,
             headers: headers.clone(),
-            request: body.clone(),
+            request,
             body,
-            route: request::route_request(&prepared),
-            prompt_tokens: prepared.token_ids.len(),
-            migration_limit: self.migration_limit,
-            migrations_left: self.migration_limit,
+            route: prepared.route,
+            prompt_tokens: prepared.prompt_tokens,
+            migration_limit: self.options.migration_limit,
+            migrations_left: self.options.migration_limit,
+            speculative_prefill: prepared.hints.speculative_prefill,
         };
         let (mut answer, mut assignment) = self.open(&mut call).await?;
         let meter = ResponseMeter::start(
@@ -300,6 +314,7 @@ impl Frontend {
             if is_event_stream(content_type.as_ref()) {
                 let streamed = Streamed {
                     progress: Progress::new(api, call.prompt_tokens),
+                    parsing: parsers.map(RequestParsers::stream),
                     frontend: self.clone(),
                     call,
                     upstream: Box::pin(reply.bytes_stream()),
@@ -319,6 +334,22 @@ impl Frontend {
             // be asked again elsewhere.
             let failure = match reply.bytes().await {
                 Ok(body) => {
+                    let body = match parsers {
+                        Some(parsers) => parsers.whole(body),
+                        None => body,
+                    };
+                    if call.speculative_prefill {
+                        let answer = serde_json::from_slice::<Value>(&body).ok().map(|v| {
+                            let choice = &v["choices"][0];
+                            match api {
+                                Api::Chat => choice["message"].clone(),
+                                _ => choice["text"].clone(),
+                            }
+                        });
+                        if let Some(answer) = answer {
+                            self.speculate(&call, answer);
+                        }
+                    }
                     let whole = Answer::Whole {
                         status: StatusCode::OK,
                         content_type,
@@ -338,6 +369,83 @@ impl Frontend {
             self.metrics.migration(self.model.name(), ONGOING_REQUEST);
             (answer, assignment) = self.open(&mut call).await?;
         }
+    }
+
+    /// Sends the next turn's prefix of `call`'s finished answer (`answer`: the assistant
+    /// message, or the text) to be prefilled, in the background ([`speculative`]).
+    fn speculate(self: &Arc<Self>, call: &Call, answer: Value) {
+        let Ok(request) = serde_json::from_slice::<Map<String, Value>>(&call.request) else {
+            return;
+        };
+        let Some(next) = speculative::next_turn(call.api, &request, answer) else {
+            return;
+        };
+        let (api, headers) = (call.api, call.headers.clone());
+        let frontend = self.clone();
+        tokio::spawn(async move {
+            let outcome = match frontend.prefill(api, headers, next).await {
+                Ok(()) => "sent",
+                Err(e) => {
+                    tracing::debug!(error = %e.message, "speculative prefill failed");
+                    "failed"
+                }
+            };
+            frontend
+                .metrics
+                .speculative_prefill(frontend.model.name(), outcome);
+        });
+    }
+
+    /// Routes and runs a one-token request whose answer no one reads.
+    async fn prefill(
+        &self,
+        api: Api,
+        headers: HeaderMap,
+        request: Map<String, Value>,
+    ) -> Result<(), ApiError> {
+        let body = Bytes::from(serde_json::to_vec(&request).expect("JSON serializes"));
+        let model = self.model.get()?.model.clone();
+        let prepared = request::prepare_async(model, api, body.clone()).await?;
+        let mut call = Call {
+            api,
+            headers,
+            request: body.clone(),
+            body,
+            route: prepared.route,
+            prompt_tokens: prepared.prompt_tokens,
+            migration_limit: 0,
+            migrations_left: 0,
+            speculative_prefill: false,
+        };
+        let (answer, _assignment) = self.open(&mut call).await?;
+        let status = match answer {
+            Answer::Stream(reply) => {
+                let status = reply.status();
+                reply
+                    .bytes()
+                    .await
+                    .map_err(|e| ApiError::unavailable(e.to_string()))?;
+                status
+            }
+            Answer::Whole { status, .. } => status,
+        };
+        if status.is_success() {
+            Ok(())
+        } else {
+            Err(ApiError::unavailable(format!(
+                "the endpoint answered {status}"
+            )))
+        }
+    }
+
+    /// How the answer to `body` is parsed, if it is.
+    fn answer_parsers(&self, api: Api, body: &[u8]) -> Option<RequestParsers> {
+        let parsers = self.options.parsers;
+        if api != Api::Chat || parsers == AnswerParsers::default() {
+            return None;
+        }
+        let request = serde_json::from_slice::<Map<String, Value>>(body).ok()?;
+        parsers.for_request(&request)
     }
 
     /// Routes the request and sends it, to another pod each time one fails before
@@ -361,7 +469,7 @@ impl Frontend {
             tracing::warn!(%address, %failure, attempt, "endpoint failed before answering");
             self.router.mark_unhealthy(address);
             drop(assignment);
-            if attempt >= self.max_attempts {
+            if attempt >= self.options.max_attempts {
                 return Err(ApiError::unavailable(format!(
                     "endpoint {address} failed before answering ({failure}); \
                      {attempt} endpoints tried"
@@ -437,6 +545,8 @@ struct Call {
     prompt_tokens: usize,
     migration_limit: u32,
     migrations_left: u32,
+    /// Prefill the next turn once the answer is complete (`agent_hints.speculative_prefill`).
+    speculative_prefill: bool,
 }
 
 impl Call {
@@ -522,6 +632,8 @@ struct Streamed {
     /// Bytes after the last whole frame.
     pending: BytesMut,
     progress: Progress,
+    /// Tool calls and reasoning split from the text, after `progress` saw it raw.
+    parsing: Option<StreamParsing>,
     /// When the answer broke off, until its continuation's first chunk is relayed.
     broke_at: Option<Instant>,
     ended: bool,
@@ -553,7 +665,10 @@ impl Streamed {
                     }
                     return Some(out);
                 }
-                _ if self.progress.done() => break,
+                _ if self.progress.done() => {
+                    self.speculate();
+                    break;
+                }
                 Some(Err(e)) => e.to_string(),
                 None => "the stream ended before [DONE]".to_owned(),
             };
@@ -568,6 +683,19 @@ impl Streamed {
         None
     }
 
+    /// The answer is complete: prefills the next turn if asked (once).
+    fn speculate(&mut self) {
+        if !std::mem::take(&mut self.call.speculative_prefill) {
+            return;
+        }
+        let answer = match (&self.parsing, self.call.api) {
+            (Some(parsing), _) => parsing.message(),
+            (None, Api::Chat) => json!({"role": "assistant", "content": self.progress.text()}),
+            (None, _) => self.progress.text().into(),
+        };
+        self.frontend.speculate(&self.call, answer);
+    }
+
     /// The whole frames `chunk` completes, as the client gets them.
     fn frames(&mut self, chunk: &[u8]) -> Bytes {
         self.pending.extend_from_slice(chunk);
@@ -576,7 +704,10 @@ impl Streamed {
         while let Some(len) = find_frame_end(&self.pending[start..]) {
             let frame = &self.pending[start..start + len];
             if let Some(relayed) = self.progress.on_frame(frame) {
-                out.extend_from_slice(&relayed);
+                match &mut self.parsing {
+                    Some(parsing) => parsed_frame(parsing, &relayed, &mut out),
+                    None => out.extend_from_slice(&relayed),
+                }
             }
             start += len;
         }
@@ -648,6 +779,21 @@ impl Streamed {
             Err(e) => e.body(),
         };
         Some(migration::error_frames(&error))
+    }
+}
+
+/// `frame` as the client gets it once parsed (nothing while its text is held back).
+fn parsed_frame(parsing: &mut StreamParsing, frame: &[u8], out: &mut BytesMut) {
+    let event = migration::frame_data(frame)
+        .filter(|data| *data != b"[DONE]")
+        .and_then(|data| serde_json::from_slice::<Value>(data).ok());
+    match event {
+        Some(event) => {
+            if let Some(parsed) = parsing.on_event(event) {
+                out.extend_from_slice(format!("data: {parsed}\n\n").as_bytes());
+            }
+        }
+        None => out.extend_from_slice(frame),
     }
 }
 

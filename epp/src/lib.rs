@@ -14,6 +14,7 @@
 //!   pod; [`ext_proc`]: the gateway's ext_proc server;
 //! - [`metrics`]: the Prometheus registry.
 
+pub mod answer_parsing;
 pub mod config;
 pub mod discovery;
 pub mod engine_metrics;
@@ -28,6 +29,7 @@ pub mod openapi;
 pub mod pool;
 pub mod request;
 pub mod router;
+pub mod speculative;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -128,8 +130,7 @@ pub async fn start(config: Config) -> anyhow::Result<Epp> {
         router.clone(),
         metrics.clone(),
         client,
-        config.max_attempts,
-        config.migration_limit,
+        config.frontend,
     ));
     let mut tasks = Vec::new();
 

@@ -8,6 +8,7 @@
 
 use std::sync::atomic::AtomicU64;
 
+use dynamo_llm::agent_hints::AgentHints;
 use dynamo_llm::disagg::{HopOutcome, KV_TRANSFER_MS_HEADER, PREFILL_HOP_HEADER};
 use prometheus_client::encoding::text::encode;
 use prometheus_client::metrics::counter::Counter;
@@ -89,6 +90,10 @@ pub struct Metrics {
     /// Streamed answers that migrated: from breaking off to their continuation's first
     /// chunk reaching the client (the gap a migration adds).
     pub migration_resume_seconds: Histogram,
+    /// Requests carrying each agent hint, by `model` and `hint`.
+    pub agent_hints: Family<Labels, Counter>,
+    /// Next-turn prefills sent for `speculative_prefill`, by `model` and `outcome`.
+    pub speculative_prefills: Family<Labels, Counter>,
     /// Disaggregated requests by how their decode pod's prefill hop ended (`outcome`,
     /// from the sidecar's `x-dynamo-prefill-hop`), and the KV transfers' seconds.
     pub prefill_hops: Family<Labels, Counter>,
@@ -158,6 +163,34 @@ impl Metrics {
             .inc();
     }
 
+    /// Counts the agent hints a request of `model` carries.
+    pub fn hints(&self, model: &str, hints: &AgentHints) {
+        let used = [
+            ("priority", hints.priority != 0),
+            ("osl", hints.osl.is_some()),
+            ("speculative_prefill", hints.speculative_prefill),
+            ("cache_control", hints.pin_ttl.is_some()),
+        ];
+        for (hint, _) in used.into_iter().filter(|(_, on)| *on) {
+            self.agent_hints
+                .get_or_create(&vec![
+                    ("model", model.to_owned()),
+                    ("hint", hint.to_owned()),
+                ])
+                .inc();
+        }
+    }
+
+    /// Counts a speculative prefill of `model` that ended with `outcome`.
+    pub fn speculative_prefill(&self, model: &str, outcome: &str) {
+        self.speculative_prefills
+            .get_or_create(&vec![
+                ("model", model.to_owned()),
+                ("outcome", outcome.to_owned()),
+            ])
+            .inc();
+    }
+
     /// Counts a request of `model` as queued until the returned guard is dropped.
     pub fn queued(&self, model: &str) -> Queued {
         let gauge = self
@@ -189,6 +222,8 @@ impl Metrics {
             upstream_failures: Family::default(),
             migrations: Family::default(),
             migration_resume_seconds: latency(),
+            agent_hints: Family::default(),
+            speculative_prefills: Family::default(),
             prefill_hops: Family::default(),
             kv_transfer_seconds: Histogram::new(ITL_BUCKETS),
             model_card_mismatch: Family::default(),
@@ -247,6 +282,16 @@ impl Metrics {
             "dynamo_frontend_request_duration_seconds",
             "From request arrival to the end of the response",
             m.duration.clone(),
+        );
+        r.register(
+            "dynamo_frontend_agent_hints",
+            "Requests carrying each agent hint (priority, osl, speculative_prefill, cache_control)",
+            m.agent_hints.clone(),
+        );
+        r.register(
+            "dynamo_frontend_speculative_prefills",
+            "Next-turn prefills of speculative_prefill, by outcome (sent, failed)",
+            m.speculative_prefills.clone(),
         );
         r.register(
             "dynamo_epp_prefill_hops",

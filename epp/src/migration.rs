@@ -20,6 +20,7 @@ use dynamo_llm::openai::SSE_DONE;
 use dynamo_llm::prepare::{ADD_GENERATION_PROMPT, CONTINUE_FINAL_MESSAGE};
 use serde_json::{Map, Value, json};
 
+use crate::meter::{self, Chunk};
 use crate::request::Api;
 
 /// The `code` of the error a client gets when its answer broke off and was not continued.
@@ -65,6 +66,14 @@ pub fn not_continuable(request: &Map<String, Value>) -> Option<&'static str> {
     if structured {
         return Some("structured output cannot be continued");
     }
+    // The stream's progress is followed for one choice.
+    if request
+        .get("n")
+        .and_then(Value::as_u64)
+        .is_some_and(|n| n > 1)
+    {
+        return Some("an answer of several choices (n > 1) cannot be continued");
+    }
     // The stream's text starts with the prompt, not only the answer.
     (request.get("echo") == Some(&Value::Bool(true)))
         .then_some("an echoed prompt cannot be continued")
@@ -98,6 +107,8 @@ pub fn continuation(
         }
     }
     match api {
+        // Embeddings are whole answers: asked again, never continued.
+        Api::Embeddings => {}
         Api::Completions => match next.get_mut("prompt") {
             Some(Value::String(prompt)) => prompt.push_str(text),
             Some(Value::Array(ids)) => ids.extend(text_tokens.iter().map(|&t| json!(t))),
@@ -129,6 +140,16 @@ struct Identity {
     id: Value,
     created: Value,
     model: Value,
+}
+
+impl Identity {
+    fn of(event: &Value) -> Self {
+        Self {
+            id: event["id"].clone(),
+            created: event["created"].clone(),
+            model: event["model"].clone(),
+        }
+    }
 }
 
 /// What the client has been sent of one streamed answer (choice 0, the only one), and
@@ -201,16 +222,22 @@ impl Progress {
             self.done = true;
             return Some(Cow::Borrowed(frame));
         }
+        let Some(earlier) = self.earlier_tokens else {
+            // Passed on as it is: only read, never built as a `Value` (but for the
+            // identity, once).
+            let identity = || serde_json::from_slice(data).ok().map(|v| Identity::of(&v));
+            meter::read_chunk(data, |chunk| self.observe(chunk, identity));
+            return Some(Cow::Borrowed(frame));
+        };
         let Ok(mut event) = serde_json::from_slice::<Value>(data) else {
             return Some(Cow::Borrowed(frame));
         };
-        let out = match self.earlier_tokens {
-            None => Some(Cow::Borrowed(frame)),
-            Some(earlier) => self
-                .rewrite(&mut event, earlier)
-                .then(|| Cow::Owned(format!("data: {event}\n\n").into_bytes())),
-        };
-        self.observe(&event);
+        let out = self
+            .rewrite(&mut event, earlier)
+            .then(|| Cow::Owned(format!("data: {event}\n\n").into_bytes()));
+        meter::read_value(&event, |chunk| {
+            self.observe(chunk, || Some(Identity::of(&event)))
+        });
         out
     }
 
@@ -256,40 +283,36 @@ impl Progress {
             })
     }
 
-    /// Records what the client got of `event`.
-    fn observe(&mut self, event: &Value) {
-        if event.get("error").is_some() {
+    /// Records what the client got of `event`; `identity` gives the event's `id`,
+    /// `created` and `model` (asked once, of the first event with an `id`).
+    fn observe(&mut self, event: &Chunk, identity: impl FnOnce() -> Option<Identity>) {
+        if event.error {
             self.answered = true;
             return;
         }
-        if self.identity.is_none() && event.get("id").is_some() {
-            self.identity = Some(Identity {
-                id: event["id"].clone(),
-                created: event["created"].clone(),
-                model: event["model"].clone(),
-            });
+        if self.identity.is_none() && event.id {
+            self.identity = identity();
         }
-        let Some(choice) = event["choices"].as_array().and_then(|c| c.first()) else {
+        let Some(choice) = &event.choices.first else {
             return;
         };
         let piece = match self.api {
-            Api::Completions => &choice["text"],
-            Api::Chat => {
-                let delta = &choice["delta"];
-                self.role_sent |= delta.get("role").is_some();
-                let said = |k: &str| delta[k].as_str().is_some_and(|s| !s.is_empty());
-                self.opaque |= said("reasoning_content")
-                    || said("reasoning")
-                    || delta["tool_calls"]
-                        .as_array()
-                        .is_some_and(|t| !t.is_empty());
-                &delta["content"]
-            }
+            Api::Completions | Api::Embeddings => &choice.text,
+            Api::Chat => match &choice.delta.0 {
+                Some(delta) => {
+                    self.role_sent |= delta.role;
+                    self.opaque |= delta.reasoning_content.non_empty()
+                        || delta.reasoning.non_empty()
+                        || delta.tool_calls.0.is_some_and(|n| n > 0);
+                    &delta.content
+                }
+                None => &meter::Text(None),
+            },
         };
-        if let Some(piece) = piece.as_str() {
+        if let Some(piece) = &piece.0 {
             self.text.push_str(piece);
         }
-        self.answered |= !choice["finish_reason"].is_null();
+        self.answered |= choice.finish_reason;
     }
 
     /// The end of an answer whose whole token budget was sent before its pod failed:
@@ -304,7 +327,7 @@ impl Progress {
                 "chat.completion.chunk",
                 json!({"index": 0, "delta": {}, "finish_reason": "length"}),
             ),
-            Api::Completions => (
+            Api::Completions | Api::Embeddings => (
                 "text_completion",
                 json!({"index": 0, "text": "", "finish_reason": "length"}),
             ),
@@ -329,7 +352,7 @@ impl Progress {
 }
 
 /// The payload of a frame's single `data:` line.
-fn frame_data(frame: &[u8]) -> Option<&[u8]> {
+pub(crate) fn frame_data(frame: &[u8]) -> Option<&[u8]> {
     let mut data = frame
         .split(|&b| b == b'\n')
         .filter_map(|line| line.strip_prefix(b"data:"));
@@ -422,11 +445,13 @@ mod tests {
         assert_eq!(remaining(&request, 4), Some(0));
         assert_eq!(remaining(&object(json!({})), 4), None);
         assert!(not_continuable(&object(json!({"response_format": {"type": "text"}}))).is_none());
+        assert!(not_continuable(&object(json!({"n": 1}))).is_none());
         for structured in [
             json!({"response_format": {"type": "json_schema", "json_schema": {}}}),
             json!({"response_format": {"type": "json_object"}}),
             json!({"guided_regex": "a+"}),
             json!({"echo": true}),
+            json!({"n": 2}),
         ] {
             assert!(not_continuable(&object(structured)).is_some());
         }
@@ -501,6 +526,20 @@ mod tests {
         );
         assert_eq!(out[0]["choices"][0]["delta"]["role"], "assistant");
         assert_eq!(out[0]["id"], "b");
+    }
+
+    #[test]
+    fn escaped_text_and_a_role_key_of_any_value_are_followed() {
+        let mut p = Progress::new(Api::Chat, 3);
+        let opening = json!({"role": null, "content": "\"hi\" \u{e9}\n"});
+        relay(&mut p, &[chat_chunk("a", opening, None)]);
+        assert_eq!(p.text(), "\"hi\" \u{e9}\n");
+        // The role was sent (as null): a continuation's role is dropped.
+        p.migrated(1);
+        let next = chat_chunk("b", json!({"role": "assistant", "content": " x"}), None);
+        let out = relay(&mut p, &[next]);
+        assert_eq!(out[0]["choices"][0]["delta"], json!({"content": " x"}));
+        assert_eq!(p.text(), "\"hi\" \u{e9}\n x");
     }
 
     #[test]

@@ -3,6 +3,7 @@
 //! description cannot drift from the code that serves it.
 
 use axum::Json;
+use dynamo_llm::embeddings::{EmbeddingList, EmbeddingRequest};
 use dynamo_llm::error::ErrorBody;
 use dynamo_llm::openai::{
     ChatCompletion, ChatCompletionChunk, ChatCompletionRequest, Completion, CompletionRequest,
@@ -17,10 +18,11 @@ pub const PATH: &str = "/openapi.json";
 #[openapi(
     info(
         title = "dynamo-rs OpenAI-compatible frontend",
-        description = "The endpoint picker's HTTP frontend: OpenAI's chat, completions \
-                       and models APIs, routed to the engine holding the prompt's KV cache."
+        description = "The endpoint picker's HTTP frontend: OpenAI's chat, completions, \
+                       embeddings and models APIs, routed to the engine holding the \
+                       prompt's KV cache."
     ),
-    paths(chat_completions, completions, models),
+    paths(chat_completions, completions, embeddings, models),
     components(schemas(ChatCompletionChunk))
 )]
 struct FrontendApi;
@@ -65,6 +67,21 @@ fn chat_completions() {}
 #[allow(dead_code)]
 fn completions() {}
 
+/// Embeddings of one or more inputs, from an engine serving a pooling model.
+#[utoipa::path(
+    post,
+    path = "/v1/embeddings",
+    request_body = EmbeddingRequest,
+    responses(
+        (status = 200, description = "One embedding per input, in order", body = EmbeddingList),
+        (status = 400, description = "A malformed or impossible request", body = ErrorBody),
+        (status = 404, description = "An unknown model, or engines that do not serve embeddings", body = ErrorBody),
+        (status = 503, description = "No engine can serve it", body = ErrorBody),
+    )
+)]
+#[allow(dead_code)]
+fn embeddings() {}
+
 /// The served model.
 #[utoipa::path(get, path = "/v1/models", responses((status = 200, body = ModelList)))]
 #[allow(dead_code)]
@@ -78,7 +95,7 @@ mod tests {
     async fn the_document_names_every_route_with_its_generated_schemas() {
         let doc = serde_json::to_value(serve().await.0).unwrap();
         assert!(doc["openapi"].as_str().unwrap().starts_with("3."));
-        for path in ["/v1/chat/completions", "/v1/completions"] {
+        for path in ["/v1/chat/completions", "/v1/completions", "/v1/embeddings"] {
             let op = &doc["paths"][path]["post"];
             assert!(op["requestBody"].is_object(), "{path}: {op}");
             assert!(op["responses"]["400"].is_object(), "{path}");
@@ -95,7 +112,12 @@ mod tests {
         });
         let props = props.unwrap_or_else(|| panic!("{chat}"));
         assert!(props.contains_key("messages"), "{chat}");
-        for schema in ["ChatCompletion", "ChatCompletionChunk", "ErrorBody"] {
+        for schema in [
+            "ChatCompletion",
+            "ChatCompletionChunk",
+            "EmbeddingList",
+            "ErrorBody",
+        ] {
             assert!(schemas[schema].is_object(), "{schema} missing");
         }
     }

@@ -37,8 +37,11 @@ const SERVING_ROLES: [Role; 2] = [Role::Worker, Role::Decode];
 pub struct RouteRequest {
     /// The prompt's token ids (chat template applied).
     pub tokens: Vec<u32>,
-    /// Output tokens at most (for the WSPT queue order).
+    /// Output tokens at most (for the WSPT queue order, unless `osl` says better).
     pub max_tokens: u64,
+    /// `nvext.agent_hints.osl`: the output tokens the client expects, which the pod's
+    /// decode load counts while the request decodes.
+    pub osl: Option<u64>,
     /// `nvext.agent_hints.priority`: higher waits less when requests queue.
     pub priority: i64,
     /// Only these pods may serve it (the gateway's subset hint).
@@ -77,6 +80,8 @@ struct Job {
     hashes: Vec<SeqHash>,
     subset: Option<Vec<SocketAddr>>,
     exclude: Vec<SocketAddr>,
+    /// Output blocks the request is expected to hold on average while it decodes.
+    output_blocks: u64,
 }
 
 #[derive(Debug)]
@@ -226,10 +231,13 @@ impl Router {
     /// Chooses a pod for `request`, waiting in the queue while every pod is saturated.
     pub async fn route(self: &Arc<Self>, request: RouteRequest) -> Result<Assignment, RouteError> {
         let started = Instant::now();
+        // A decoding request holds half its output on average over its decode.
+        let block_size = self.config.block_size as u64;
         let job = Job {
             hashes: self.hasher.seq_hashes(&request.tokens),
             subset: request.subset,
             exclude: request.exclude,
+            output_blocks: request.osl.map_or(0, |osl| osl.div_ceil(2 * block_size)),
         };
         // The exact index's lookup runs before the routing state is locked, so picks
         // do not wait on each other's lookups.
@@ -251,7 +259,8 @@ impl Router {
                 job,
                 tx,
             };
-            let mut queued = QueuedRequest::new(waiter, prompt_blocks, request.max_tokens);
+            let output = request.osl.unwrap_or(request.max_tokens);
+            let mut queued = QueuedRequest::new(waiter, prompt_blocks, output);
             queued.priority = request.priority.clamp(i32::MIN.into(), i32::MAX.into()) as i32;
             let ticket = match st.queue.push(queued) {
                 Ok(ticket) => ticket,
@@ -361,6 +370,7 @@ impl Router {
             hashes: Vec::new(),
             subset: None,
             exclude: Vec::new(),
+            output_blocks: 0,
         };
         let prefill_pods = self.candidates(st, &prefill_job, &[Role::Prefill]);
         // Disaggregated (Dynamo's PrefillRouter): the prefill pod by KV overlap and
@@ -419,6 +429,9 @@ impl Router {
             .core
             .pick(side, scores, pods, request, &job.hashes, now)
             .map_err(|e| RouteError::NoEndpoint(e.to_string()))?;
+        if side != Side::Prefill && job.output_blocks > 0 {
+            st.core.expect_output(request, job.output_blocks);
+        }
         let endpoint = &st.endpoints[&decision.worker].spec;
         self.metrics
             .picks
@@ -961,6 +974,40 @@ mod tests {
         assert_eq!(worker_gauge(&r, PREFILL_TOKENS, 8001, "decode"), Some(0));
         assert_eq!(worker_gauge(&r, DECODE_BLOCKS, 8001, "decode"), Some(4));
         assert_eq!(worker_gauge(&r, DECODE_BLOCKS, 8001, "prefill"), None);
+    }
+
+    #[tokio::test]
+    async fn an_expected_output_length_weighs_on_its_pod_while_it_decodes() {
+        let r = router(RouterConfig::default());
+        r.add_endpoint(WorkerId(1), spec(8001, Role::Worker));
+        r.add_endpoint(WorkerId(2), spec(8002, Role::Worker));
+        // A long answer is expected: 640 tokens, 20 blocks held on average (half of 40).
+        let mut long = r
+            .route(RouteRequest {
+                osl: Some(640),
+                ..request(prompt(2, 0))
+            })
+            .await
+            .unwrap();
+        let load = |w: WorkerId| r.endpoints().iter().find(|e| e.worker == w).unwrap().load;
+        assert_eq!(load(long.worker), 2, "prefill only before the first token");
+        long.first_token();
+        assert_eq!(load(long.worker), 2 + 20);
+        // The next requests, with longer prompts than the first, avoid its pod.
+        let other = if long.worker == WorkerId(1) {
+            WorkerId(2)
+        } else {
+            WorkerId(1)
+        };
+        let mut held = Vec::new();
+        for salt in 1..=3 {
+            let mut a = r.route(request(prompt(5, salt))).await.unwrap();
+            assert_eq!(a.worker, other, "request {salt}");
+            a.first_token();
+            held.push(a);
+        }
+        drop(long);
+        assert_eq!(load(WorkerId(1)).min(load(WorkerId(2))), 0);
     }
 
     #[tokio::test]

@@ -24,7 +24,11 @@ struct Picker {
 
 impl Picker {
     async fn start(file: &EndpointsFile, router: RouterConfig) -> Self {
-        let epp = start(config(file, router)).await.expect("picker starts");
+        Self::start_with(config(file, router)).await
+    }
+
+    async fn start_with(config: dynamo_epp::Config) -> Self {
+        let epp = start(config).await.expect("picker starts");
         let base = format!("http://{}", epp.http_addr);
         Self {
             epp,
@@ -274,6 +278,163 @@ async fn streaming_passes_the_engines_sse_through_unchanged_and_is_measured() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn embeddings_are_forwarded_to_a_pod_and_answered_as_it_answers() {
+    let pod = Pod::start().await;
+    let file = EndpointsFile::new();
+    file.write(&[pod.entry()]);
+    let picker = Picker::start(&file, kv()).await;
+    picker.wait_healthy().await;
+
+    let body = json!({"model": MODEL, "input": ["a cat sat", "on the mat"], "dimensions": 8});
+    let response = picker.post("/v1/embeddings", body.to_string()).await;
+    assert_eq!(response.status(), 200);
+    let through_picker: Value = response.json().await.unwrap();
+    let direct: Value = reqwest::Client::new()
+        .post(format!("http://{}/v1/embeddings", pod.address))
+        .json(&body)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(through_picker, direct);
+    assert_eq!(through_picker["data"].as_array().unwrap().len(), 2);
+    assert_eq!(
+        through_picker["data"][1]["embedding"]
+            .as_array()
+            .unwrap()
+            .len(),
+        8
+    );
+    // The engine's own refusal passes through as it is.
+    let refused = picker
+        .post(
+            "/v1/embeddings",
+            json!({"model": MODEL, "input": "x", "dimensions": 100_000}).to_string(),
+        )
+        .await;
+    assert_eq!(refused.status(), 400);
+    let error: Value = refused.json().await.unwrap();
+    assert_eq!(error["error"]["param"], "dimensions", "{error}");
+    let metrics = picker.metrics().await;
+    assert!(
+        metrics.contains(
+            "dynamo_frontend_requests_total{model=\"qwen-mock\",route=\"/v1/embeddings\",status=\"200\"} 1"
+        ),
+        "{metrics}"
+    );
+}
+
+/// One conversation turn with `hint` as its `nvext`, then the next turn; returns the
+/// next turn's prompt tokens and how many of them the engine had cached, and the tokens
+/// of the conversation up to the end of the first answer.
+async fn two_turns(picker: &Picker, seed: u64, nvext: Value) -> (u64, u64, u64) {
+    let user = json!({"role": "user", "content": text(300, seed)});
+    let first = json!({"model": MODEL, "messages": [user], "max_tokens": 48, "nvext": nvext});
+    let answer: Value = picker.chat(&first).await.json().await.unwrap();
+    let message = json!({"role": "assistant",
+                         "content": answer["choices"][0]["message"]["content"]});
+    if nvext["agent_hints"]["speculative_prefill"] == true {
+        eventually("the next turn's prefill", || async {
+            let metrics = picker.metrics().await;
+            let series = "dynamo_frontend_speculative_prefills_total\
+                          {model=\"qwen-mock\",outcome=\"sent\"}";
+            metric_value(&metrics, series) == Some(1)
+        })
+        .await;
+    }
+    let closed = json!({"model": MODEL, "messages": [user, message],
+                        "add_generation_prompt": false});
+    let prefix = chat_tokens(&closed).len() as u64;
+    let next = json!({"model": MODEL, "max_tokens": 1, "messages": [user, message,
+                      {"role": "user", "content": "And then?"}]});
+    let usage = picker.chat(&next).await.json::<Value>().await.unwrap()["usage"].clone();
+    (
+        usage["prompt_tokens"].as_u64().unwrap(),
+        usage["prompt_tokens_details"]["cached_tokens"]
+            .as_u64()
+            .unwrap(),
+        prefix,
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn speculative_prefill_has_the_next_turns_prefix_cached_when_it_comes() {
+    let pod = Pod::start().await;
+    let file = EndpointsFile::new();
+    file.write(&[pod.entry()]);
+    let picker = Picker::start(&file, kv()).await;
+    picker.wait_healthy().await;
+
+    // Without the hint the answer's turn is not cached: its text was never a prompt.
+    let (_, cached, prefix) = two_turns(&picker, 2, json!({})).await;
+    assert!(
+        cached + 48 < prefix,
+        "cached {cached} of a prefix of {prefix}"
+    );
+    // With it, the conversation up to the end of the answer is, but its last partial
+    // block (16 tokens).
+    let hint = json!({"agent_hints": {"speculative_prefill": true}});
+    let (prompt, cached, prefix) = two_turns(&picker, 1, hint).await;
+    assert!(prefix < prompt);
+    assert!(
+        cached + 16 > prefix,
+        "cached {cached} of a prefix of {prefix}"
+    );
+    let metrics = picker.metrics().await;
+    let series =
+        "dynamo_frontend_agent_hints_total{model=\"qwen-mock\",hint=\"speculative_prefill\"}";
+    assert_eq!(metric_value(&metrics, series), Some(1), "{metrics}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn chat_prompts_go_to_the_engine_with_their_token_ids_when_asked() {
+    // A pod that keeps the bodies it gets and answers a fixed chat completion.
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let address = listener.local_addr().unwrap();
+    let (tx, mut bodies) = tokio::sync::mpsc::unbounded_channel::<Value>();
+    let app = axum::Router::new().fallback(move |body: axum::body::Bytes| {
+        let tx = tx.clone();
+        async move {
+            tx.send(serde_json::from_slice(&body).unwrap()).unwrap();
+            axum::Json(json!({"id": "c", "object": "chat.completion", "created": 0,
+                "model": MODEL, "choices": [{"index": 0, "finish_reason": "stop",
+                "message": {"role": "assistant", "content": "ok"}}],
+                "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}}))
+        }
+    });
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    let file = EndpointsFile::new();
+    file.write(&[
+        json!({"address": address.to_string(), "kv_events": format!("http://{address}")}),
+    ]);
+    let router = RouterConfig {
+        mode: RouterMode::RoundRobin,
+        ..kv()
+    };
+    let mut config = config(&file, router);
+    config.frontend.forward_token_ids = true;
+    let picker = Picker::start_with(config).await;
+    picker.wait_endpoints(1).await;
+
+    let mut body = chat("What is in a name?", 4, false);
+    body["nvext"] = json!({"agent_hints": {"priority": 1}});
+    assert_eq!(picker.chat(&body).await.status(), 200);
+    let got = bodies.recv().await.unwrap();
+    assert_eq!(got["nvext"]["token_data"], json!(chat_tokens(&body)));
+    assert_eq!(got["nvext"]["agent_hints"], body["nvext"]["agent_hints"]);
+    assert_eq!(
+        got["messages"], body["messages"],
+        "the rest is the client's"
+    );
+    // Completions carry their own prompt: unchanged.
+    let completion = json!({"model": MODEL, "prompt": "Once", "max_tokens": 2});
+    picker.post("/v1/completions", completion.to_string()).await;
+    assert_eq!(bodies.recv().await.unwrap(), completion);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_requests_get_openai_errors_and_never_reach_a_pod() {
     let pod = Pod::start().await;
     let file = EndpointsFile::new();
@@ -328,7 +489,15 @@ async fn bad_requests_get_openai_errors_and_never_reach_a_pod() {
             Some("prompt"),
             None,
         ),
-        ("/v1/embeddings", "{}".into(), 404, None, None),
+        ("/v1/embeddings", "{}".into(), 400, None, None),
+        (
+            "/v1/embeddings",
+            json!({"model": MODEL, "input": []}).to_string(),
+            400,
+            Some("input"),
+            None,
+        ),
+        ("/v1/audio/transcriptions", "{}".into(), 404, None, None),
     ];
     for (path, body, status, param, code) in cases {
         let response = picker.post(path, body.clone()).await;

@@ -164,12 +164,9 @@ async fn picker(file: &EndpointsFile, pods: usize, migration_limit: u32) -> Epp 
         mode: RouterMode::RoundRobin,
         ..RouterConfig::default()
     };
-    let epp = start(dynamo_epp::Config {
-        migration_limit,
-        ..config(file, router)
-    })
-    .await
-    .expect("picker starts");
+    let mut config = config(file, router);
+    config.frontend.migration_limit = migration_limit;
+    let epp = start(config).await.expect("picker starts");
     eventually("the pods", || async {
         epp.router.endpoints().len() == pods
     })

@@ -94,6 +94,8 @@ struct PodLoad {
     held: BlockCounts,
     /// Resident blocks the last scrape showed beyond `held`.
     untracked: u64,
+    /// Expected output blocks of the decoding requests that said their output length.
+    output: u64,
     metrics: Option<EngineMetrics>,
 }
 
@@ -129,6 +131,8 @@ struct InFlight {
     worker: WorkerId,
     new_blocks: u64,
     blocks: Vec<SeqHash>,
+    /// Output blocks it is expected to hold on average while it decodes.
+    output_blocks: u64,
     decoding: bool,
 }
 
@@ -176,9 +180,24 @@ impl LoadTracker {
                 worker,
                 new_blocks,
                 blocks: prompt.to_vec(),
+                output_blocks: 0,
                 decoding: false,
             },
         );
+        Ok(())
+    }
+
+    /// `request`, not yet decoding, is expected to hold `blocks` output blocks on average
+    /// while it decodes (from its client's output-length hint): they are decode load
+    /// from its first token to its end, as its own output, never shared.
+    pub fn expect_output(&mut self, request: RequestId, blocks: u64) -> Result<(), LoadError> {
+        let r = self
+            .requests
+            .get_mut(&request)
+            .ok_or(LoadError::UnknownRequest(request))?;
+        if !r.decoding {
+            r.output_blocks = blocks;
+        }
         Ok(())
     }
 
@@ -193,6 +212,7 @@ impl LoadTracker {
             if let Some(pod) = self.pods.get_mut(&r.worker) {
                 pod.prefill = pod.prefill.saturating_sub(r.new_blocks);
                 pod.decoding.add(&r.blocks);
+                pod.output += r.output_blocks;
             }
         }
         Ok(())
@@ -208,6 +228,7 @@ impl LoadTracker {
             pod.held.remove(&r.blocks);
             if r.decoding {
                 pod.decoding.remove(&r.blocks);
+                pod.output = pod.output.saturating_sub(r.output_blocks);
             } else {
                 pod.prefill = pod.prefill.saturating_sub(r.new_blocks);
             }
@@ -234,7 +255,7 @@ impl LoadTracker {
         WorkerLoad {
             worker,
             prefill_blocks: pod.prefill,
-            decode_blocks: pod.decoding.distinct() + pod.untracked,
+            decode_blocks: pod.decoding.distinct() + pod.untracked + pod.output,
         }
     }
 
@@ -314,6 +335,32 @@ mod tests {
         assert_eq!(
             t.on_finish(RequestId(1)),
             Err(LoadError::UnknownRequest(RequestId(1)))
+        );
+    }
+
+    #[test]
+    fn expected_output_is_decode_load_of_its_own_while_the_request_decodes() {
+        let mut t = LoadTracker::new();
+        let shared = blocks(0, 8);
+        t.on_pick(RequestId(1), W, &shared, 8).unwrap();
+        t.on_pick(RequestId(2), W, &shared, 0).unwrap();
+        t.expect_output(RequestId(1), 5).unwrap();
+        t.expect_output(RequestId(2), 3).unwrap();
+        assert_eq!(t.load(W).decode_blocks, 0, "not before the first token");
+        t.on_first_token(RequestId(1)).unwrap();
+        t.on_first_token(RequestId(2)).unwrap();
+        // The shared prompt once, each request's output on its own.
+        assert_eq!(t.load(W).decode_blocks, 8 + 5 + 3);
+        // Once decoding, the estimate stands.
+        t.expect_output(RequestId(1), 50).unwrap();
+        assert_eq!(t.load(W).decode_blocks, 8 + 5 + 3);
+        t.on_finish(RequestId(1)).unwrap();
+        assert_eq!(t.load(W).decode_blocks, 8 + 3);
+        t.on_finish(RequestId(2)).unwrap();
+        assert_eq!(t.load(W).total(), 0);
+        assert_eq!(
+            t.expect_output(RequestId(2), 1),
+            Err(LoadError::UnknownRequest(RequestId(2)))
         );
     }
 

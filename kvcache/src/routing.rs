@@ -129,6 +129,12 @@ impl RoutingCore {
         Ok(decision)
     }
 
+    /// `request` (just picked) is expected to hold `blocks` output blocks on average while
+    /// it decodes ([`LoadTracker::expect_output`]).
+    pub fn expect_output(&mut self, request: RequestId, blocks: u64) {
+        let _ = self.load.expect_output(request, blocks);
+    }
+
     /// `request` streamed its first token: its prefill load becomes decode load. Unknown
     /// requests (their worker was removed meanwhile) are ignored.
     pub fn first_token(&mut self, request: RequestId) {

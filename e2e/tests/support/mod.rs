@@ -138,6 +138,31 @@ impl LocalGraph {
             .collect()
     }
 
+    /// Runs `scripts/NAME` with the project's Python (`make pyenv`) and `args`; its
+    /// standard output. A failed run fails the test with its output and the graph's log.
+    pub async fn run_script(&self, name: &str, args: Vec<String>) -> String {
+        let python = PathBuf::from(ROOT).join(".cache/venv/bin/python");
+        assert!(python.exists(), "run `make pyenv` first");
+        let script = PathBuf::from(ROOT).join("scripts").join(name);
+        let out = tokio::task::spawn_blocking(move || {
+            Command::new(python)
+                .arg(script)
+                .args(args)
+                .output()
+                .unwrap()
+        })
+        .await
+        .unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+        assert!(
+            out.status.success(),
+            "{name}\nstdout: {stdout}\nstderr: {}\nlog:\n{}",
+            String::from_utf8_lossy(&out.stderr),
+            self.log_text()
+        );
+        stdout
+    }
+
     pub fn log_text(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }

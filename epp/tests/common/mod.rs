@@ -10,6 +10,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use dynamo_epp::config::{Config, DEFAULT_MAX_ATTEMPTS, DiscoveryConfig, RouterConfig};
+use dynamo_epp::frontend::FrontendOptions;
 use dynamo_kvcache::{BlockHasher, KvEvent, StoredBlock, Tier};
 use dynamo_kvstream::{HubConfig, KvEventHub};
 use dynamo_llm::ModelDir;
@@ -97,6 +98,7 @@ impl Pod {
                     ..EngineConfig::default()
                 },
                 server: Default::default(),
+                behaviour: Default::default(),
             },
             std::future::pending(),
         )
@@ -229,8 +231,12 @@ pub fn config(file: &EndpointsFile, router: RouterConfig) -> Config {
             block_size: BLOCK_SIZE,
             ..router
         },
-        max_attempts: DEFAULT_MAX_ATTEMPTS,
-        migration_limit: 0,
+        frontend: FrontendOptions {
+            max_attempts: DEFAULT_MAX_ATTEMPTS,
+            migration_limit: 0,
+            parsers: Default::default(),
+            forward_token_ids: false,
+        },
         max_body_bytes: None,
         server: Default::default(),
     }

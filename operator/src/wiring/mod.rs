@@ -632,6 +632,10 @@ impl Picker {
         }
         if let Some(engines) = engines {
             args.extend(["--block-size".into(), engines.block_size.to_string()]);
+            // The mock engine reads the prompt's token ids and skips tokenizing it again.
+            if engines.backend == BackendFramework::Mocker {
+                args.push("--forward-token-ids".into());
+            }
         }
         args.extend(["--router-mode".into(), self.router_mode.clone()]);
         match &self.pods {

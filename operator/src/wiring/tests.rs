@@ -259,6 +259,12 @@ fn the_picker_gets_its_model_block_size_and_pods() {
          --pool-namespace ns --selector pool=g --prefill-selector pool=g,role=prefill \
          --decode-selector pool=g,role=decode"
     );
+    // A mock engine takes the prompt's token ids from the picker.
+    let mocker = wire(&format!("backendFramework: mocker\n{DYNAMO_DISAGG}"))
+        .unwrap()
+        .unwrap();
+    let args = picker.args(Some(&mocker));
+    assert!(args.contains(&"--forward-token-ids".to_owned()), "{args:?}");
 }
 
 #[test]

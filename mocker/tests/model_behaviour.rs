@@ -2,7 +2,7 @@
 //! `--tool-call-format`), over its HTTP surface on real sockets: its answers carry the
 //! markup such a model writes, which `dynamo-llm`'s parsers (the picker's) read back.
 
-use common::serve_playing;
+use common::{post, serve_playing, stream};
 use dynamo_llm::parsers::{ReasoningParser, ToolCallParser};
 use dynamo_mocker::EngineConfig;
 use dynamo_mocker::server::{ModelBehaviour, RunningServer};
@@ -11,13 +11,7 @@ use serde_json::{Value, json};
 mod common;
 
 async fn chat(server: &RunningServer, body: Value) -> (u16, Value) {
-    let resp = reqwest::Client::new()
-        .post(format!("http://{}/v1/chat/completions", server.http_addr))
-        .json(&body)
-        .send()
-        .await
-        .unwrap();
-    (resp.status().as_u16(), resp.json().await.unwrap())
+    post(server, "/v1/chat/completions", &body).await
 }
 
 fn tools() -> Value {
@@ -68,26 +62,17 @@ async fn a_reasoning_tool_calling_model_thinks_then_calls_and_stops() {
         again["choices"][0]["message"],
         answer["choices"][0]["message"]
     );
-    let streamed = reqwest::Client::new()
-        .post(format!("http://{}/v1/chat/completions", server.http_addr))
-        .json(&request(json!({"tools": tools(), "stream": true})))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
-    let pieces: Vec<String> = streamed
-        .split("\n\n")
-        .filter_map(|f| f.strip_prefix("data: "))
-        .filter(|d| *d != "[DONE]")
-        .filter_map(|d| {
-            let v: Value = serde_json::from_str(d).unwrap();
-            v["choices"][0]["delta"]["content"]
-                .as_str()
-                .map(str::to_owned)
-        })
+    let chunks = stream(
+        &server,
+        "/v1/chat/completions",
+        &request(json!({"tools": tools(), "stream": true})),
+    )
+    .await;
+    let pieces: Vec<String> = chunks
+        .iter()
+        .filter_map(|v| v["choices"][0]["delta"]["content"].as_str())
         .filter(|p| !p.is_empty())
+        .map(str::to_owned)
         .collect();
     assert_eq!(pieces.len() as u64, tokens);
     assert_eq!(pieces.concat(), text);

@@ -4,46 +4,12 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use common::{ROOT, metric, serve};
+use common::{ROOT, metric, post, serve, stream};
 use dynamo_mocker::EngineConfig;
 use dynamo_mocker::server::RunningServer;
 use serde_json::{Value, json};
 
 mod common;
-
-async fn post(server: &RunningServer, path: &str, body: &Value) -> (u16, Value) {
-    let resp = reqwest::Client::new()
-        .post(format!("http://{}{path}", server.http_addr))
-        .json(body)
-        .send()
-        .await
-        .unwrap();
-    (resp.status().as_u16(), resp.json().await.unwrap())
-}
-
-/// A streamed answer's frames: the JSON chunks, and whether `[DONE]` came last, once.
-async fn stream(server: &RunningServer, path: &str, body: &Value) -> Vec<Value> {
-    let text = reqwest::Client::new()
-        .post(format!("http://{}{path}", server.http_addr))
-        .json(body)
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
-    let frames: Vec<&str> = text
-        .split("\n\n")
-        .filter(|f| !f.is_empty())
-        .map(|f| f.strip_prefix("data: ").unwrap())
-        .collect();
-    assert_eq!(frames.last(), Some(&"[DONE]"), "{text}");
-    assert_eq!(frames.iter().filter(|f| **f == "[DONE]").count(), 1);
-    frames[..frames.len() - 1]
-        .iter()
-        .map(|f| serde_json::from_str(f).unwrap())
-        .collect()
-}
 
 fn chat(extra: Value) -> Value {
     let mut body =

@@ -1,10 +1,11 @@
-//! Starting a mock engine server for a test, and reading its metrics.
+//! Starting a mock engine server for a test, calling its HTTP API and reading its metrics.
 #![allow(dead_code)] // each test binary uses its own part of this
 
 use std::path::PathBuf;
 
 use dynamo_mocker::EngineConfig;
 use dynamo_mocker::server::{ModelBehaviour, RunningServer, ServerConfig, start};
+use serde_json::Value;
 
 /// The repository root, where `make model` and `make pyenv` put their output.
 pub const ROOT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/..");
@@ -47,4 +48,39 @@ pub async fn metric(server: &RunningServer, name: &str) -> f64 {
         .filter(|l| l.starts_with(name))
         .map(|l| l.rsplit(' ').next().unwrap().parse::<f64>().unwrap())
         .sum()
+}
+
+/// POSTs `body` as JSON to `path`; the status and the JSON answer.
+pub async fn post(server: &RunningServer, path: &str, body: &Value) -> (u16, Value) {
+    let resp = reqwest::Client::new()
+        .post(format!("http://{}{path}", server.http_addr))
+        .json(body)
+        .send()
+        .await
+        .unwrap();
+    (resp.status().as_u16(), resp.json().await.unwrap())
+}
+
+/// A streamed answer's frames: the JSON chunks, and whether `[DONE]` came last, once.
+pub async fn stream(server: &RunningServer, path: &str, body: &Value) -> Vec<Value> {
+    let text = reqwest::Client::new()
+        .post(format!("http://{}{path}", server.http_addr))
+        .json(body)
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let frames: Vec<&str> = text
+        .split("\n\n")
+        .filter(|f| !f.is_empty())
+        .map(|f| f.strip_prefix("data: ").unwrap())
+        .collect();
+    assert_eq!(frames.last(), Some(&"[DONE]"), "{text}");
+    assert_eq!(frames.iter().filter(|f| **f == "[DONE]").count(), 1);
+    frames[..frames.len() - 1]
+        .iter()
+        .map(|f| serde_json::from_str(f).unwrap())
+        .collect()
 }

@@ -52,9 +52,9 @@ nextest: model pyenv helm ## Run every test (tests tokenize with the model direc
 # starts as the workspace's, so the fuzzed code builds with the same dependency versions.
 # docs/fuzzing.md says how to run longer.
 FUZZ_SECONDS ?= 30
-FUZZ_TARGETS := zmtp_decode kv_event_path block_record disagg_json tool_calls reasoning
+FUZZ_TARGETS := zmtp_decode kv_event_path block_record disagg_json tool_calls reasoning encode
 
-fuzz: ## Run each fuzz target for FUZZ_SECONDS seconds (installs cargo-fuzz when missing)
+fuzz: model ## Run each fuzz target for FUZZ_SECONDS seconds (installs cargo-fuzz when missing)
 	@$(CARGO) fuzz --version >/dev/null 2>&1 || $(CARGO) install --locked cargo-fuzz
 	cp Cargo.lock fuzz/Cargo.lock
 	for target in $(FUZZ_TARGETS); do \
@@ -147,7 +147,7 @@ $(HADOLINT_WHEEL):
 bench: model ## Benchmarks of the hot code (criterion), router-mode, KV-tier and disaggregation replays, CPU per request (tables in .cache/bench/); live beside Dynamo: make side-by-side
 bench: MOONCAKE_TRACE ?= ../shared/data/mooncake_synthetic_trace.jsonl
 bench:
-	$(CARGO) bench --locked -p dynamo-kvcache -p dynamo-mocker -p dynamo-sidecar -p dynamo-epp -p dynamo-profiler
+	$(CARGO) bench --locked -p dynamo-llm -p dynamo-kvcache -p dynamo-mocker -p dynamo-sidecar -p dynamo-epp -p dynamo-profiler
 	$(CARGO) build --release --locked -p dynamo-e2e
 	$(CARGO) run --release --locked --quiet -p dynamo-e2e -- replay --workers 4 --num-gpu-blocks 640 \
 	  --prefixes 32 --suffixes 16 --prefix-tokens 2048 --unique-tokens 256 --output-tokens 64 \

@@ -45,6 +45,7 @@ TMP="$(mktemp -d)"
 DYN_RUN="$TMP/dynamo-run"   # the kit's pids file and discovery store, ours alone
 OUR_RUN="$TMP/ours-run"     # the pids file bench.sh's CPU sampler reads for our processes
 OUR_PID=""
+OUR_ADMIN=""
 mkdir -p "$OUT/logs" "$OUR_RUN" "$TMP/bin"
 touch "$OUR_RUN/pids"
 rm -f "$OUT"/logs/*.log
@@ -105,6 +106,7 @@ EOF
 start_ours() { # MODE LOG
   local admin
   admin="$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')"
+  OUR_ADMIN=$admin
   setsid "$BIN_DIR/dynamo" run -f "$GRAPH" --model-path "$OUR_MODEL_DIR" --port "$PORT" \
     --router-mode "$1" --admin-port "$admin" --bin-dir "$BIN_DIR" --no-planner > "$2" 2>&1 < /dev/null &
   OUR_PID=$!
@@ -123,6 +125,17 @@ start_ours() { # MODE LOG
   sleep 2
 }
 
+# The engines' own TTFT (vllm:time_to_first_token_seconds, from the engine's arrival),
+# summed over our workers: "SUM COUNT" into FILE. The kit reads only the frontend's
+# /metrics; with this, picker TTFT - round trip - engine TTFT splits our time by hop.
+engine_ttft() { # FILE
+  local graph
+  graph="$(curl -sf "http://127.0.0.1:$OUR_ADMIN/graph")" || { echo "nan nan" > "$1"; return 0; }
+  jq -r '.services[][] | .engine_metrics' <<< "$graph" | while read -r url; do curl -sf "$url" || true; done \
+    | awk '/^vllm:time_to_first_token_seconds_sum/ {s += $2} /^vllm:time_to_first_token_seconds_count/ {c += $2}
+           END {print s + 0, c + 0}' > "$1"
+}
+
 run_one() { # STACK MODE LABEL
   local stack=$1 mode=$2 label=$3 log="$OUT/logs/$3.log" run_dir
   wait_port_free || return 1
@@ -137,7 +150,15 @@ run_one() { # STACK MODE LABEL
     start_ours "$mode" "$log" || { stop_ours; return 1; }
   fi
   local rc=0
+  [[ $stack == ours ]] && engine_ttft "$TMP/engine_before"
   RUN_DIR="$run_dir" "$DYNREF/bench.sh" "$label" >&2 || rc=$?
+  if [[ $stack == ours ]]; then
+    engine_ttft "$TMP/engine_after"
+    read -r s0 c0 < "$TMP/engine_before"
+    read -r s1 c1 < "$TMP/engine_after"
+    python3 -c 'import json, sys; s0, c0, s1, c1 = map(float, sys.argv[2:]); json.dump({"engine_ttft_ms": 1000 * (s1 - s0) / (c1 - c0) if c1 > c0 else float("nan")}, open(sys.argv[1], "w"))' \
+      "$DYNREF/results/$label/engine_side.json" "$s0" "$c0" "$s1" "$c1" || true
+  fi
   if [[ $stack == dynamo ]]; then
     stop_dynamo
     cat "$TMP"/dynamo-logs/*.log > "$log" 2> /dev/null || true
@@ -215,6 +236,28 @@ if margins:
     print("| pair | stack | hit kv / rr | TTFT p50 rr / kv | TTFT p99 rr / kv |")
     print("|---|---|---|---|---|")
     print("\n".join(margins))
+EOF
+  echo
+  echo "Where the time to first token goes (server-side means, ms; the frontend's histograms over"
+  echo "the run, and for ours the engines' own TTFT): round trip - engine = sidecar, HTTP and the"
+  echo "engine's intake; TTFT - round trip = the frontend's own time (preprocess, route, relay)."
+  echo
+  python3 - "$OUT" "${labels[@]}" << 'EOF'
+import json, os, sys
+out, labels = sys.argv[1], sys.argv[2:]
+def read(label, name):
+    try:
+        return json.load(open(os.path.join(out, label, name)))
+    except (OSError, ValueError):
+        return {}
+print("| run | TTFT | preprocess | route | round trip | engine TTFT | round trip - engine | TTFT - round trip |")
+print("|---|---|---|---|---|---|---|---|")
+for label in labels:
+    s, e = read(label, "server_side.json"), read(label, "engine_side.json")
+    g = lambda d, k: float(d.get(k, float("nan")))
+    ttft, rt, eng = g(s, "fe_ttft_ms"), g(s, "rp_roundtrip_ttft_ms"), g(e, "engine_ttft_ms")
+    cells = [ttft, g(s, "preprocess_ms"), g(s, "route_ms"), rt, eng, rt - eng, ttft - rt]
+    print(f"| {label.split('-', 2)[2]} | " + " | ".join(f"{c:.1f}" for c in cells) + " |")
 EOF
 } | tee "$OUT/ratios.md"
 echo "side_by_side: results in $OUT" >&2

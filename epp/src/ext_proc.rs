@@ -53,7 +53,7 @@ use tonic_health::ServingStatus;
 
 use crate::frontend::{ERROR_BODY_BYTES, engine_unreachable, route_error};
 use crate::meter::ResponseMeter;
-use crate::metrics::Metrics;
+use crate::metrics::{Metrics, PREPROCESS, ROUTE};
 use crate::model_source::ModelSource;
 use crate::request::{self, Api};
 use crate::router::{Assignment, RouteRequest, Router};
@@ -152,6 +152,8 @@ pub async fn serve(
 struct Session {
     shared: ExtProc,
     started: Instant,
+    /// When the pick was made and the request could leave for its pod.
+    sent: Instant,
     path: String,
     subset: Option<Vec<SocketAddr>>,
     body: Vec<u8>,
@@ -169,6 +171,7 @@ impl Session {
         Self {
             shared,
             started: Instant::now(),
+            sent: Instant::now(),
             path: String::new(),
             subset: None,
             body: Vec::new(),
@@ -257,6 +260,7 @@ impl Session {
                     self.shared.model.name(),
                     self.prompt_tokens,
                     self.started,
+                    self.sent,
                 );
                 meter.set_content_type(header(&headers, "content-type").as_deref());
                 self.meter = Some(meter);
@@ -304,8 +308,9 @@ impl Session {
             };
             match request::prepare_async(model, api, body.clone()).await {
                 Ok(prepared) => {
-                    let model = self.shared.model.name();
-                    self.shared.metrics.hints(model, &prepared.hints);
+                    let metrics = &self.shared.metrics;
+                    metrics.stage(PREPROCESS, self.started.elapsed().as_secs_f64());
+                    metrics.hints(self.shared.model.name(), &prepared.hints);
                     self.prompt_tokens = prepared.prompt_tokens;
                     route = prepared.route;
                 }
@@ -313,9 +318,13 @@ impl Session {
             }
         }
         route.subset = self.subset.clone();
+        let routing = Instant::now();
         let queued = self.shared.metrics.queued(self.shared.model.name());
         let routed = self.shared.router.route(route).await;
         drop(queued);
+        self.sent = Instant::now();
+        let route_seconds = (self.sent - routing).as_secs_f64();
+        self.shared.metrics.stage(ROUTE, route_seconds);
         let assignment = match routed {
             Ok(a) => a,
             Err(e) => return (vec![self.refuse(route_error(e))], true),

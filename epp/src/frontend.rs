@@ -41,7 +41,7 @@ use serde_json::{Map, Value, json};
 
 use crate::answer_parsing::{AnswerParsers, RequestParsers, StreamParsing};
 use crate::meter::{ResponseMeter, find_frame_end};
-use crate::metrics::{Metrics, NEW_REQUEST, ONGOING_REQUEST};
+use crate::metrics::{Metrics, NEW_REQUEST, ONGOING_REQUEST, PREPROCESS, ROUTE};
 use crate::migration::{self, Progress};
 use crate::model_source::ModelSource;
 use crate::openapi;
@@ -278,6 +278,8 @@ impl Frontend {
     ) -> Result<Response, ApiError> {
         let model = self.model.get()?.model.clone();
         let prepared = request::prepare_async(model, api, body.clone()).await?;
+        self.metrics
+            .stage(PREPROCESS, started.elapsed().as_secs_f64());
         let parsers = self.answer_parsers(api, &body);
         let request = request::without_transfer_params(body);
         let body = match api {
@@ -298,12 +300,13 @@ impl Frontend {
             migrations_left: self.options.migration_limit,
             speculative_prefill: prepared.hints.speculative_prefill,
         };
-        let (mut answer, mut assignment) = self.open(&mut call).await?;
+        let (mut answer, mut assignment, sent) = self.open(&mut call).await?;
         let meter = ResponseMeter::start(
             self.metrics.clone(),
             self.model.name(),
             call.prompt_tokens,
             started,
+            sent,
         );
         loop {
             let reply = match answer {
@@ -367,7 +370,7 @@ impl Frontend {
             }
             call.migrate(address);
             self.metrics.migration(self.model.name(), ONGOING_REQUEST);
-            (answer, assignment) = self.open(&mut call).await?;
+            (answer, assignment, _) = self.open(&mut call).await?;
         }
     }
 
@@ -417,7 +420,7 @@ impl Frontend {
             migrations_left: 0,
             speculative_prefill: false,
         };
-        let (answer, _assignment) = self.open(&mut call).await?;
+        let (answer, _assignment, _) = self.open(&mut call).await?;
         let status = match answer {
             Answer::Stream(reply) => {
                 let status = reply.status();
@@ -449,11 +452,12 @@ impl Frontend {
     }
 
     /// Routes the request and sends it, to another pod each time one fails before
-    /// answering, up to `max_attempts` pods.
-    async fn open(&self, call: &mut Call) -> Result<(Answer, Assignment), ApiError> {
+    /// answering, up to `max_attempts` pods; with the answer, when it was sent.
+    async fn open(&self, call: &mut Call) -> Result<(Answer, Assignment, Instant), ApiError> {
         let mut attempt = 0;
         loop {
             attempt += 1;
+            let routing = Instant::now();
             let queued = self.metrics.queued(self.model.name());
             let assignment = self
                 .router
@@ -461,9 +465,11 @@ impl Frontend {
                 .await
                 .map_err(route_error)?;
             drop(queued);
+            let sent = Instant::now();
+            self.metrics.stage(ROUTE, (sent - routing).as_secs_f64());
             let address = assignment.address;
             let failure = match self.attempt(call, &assignment).await {
-                Ok(answer) => return Ok((answer, assignment)),
+                Ok(answer) => return Ok((answer, assignment, sent)),
                 Err(failure) => failure,
             };
             tracing::warn!(%address, %failure, attempt, "endpoint failed before answering");
@@ -764,7 +770,7 @@ impl Streamed {
         self.frontend.metrics.migration(model, ONGOING_REQUEST);
         tracing::info!(%address, sent = sent.len(), "migrating an answer to another endpoint");
         let error = match self.frontend.open(&mut self.call).await {
-            Ok((Answer::Stream(reply), assignment))
+            Ok((Answer::Stream(reply), assignment, _))
                 if reply.status() == StatusCode::OK
                     && is_event_stream(reply.headers().get(header::CONTENT_TYPE)) =>
             {
@@ -775,7 +781,7 @@ impl Streamed {
                 self.broke_at.get_or_insert(broke_at);
                 return None;
             }
-            Ok((answer, _)) => refusal(answer).await,
+            Ok((answer, _, _)) => refusal(answer).await,
             Err(e) => e.body(),
         };
         Some(migration::error_frames(&error))

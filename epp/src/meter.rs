@@ -34,8 +34,11 @@ pub struct ResponseMeter {
     model: Vec<(&'static str, String)>,
     /// The model's TTFT and ITL histograms, looked up once rather than per token.
     ttft: Histogram,
+    roundtrip_ttft: Histogram,
     itl: Histogram,
     started: Instant,
+    /// When the request left for its pod.
+    sent: Instant,
     sse: bool,
     /// SSE: bytes after the last complete frame. Otherwise: the body so far.
     buffer: Vec<u8>,
@@ -47,12 +50,14 @@ pub struct ResponseMeter {
 }
 
 impl ResponseMeter {
-    /// A request of `prompt_tokens` tokens for `model` that arrived at `started`.
+    /// A request of `prompt_tokens` tokens for `model` that arrived at `started` and left
+    /// for its pod at `sent`.
     pub fn start(
         metrics: Arc<Metrics>,
         model: &str,
         prompt_tokens: usize,
         started: Instant,
+        sent: Instant,
     ) -> Self {
         let model = vec![("model", model.to_owned())];
         metrics
@@ -61,13 +66,16 @@ impl ResponseMeter {
             .observe(prompt_tokens as f64);
         metrics.inflight.get_or_create(&model).inc();
         let ttft = metrics.ttft.get_or_create(&model).clone();
+        let roundtrip_ttft = metrics.roundtrip_ttft.get_or_create(&model).clone();
         let itl = metrics.itl.get_or_create(&model).clone();
         Self {
             ttft,
+            roundtrip_ttft,
             itl,
             metrics,
             model,
             started,
+            sent,
             sse: false,
             buffer: Vec::new(),
             last_token: None,
@@ -140,7 +148,10 @@ impl ResponseMeter {
 
     fn on_token(&mut self, now: Instant) {
         match self.last_token {
-            None => self.ttft.observe((now - self.started).as_secs_f64()),
+            None => {
+                self.ttft.observe((now - self.started).as_secs_f64());
+                self.roundtrip_ttft.observe((now - self.sent).as_secs_f64());
+            }
             Some(last) => self.itl.observe((now - last).as_secs_f64()),
         }
         self.last_token = Some(now);
@@ -499,19 +510,36 @@ pub(crate) fn read_value<R>(event: &Value, read: impl FnOnce(&Chunk<'_>) -> R) -
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::time::Duration;
 
-    fn histogram_count(text: &str, name: &str) -> u64 {
+    fn histogram_value<T: std::str::FromStr + Default>(text: &str, series: &str) -> T {
         text.lines()
-            .find(|l| l.starts_with(&format!("{name}_count")))
+            .find(|l| l.starts_with(series))
             .and_then(|l| l.rsplit(' ').next())
             .and_then(|v| v.parse().ok())
-            .unwrap_or(0)
+            .unwrap_or_default()
+    }
+
+    fn histogram_count(text: &str, name: &str) -> u64 {
+        histogram_value(text, &format!("{name}_count"))
+    }
+
+    fn histogram_sum(text: &str, name: &str) -> f64 {
+        histogram_value(text, &format!("{name}_sum"))
     }
 
     #[test]
     fn sse_frames_split_anywhere_are_counted_once() {
         let metrics = Arc::new(Metrics::new());
-        let mut meter = ResponseMeter::start(metrics.clone(), "m", 40, Instant::now());
+        // Arrived 300 ms before its first token, sent to its pod 30 ms before.
+        let sent = Instant::now() - Duration::from_millis(30);
+        let mut meter = ResponseMeter::start(
+            metrics.clone(),
+            "m",
+            40,
+            sent - Duration::from_millis(270),
+            sent,
+        );
         meter.set_content_type(Some("text/event-stream; charset=utf-8"));
         let stream = concat!(
             "data: {\"choices\":[{\"delta\":{\"role\":\"assistant\",\"content\":\"\"}}]}\n\n",
@@ -535,6 +563,10 @@ mod tests {
             histogram_count(&text, "dynamo_frontend_inter_token_latency_seconds"),
             2
         );
+        let ttft = histogram_sum(&text, "dynamo_frontend_time_to_first_token_seconds");
+        let roundtrip = histogram_sum(&text, "dynamo_request_plane_roundtrip_ttft_seconds");
+        assert!((0.3..0.5).contains(&ttft), "{ttft}");
+        assert!((0.03..0.2).contains(&roundtrip), "{roundtrip}");
         assert!(
             text.contains("dynamo_frontend_output_sequence_tokens_sum{model=\"m\"} 3.0"),
             "{text}"
@@ -548,7 +580,8 @@ mod tests {
     #[test]
     fn a_stream_ended_by_an_error_event_is_not_counted_as_complete() {
         let metrics = Arc::new(Metrics::new());
-        let mut meter = ResponseMeter::start(metrics.clone(), "m", 4, Instant::now());
+        let now = Instant::now();
+        let mut meter = ResponseMeter::start(metrics.clone(), "m", 4, now, now);
         meter.set_content_type(Some("text/event-stream"));
         meter.on_data(b"data: {\"choices\":[{\"text\":\" a\"}]}\n\n");
         meter.on_data(b"data: {\"error\":{\"message\":\"cut\"}}\n\ndata: [DONE]\n\n");
@@ -681,7 +714,8 @@ mod tests {
     #[test]
     fn whole_answers_take_osl_from_usage() {
         let metrics = Arc::new(Metrics::new());
-        let mut meter = ResponseMeter::start(metrics.clone(), "m", 10, Instant::now());
+        let now = Instant::now();
+        let mut meter = ResponseMeter::start(metrics.clone(), "m", 10, now, now);
         meter.set_content_type(Some("application/json"));
         meter.on_data(br#"{"choices":[{"text":"x"}],"usage":{"completion_tokens":"#);
         meter.on_data(b"12}}");

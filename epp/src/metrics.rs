@@ -39,11 +39,20 @@ const PICK_BUCKETS: [f64; 16] = [
     1e-6, 2.5e-6, 5e-6, 1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 2.5e-2,
     5e-2, 1e-1,
 ];
+/// Seconds, 10 µs to 10 s: stages of a request in the picker (a few µs of work, or a long
+/// wait in the queue).
+const STAGE_BUCKETS: [f64; 19] = [
+    1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 2.5e-2, 5e-2, 0.1, 0.25, 0.5,
+    1.0, 2.5, 5.0, 10.0,
+];
 /// Fraction of the prompt's blocks the chosen pod holds.
 const RATIO_BUCKETS: [f64; 10] = [0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9];
 
 fn latency() -> Histogram {
     Histogram::new(LATENCY_BUCKETS)
+}
+fn stage() -> Histogram {
+    Histogram::new(STAGE_BUCKETS)
 }
 fn itl() -> Histogram {
     Histogram::new(ITL_BUCKETS)
@@ -75,6 +84,11 @@ pub struct Metrics {
     pub isl: Histograms,
     pub osl: Histograms,
     pub duration: Histograms,
+    /// Where a request's time before its first token goes, as Dynamo's frontend splits it:
+    /// seconds per `stage` ([`PREPROCESS`], [`ROUTE`]), and from sending to a pod to its
+    /// first token (the pod's sidecar, the engine's intake and its prefill).
+    pub stage_seconds: Histograms,
+    pub roundtrip_ttft: Histograms,
     // Routing.
     pub picks: Family<Labels, Counter>,
     pub prompt_blocks: Counter,
@@ -125,6 +139,11 @@ pub struct Metrics {
 /// mid-answer (Dynamo's label values).
 pub const NEW_REQUEST: &str = "new_request";
 pub const ONGOING_REQUEST: &str = "ongoing_request";
+
+/// `stage` of [`Metrics::stage_seconds`]: parsing, chat template and tokenization; then
+/// the wait for a pod and the pick (Dynamo's label values).
+pub const PREPROCESS: &str = "preprocess";
+pub const ROUTE: &str = "route";
 
 /// `worker_type` of Dynamo's per-worker gauges: `prefill`, or `decode` for pods that
 /// decode (aggregated pods included).
@@ -191,6 +210,13 @@ impl Metrics {
             .inc();
     }
 
+    /// Records that a request spent `seconds` in `stage` ([`PREPROCESS`], [`ROUTE`]).
+    pub fn stage(&self, stage: &str, seconds: f64) {
+        self.stage_seconds
+            .get_or_create(&vec![("stage", stage.to_owned())])
+            .observe(seconds);
+    }
+
     /// Counts a request of `model` as queued until the returned guard is dropped.
     pub fn queued(&self, model: &str) -> Queued {
         let gauge = self
@@ -212,6 +238,8 @@ impl Metrics {
             isl: Family::new_with_constructor(tokens),
             osl: Family::new_with_constructor(tokens),
             duration: Family::new_with_constructor(latency),
+            stage_seconds: Family::new_with_constructor(stage),
+            roundtrip_ttft: Family::new_with_constructor(latency),
             picks: Family::default(),
             prompt_blocks: Counter::default(),
             matched_blocks: Counter::default(),
@@ -282,6 +310,16 @@ impl Metrics {
             "dynamo_frontend_request_duration_seconds",
             "From request arrival to the end of the response",
             m.duration.clone(),
+        );
+        r.register(
+            "dynamo_frontend_stage_duration_seconds",
+            "Seconds per stage of a request in the frontend (preprocess, route)",
+            m.stage_seconds.clone(),
+        );
+        r.register(
+            "dynamo_request_plane_roundtrip_ttft_seconds",
+            "From sending a request to a pod to its first token",
+            m.roundtrip_ttft.clone(),
         );
         r.register(
             "dynamo_frontend_agent_hints",

@@ -99,6 +99,7 @@ impl ModelSource {
         let body_limit = self
             .max_body_bytes
             .unwrap_or_else(|| request::default_body_limit(&model));
+        tracing::info!(model = %model.name, encoder = model.encoder(), "model ready");
         let _ = self.loaded.set(Loaded {
             model: Arc::new(model),
             card,

@@ -109,13 +109,14 @@ pub fn prepare(model: &ModelDir, api: Api, body: &[u8]) -> Result<Prepared, ApiE
     })
 }
 
-/// Bodies up to this size are prepared on the async worker itself: a few hundred tokens
-/// take tens of microseconds, less than handing them to the blocking pool and back.
-const INLINE_BODY_BYTES: usize = 1024;
+/// Bodies up to this size are prepared on the async worker itself: fastokens encodes
+/// 7k tokens in about 60 µs (`llm/benches/encode.rs`), so 256 KiB take about a
+/// millisecond, less than a thread of the blocking pool costs the first time it encodes
+/// (fastokens seeds a cache of several MiB per thread), and that pool's threads come and go.
+const INLINE_BODY_BYTES: usize = 256 << 10;
 
-/// [`prepare`] without holding an async worker for long: a long prompt's template and
-/// tokenization take milliseconds (3 ms for 5k tokens), so larger bodies go to the
-/// blocking pool.
+/// [`prepare`] without holding an async worker for long: only a body over
+/// [`INLINE_BODY_BYTES`] goes to the blocking pool.
 pub async fn prepare_async(
     model: Arc<ModelDir>,
     api: Api,

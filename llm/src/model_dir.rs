@@ -36,12 +36,17 @@ pub enum ModelDirError {
 }
 
 /// A loaded model directory.
-#[derive(Debug)]
 pub struct ModelDir {
     /// The served model name: the directory's name unless the caller overrides it.
     pub name: String,
     pub path: PathBuf,
+    /// Hugging Face's tokenizer: decoding, the vocabulary, and encoding where `fast` is
+    /// missing.
     pub tokenizer: Tokenizer,
+    /// The encoder of prompts when it loads this `tokenizer.json` (it refuses some
+    /// normalizers and pre-tokenizers): fastokens gives `tokenizer`'s ids 50-200x faster on
+    /// long prompts (`llm/benches/encode.rs`), which is most of a router's CPU per request.
+    fast: Option<fastokens::Tokenizer>,
     /// `None` when the model has no chat template: chat requests are then refused.
     pub chat_template: Option<ChatTemplate>,
     /// Prompt plus output may not exceed this many tokens.
@@ -65,6 +70,7 @@ impl ModelDir {
                 path: tokenizer_path.clone(),
                 message: e.to_string(),
             })?;
+        let fast = fastokens::Tokenizer::from_file(&tokenizer_path).ok();
         let tokenizer_config = read_json_if_present(&path.join(TOKENIZER_CONFIG_FILE))?;
         let config = read_json_if_present(&path.join(CONFIG_FILE))?;
         let generation_config = read_json_if_present(&path.join(GENERATION_CONFIG_FILE))?;
@@ -112,6 +118,7 @@ impl ModelDir {
             vocab_size: tokenizer.get_vocab_size(true),
             prompt_bound: PromptBound::of(&tokenizer),
             tokenizer,
+            fast,
             chat_template,
             max_context,
             eos_token_ids,
@@ -121,10 +128,25 @@ impl ModelDir {
     /// Token ids of `text`, with special tokens written in it recognised as such (chat
     /// templates write them) and nothing added around it.
     pub fn encode(&self, text: &str) -> Vec<u32> {
-        self.tokenizer
-            .encode_fast(text, false)
-            .map(|enc| enc.get_ids().to_vec())
-            .unwrap_or_default()
+        match &self.fast {
+            Some(fast) => fast.encode(text).ok(),
+            None => self
+                .tokenizer
+                .encode_fast(text, false)
+                .ok()
+                .map(|enc| enc.get_ids().to_vec()),
+        }
+        .unwrap_or_default()
+    }
+
+    /// Which library encodes prompts: `fastokens`, or `tokenizers` where fastokens cannot
+    /// load the model's tokenizer.
+    pub fn encoder(&self) -> &'static str {
+        if self.fast.is_some() {
+            "fastokens"
+        } else {
+            "tokenizers"
+        }
     }
 
     /// Text of `ids`, special tokens dropped.
@@ -151,6 +173,18 @@ impl ModelDir {
         self.prompt_bound
             .as_ref()
             .map_or(0, |b| b.min_tokens(&self.tokenizer, text, limit))
+    }
+}
+
+impl std::fmt::Debug for ModelDir {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ModelDir")
+            .field("name", &self.name)
+            .field("path", &self.path)
+            .field("encoder", &self.encoder())
+            .field("max_context", &self.max_context)
+            .field("eos_token_ids", &self.eos_token_ids)
+            .finish_non_exhaustive()
     }
 }
 

@@ -1,32 +1,11 @@
 //! A real model directory: the one `make model` derives from Qwen's vocabulary.
 
-use std::path::PathBuf;
-
 use dynamo_llm::openai::{ChatCompletionRequest, CompletionRequest, parse_body};
 use dynamo_llm::{Endpoint, ModelDir};
 use serde_json::json;
 
-fn model_dir() -> PathBuf {
-    let dir = std::env::var_os("DYNAMO_MODEL_DIR").map_or_else(
-        || {
-            PathBuf::from(concat!(
-                env!("CARGO_MANIFEST_DIR"),
-                "/../.cache/models/qwen-mock"
-            ))
-        },
-        PathBuf::from,
-    );
-    assert!(
-        dir.join("tokenizer.json").exists(),
-        "no model directory at {}: run `make model`",
-        dir.display()
-    );
-    dir
-}
-
-fn load() -> ModelDir {
-    ModelDir::load(&model_dir(), Some("qwen")).expect("the model directory loads")
-}
+mod common;
+use common::{load, model_dir};
 
 fn chat(body: serde_json::Value) -> ChatCompletionRequest {
     parse_body(body.to_string().as_bytes()).unwrap()

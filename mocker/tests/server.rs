@@ -402,3 +402,48 @@ async fn a_client_that_leaves_cancels_its_request() {
     assert_eq!(aborted, 1.0, "the engine aborted the request");
     assert_eq!(metric(&server, "vllm:num_requests_running").await, 0.0);
 }
+
+/// A request that reaches the engine while a step runs waits for the step to end, and its
+/// TTFT counts the wait, as vLLM's does (it stamps `arrival_time` on receipt): a short
+/// prompt sent 40 ms into a long prompt's prefill (about 7k tokens, one step of about
+/// 140 ms in the timing model, in real time at speedup 1) waits about 100 ms for it.
+#[tokio::test]
+async fn a_request_arriving_mid_step_counts_the_wait_in_its_ttft() {
+    let server = serve(EngineConfig::default()).await;
+    let long = post(
+        &server,
+        "/v1/completions",
+        json!({"model": "qwen", "prompt": prompt(1400), "max_tokens": 1}),
+    );
+    let short = async {
+        tokio::time::sleep(Duration::from_millis(40)).await;
+        post(
+            &server,
+            "/v1/completions",
+            json!({"model": "qwen", "prompt": "Hello there", "max_tokens": 1}),
+        )
+        .await
+    };
+    let ((long, _), (short, _)) = tokio::join!(long, short);
+    assert_eq!((long, short), (200, 200));
+
+    let text = reqwest::get(url(&server, "/metrics"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let bucket = |le: &str| -> f64 {
+        text.lines()
+            .find(|l| {
+                l.starts_with("vllm:time_to_first_token_seconds_bucket")
+                    && l.contains(&format!("le=\"{le}\""))
+            })
+            .and_then(|l| l.rsplit(' ').next()?.parse().ok())
+            .unwrap_or_else(|| panic!("no TTFT bucket {le} in {text}"))
+    };
+    // Taken at the step's end, the short prompt would have its first token one short
+    // prefill step later (about 17 ms).
+    assert_eq!(bucket("0.06"), 0.0, "{text}");
+    assert_eq!(bucket("+Inf"), 2.0, "{text}");
+}

@@ -8,7 +8,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use dynamo_kvcache::SeqHash;
 use dynamo_kvcache::vllm_events::KvEvent;
@@ -32,6 +32,10 @@ enum Command {
         request: Request,
         events: mpsc::UnboundedSender<GenEvent>,
         admitted: oneshot::Sender<Result<(), Rejected>>,
+        /// When the request reached the engine: it waits for the running step to end
+        /// before the loop takes it, and its TTFT counts that wait, as vLLM's does (its
+        /// `arrival_time` is stamped when the API server receives the request).
+        arrived: Instant,
         onboarded: Option<Onboarded>,
     },
     CachedPrefix {
@@ -73,6 +77,7 @@ impl EngineHandle {
         pin_ttl: Option<Duration>,
         onboarded: Option<Onboarded>,
     ) -> Result<(RequestId, mpsc::UnboundedReceiver<GenEvent>), SubmitError> {
+        let arrived = Instant::now();
         let onboarded = match (onboarded, &self.kv_blocks) {
             (Some(onboarded), _) => Some(onboarded),
             (None, Some(kv)) if kv.uses_tiers() => Some(kv.onboard(self, &token_ids).await),
@@ -93,6 +98,7 @@ impl EngineHandle {
                 request,
                 events,
                 admitted,
+                arrived,
                 onboarded,
             })
             .map_err(|_| SubmitError::Stopped)?;
@@ -229,17 +235,19 @@ impl EngineLoop {
                 request,
                 events,
                 admitted,
+                arrived,
                 onboarded,
             } => {
                 let id = request.id;
+                // One that onboarded its blocks first arrived before the onboard.
+                let arrived = onboarded.as_ref().map_or(arrived, |o| o.arrived);
+                let clock = self.engine.clock();
+                let arrival_ms = clock.ms_at(arrived).min(clock.now_ms());
                 let result = match onboarded {
-                    // Its latencies count from its arrival, before the onboard.
-                    Some(Onboarded { arrived, blocks }) => {
-                        let clock = self.engine.clock();
-                        let arrival_ms = clock.ms_at(arrived).min(clock.now_ms());
+                    Some(Onboarded { blocks, .. }) => {
                         self.engine.submit_onboarded(request, arrival_ms, blocks)
                     }
-                    None => self.engine.submit(request),
+                    None => self.engine.submit_at(request, arrival_ms),
                 };
                 if result.is_ok() {
                     self.streams.insert(id, events);

@@ -74,6 +74,7 @@ pub async fn start(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<RunningServer> {
     let model = ModelDir::load(&config.model_path, config.model_name.as_deref())?;
+    tracing::info!(model = %model.name, encoder = model.encoder(), "model loaded");
     let vocab = output_vocab::OutputVocab::from_model(&model);
     config.engine.vocab_size = vocab.len();
     config

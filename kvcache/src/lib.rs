@@ -42,7 +42,7 @@ pub use queue::{
 };
 pub use routing::{PickError, RoutingCore, Side};
 pub use scheduler::{
-    DEFAULT_PREFILL_LOAD_SCALE, Decision, RouterMode, ScheduleError, Scheduler, SchedulerConfig,
-    UnknownRouterMode, pick_by_cost,
+    Decision, RouterMode, ScheduleError, Scheduler, SchedulerConfig, UnknownRouterMode,
+    pick_by_cost,
 };
 pub use worker::WorkerId;

@@ -75,17 +75,6 @@ impl FromStr for RouterMode {
     }
 }
 
-/// The default weight of a prompt block to compute against a block of decode load: 2,
-/// where Dynamo's router weighs them alike (`--router-kv-overlap-score-weight` 1.0).
-/// Weighing prefill twice keeps a prefix on the pods that hold it a little longer as
-/// their decode load grows; measured against 1 (`docs/performance.md`, "Side by side"):
-/// live on the reference kit's workload B, prefix hits 67% instead of 50-56% (Dynamo:
-/// 59-62%) and TTFT p50 0.73-0.79x Dynamo's; in the replays, hits up 7 to 12 points on
-/// the shared-prefix workload at 4 to 16 req/s and `kv`'s TTFT p90 over round-robin's
-/// 1.23x-1.27x instead of 1.04x-1.13x at 8 and 16 req/s, Mooncake 1.48x and 2.56x
-/// instead of 1.44x and 2.41x at 1x and 4x speed.
-pub const DEFAULT_PREFILL_LOAD_SCALE: f64 = 2.0;
-
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
 pub struct SchedulerConfig {
     /// Weight of prefill work against decode load (1.0: a block is a block).
@@ -98,7 +87,7 @@ pub struct SchedulerConfig {
 impl Default for SchedulerConfig {
     fn default() -> Self {
         Self {
-            prefill_load_scale: DEFAULT_PREFILL_LOAD_SCALE,
+            prefill_load_scale: 1.0,
             temperature: 0.0,
             tier_credits: TierCredits::default(),
         }
@@ -277,14 +266,6 @@ impl Scheduler {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    /// The by-hand figures below weigh a prefill block like a decode block.
-    fn scale_one() -> SchedulerConfig {
-        SchedulerConfig {
-            prefill_load_scale: 1.0,
-            ..SchedulerConfig::default()
-        }
-    }
     use crate::Tier;
     use rand::SeedableRng;
     use rand::rngs::StdRng;
@@ -320,7 +301,7 @@ mod tests {
     #[test]
     fn cost_follows_the_formula_by_hand() {
         let (scores, loads) = three_pods();
-        let cfg = scale_one();
+        let cfg = SchedulerConfig::default();
         let costs: Vec<_> = loads
             .iter()
             .map(|l| cost(l, scores.get(l.worker), 10, &cfg))
@@ -339,7 +320,7 @@ mod tests {
         let (scores, loads) = three_pods();
         let cfg = SchedulerConfig {
             prefill_load_scale: 2.0,
-            ..scale_one()
+            ..SchedulerConfig::default()
         };
         let d = pick_by_cost(&scores, &loads, 10, &cfg, &mut StdRng::seed_from_u64(0)).unwrap();
         assert_eq!((d.worker, d.cost), (WorkerId(2), 16.0));
@@ -353,7 +334,7 @@ mod tests {
         // Pod 3: same as pod 4. Pods 4 and 3 tie on cost and load; pod 5 never wins.
         let scores = OverlapScores::from_entries(vec![(WorkerId(5), counts(10, 0, 0))]);
         let loads = [load(5, 0, 12), load(4, 0, 2), load(3, 0, 2)];
-        let cfg = scale_one();
+        let cfg = SchedulerConfig::default();
         let pick = |seed| {
             pick_by_cost(&scores, &loads, 10, &cfg, &mut StdRng::seed_from_u64(seed))
                 .unwrap()
@@ -370,7 +351,12 @@ mod tests {
     #[test]
     fn prefill_term_never_goes_negative() {
         // Overlap credited beyond the prompt is clamped: (0 + 2 - 2) + 1 = 1.
-        let (credited, c) = cost(&load(1, 0, 1), counts(5, 0, 0), 2, &scale_one());
+        let (credited, c) = cost(
+            &load(1, 0, 1),
+            counts(5, 0, 0),
+            2,
+            &SchedulerConfig::default(),
+        );
         assert_eq!((credited, c), (2.0, 1.0));
     }
 
@@ -379,7 +365,7 @@ mod tests {
         let (scores, loads) = three_pods(); // costs 26, 13, 12
         let cfg = SchedulerConfig {
             temperature: 0.5,
-            ..scale_one()
+            ..SchedulerConfig::default()
         };
         let mut rng = StdRng::seed_from_u64(42);
         let mut wins = [0u32; 3];
@@ -397,7 +383,7 @@ mod tests {
     fn bad_temperature_and_no_workers_are_errors() {
         let cfg = SchedulerConfig {
             temperature: -1.0,
-            ..scale_one()
+            ..SchedulerConfig::default()
         };
         let mut rng = StdRng::seed_from_u64(0);
         let scores = OverlapScores::default();
@@ -405,7 +391,7 @@ mod tests {
             pick_by_cost(&scores, &[load(1, 0, 0)], 1, &cfg, &mut rng),
             Err(ScheduleError::InvalidTemperature(-1.0))
         );
-        let mut s = Scheduler::new(RouterMode::Kv, scale_one());
+        let mut s = Scheduler::new(RouterMode::Kv, SchedulerConfig::default());
         assert_eq!(
             s.pick(&scores, &[], 1, &mut rng),
             Err(ScheduleError::NoWorkers)
@@ -417,13 +403,13 @@ mod tests {
         let loads = [load(9, 0, 0), load(2, 0, 0), load(5, 0, 0)];
         let scores = OverlapScores::default();
         let mut rng = StdRng::seed_from_u64(7);
-        let mut rr = Scheduler::new(RouterMode::RoundRobin, scale_one());
+        let mut rr = Scheduler::new(RouterMode::RoundRobin, SchedulerConfig::default());
         let order: Vec<u64> = (0..4)
             .map(|_| rr.pick(&scores, &loads, 3, &mut rng).unwrap().worker.0)
             .collect();
         assert_eq!(order, [2, 5, 9, 2]);
         let draw = |seed| {
-            let mut s = Scheduler::new(RouterMode::Random, scale_one());
+            let mut s = Scheduler::new(RouterMode::Random, SchedulerConfig::default());
             let mut rng = StdRng::seed_from_u64(seed);
             (0..8)
                 .map(|_| s.pick(&scores, &loads, 3, &mut rng).unwrap().worker.0)

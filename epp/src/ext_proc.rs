@@ -53,7 +53,7 @@ use tonic_health::ServingStatus;
 
 use crate::frontend::{ERROR_BODY_BYTES, engine_unreachable, route_error};
 use crate::meter::ResponseMeter;
-use crate::metrics::{Metrics, PREPROCESS, ROUTE};
+use crate::metrics::{Metrics, PREPROCESS};
 use crate::model_source::ModelSource;
 use crate::request::{self, Api};
 use crate::router::{Assignment, RouteRequest, Router};
@@ -318,13 +318,8 @@ impl Session {
             }
         }
         route.subset = self.subset.clone();
-        let routing = Instant::now();
-        let queued = self.shared.metrics.queued(self.shared.model.name());
         let routed = self.shared.router.route(route).await;
-        drop(queued);
         self.sent = Instant::now();
-        let route_seconds = (self.sent - routing).as_secs_f64();
-        self.shared.metrics.stage(ROUTE, route_seconds);
         let assignment = match routed {
             Ok(a) => a,
             Err(e) => return (vec![self.refuse(route_error(e))], true),

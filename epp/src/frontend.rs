@@ -41,7 +41,7 @@ use serde_json::{Map, Value, json};
 
 use crate::answer_parsing::{AnswerParsers, RequestParsers, StreamParsing};
 use crate::meter::{ResponseMeter, find_frame_end};
-use crate::metrics::{Metrics, NEW_REQUEST, ONGOING_REQUEST, PREPROCESS, ROUTE};
+use crate::metrics::{Metrics, NEW_REQUEST, ONGOING_REQUEST, PREPROCESS};
 use crate::migration::{self, Progress};
 use crate::model_source::ModelSource;
 use crate::openapi;
@@ -457,16 +457,12 @@ impl Frontend {
         let mut attempt = 0;
         loop {
             attempt += 1;
-            let routing = Instant::now();
-            let queued = self.metrics.queued(self.model.name());
             let assignment = self
                 .router
                 .route(call.route.clone())
                 .await
                 .map_err(route_error)?;
-            drop(queued);
             let sent = Instant::now();
-            self.metrics.stage(ROUTE, (sent - routing).as_secs_f64());
             let address = assignment.address;
             let failure = match self.attempt(call, &assignment).await {
                 Ok(answer) => return Ok((answer, assignment, sent)),

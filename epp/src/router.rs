@@ -107,6 +107,8 @@ struct State {
 /// The router; share it as `Arc<Router>`.
 pub struct Router {
     config: RouterConfig,
+    /// The served model, the label of the requests it counts as queued.
+    model_name: String,
     hasher: BlockHasher,
     metrics: Arc<Metrics>,
     index: RwLock<KvIndex>,
@@ -205,6 +207,7 @@ impl Router {
             hasher: BlockHasher::new(config.block_size, model_name, None),
             index: RwLock::new(KvIndex::new(config.max_index_blocks)),
             config,
+            model_name: model_name.to_owned(),
             metrics,
             state: Mutex::new(state),
             origin: Instant::now(),
@@ -228,9 +231,23 @@ impl Router {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Chooses a pod for `request`, waiting in the queue while every pod is saturated.
+    /// Chooses a pod for `request`, waiting in the queue while every pod is saturated;
+    /// the request counts as queued meanwhile, and the time as its `route` stage.
     pub async fn route(self: &Arc<Self>, request: RouteRequest) -> Result<Assignment, RouteError> {
         let started = Instant::now();
+        let queued = self.metrics.queued(&self.model_name);
+        let routed = self.choose(request, started).await;
+        drop(queued);
+        let seconds = started.elapsed().as_secs_f64();
+        self.metrics.stage(metrics::ROUTE, seconds);
+        routed
+    }
+
+    async fn choose(
+        self: &Arc<Self>,
+        request: RouteRequest,
+        started: Instant,
+    ) -> Result<Assignment, RouteError> {
         // A decoding request holds half its output on average over its decode.
         let block_size = self.config.block_size as u64;
         let job = Job {

@@ -4,18 +4,21 @@ workers behind the endpoint picker in round-robin mode (the e2e test of request
 migration, e2e/tests/migration.rs).
 
 Streams start one after another (each once the previous one has its first token), so
-round-robin puts the even ones on one worker and the odd ones on the other. Once every
-stream has MIN_PIECES tokens, the engine ENGINE_PID gets SIGKILL. Every request carries
-a seed, and the mock engine's seeded answers are deterministic, so each stream's text is
-then compared with the same request asked again, whole, afterwards.
+round-robin puts about half of them on each worker (exactly half unless a pod failed a
+request before answering, which the picker then avoids for a while). Once every stream
+has MIN_PIECES tokens, the engine ENGINE_PID (serving at ENGINE_URL) is asked how many
+requests it is running, then gets SIGKILL. Every request carries a seed, and the mock
+engine's seeded answers are deterministic, so each stream's text is then compared with
+the same request asked again, whole, afterwards.
 
-Prints a JSON list, one object per stream: kind (raw, chat, completion), error (null,
+Prints a JSON object: on_killed_engine (the requests the killed engine was running) and
+streams, a list of one object per stream: kind (raw, chat, completion), error (null,
 or the exception's type and message), text, expected, pieces (chunks with text), usage,
 ids (distinct chunk ids), roles (chunks carrying a role), finish, the last two data
 payloads (raw streams), and the largest and the median gap between pieces (max_gap_ms,
 itl_ms).
 
-Usage: python openai_migration.py BASE_URL MODEL ENGINE_PID STREAMS MAX_TOKENS
+Usage: python openai_migration.py BASE_URL MODEL ENGINE_PID ENGINE_URL STREAMS MAX_TOKENS
 """
 
 import json
@@ -30,7 +33,8 @@ import httpx
 from openai import OpenAI
 
 base_url, model = sys.argv[1], sys.argv[2]
-pid, streams, max_tokens = int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
+pid, engine_url = int(sys.argv[3]), sys.argv[4]
+streams, max_tokens = int(sys.argv[5]), int(sys.argv[6])
 MIN_PIECES = 30
 client = OpenAI(base_url=base_url, api_key="unused", max_retries=0)
 
@@ -108,6 +112,14 @@ def run(k):
         r["error"] = dict(type=type(e).__name__, message=str(e))
 
 
+def running_on(engine):
+    """vLLM's `vllm:num_requests_running` of the engine at `engine`, summed over labels."""
+    text = httpx.get(f"{engine}/metrics", timeout=10).text
+    name = "vllm:num_requests_running"
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.split("{")[0].split(" ")[0] == name)
+
+
 def wait_for(cond, what, limit=60):
     start = time.monotonic()
     while not cond():
@@ -123,6 +135,7 @@ for k in range(streams):
     wait_for(lambda: results[k]["pieces"] or results[k]["error"], f"stream {k} to start")
 wait_for(lambda: all(r["pieces"] >= MIN_PIECES or r["error"] for r in results),
          f"{MIN_PIECES} tokens on every stream")
+on_killed_engine = running_on(engine_url)
 os.kill(pid, signal.SIGKILL)
 for t in threads:
     t.join(timeout=120)
@@ -138,4 +151,4 @@ for k, r in enumerate(results):
     r["max_gap_ms"] = max(gaps) * 1000 if gaps else None
     r["itl_ms"] = statistics.median(gaps) * 1000 if gaps else None
     r["ids"] = len(r["ids"])
-print(json.dumps(results))
+print(json.dumps(dict(on_killed_engine=on_killed_engine, streams=results)))

@@ -100,8 +100,15 @@ impl ModelSource {
             .max_body_bytes
             .unwrap_or_else(|| request::default_body_limit(&model));
         tracing::info!(model = %model.name, encoder = model.encoder(), "model ready");
+        let model = Arc::new(model);
+        // Requests are prepared on the runtime's workers: each builds its encoder cache
+        // now, not on the first request it takes (`ModelDir::warm`).
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            let warm = model.clone();
+            runtime.spawn(dynamo_server::on_every_worker(move || warm.warm()));
+        }
         let _ = self.loaded.set(Loaded {
-            model: Arc::new(model),
+            model,
             card,
             body_limit,
         });

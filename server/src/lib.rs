@@ -4,7 +4,8 @@
 //! - [`ServerLimits`]: the flags (header, idle and body timeouts, concurrent connections);
 //! - [`Server`]: the accept loops that apply them, for axum apps ([`Server::serve_http`])
 //!   and, with the `grpc` feature, tonic servers ([`Server::grpc_incoming`]);
-//! - [`shutdown_signal`] and [`init_logging`]: what every binary's `main` does.
+//! - [`shutdown_signal`] and [`init_logging`]: what every binary's `main` does;
+//! - [`on_every_worker`]: per-thread set-up done before serving.
 
 mod connection;
 pub mod endpoints_file;
@@ -13,6 +14,7 @@ mod grpc;
 mod http;
 mod limits;
 mod process;
+mod workers;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -24,6 +26,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 pub use grpc::GrpcConnection;
 pub use limits::{ServerLimits, parse_duration};
 pub use process::{init_logging, shutdown_signal};
+pub use workers::on_every_worker;
 
 /// One process's serving policy: its [`ServerLimits`] and the connection budget every
 /// listener of the process draws from. Clones share the budget.

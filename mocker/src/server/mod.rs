@@ -135,6 +135,8 @@ pub async fn start(
         created: http::unix_now(),
         id_salt: http::process_salt(),
     });
+    let warm = state.clone();
+    dynamo_server::on_every_worker(move || warm.model.warm()).await;
     let app = http::router(state);
     let server = Server::new(&config.server);
     let serve = tokio::spawn(async move { server.serve_http(listener, app, shutdown).await });

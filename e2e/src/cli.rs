@@ -275,6 +275,15 @@ pub struct ReplayArgs {
         env = "DYNAMO_E2E_MODES"
     )]
     pub modes: Vec<RouterMode>,
+    /// Closed loop: this many clients, each sending the next request as soon as its
+    /// previous one ends (aiperf's `--concurrency`, as workload B runs live), instead of
+    /// a request rate.
+    #[arg(
+        long,
+        conflicts_with_all = ["request_rate", "rate_schedule", "sessions", "tiers", "topology"],
+        env = "DYNAMO_E2E_CONCURRENCY"
+    )]
+    pub concurrency: Option<usize>,
     /// Weight of prefill blocks against decode blocks in the router's cost.
     #[arg(long, default_value_t = 1.0, env = "DYNAMO_E2E_PREFILL_LOAD_SCALE")]
     pub prefill_load_scale: f64,
@@ -1022,10 +1031,14 @@ fn run_replay(args: ReplayArgs) -> anyhow::Result<()> {
     let w = &args.workload;
     let workload = w.workload()?;
     let rates = w.rates();
-    let times: Vec<Vec<f64>> = rates
-        .iter()
-        .map(|&rate| w.times_ms(&workload, rate))
-        .collect::<anyhow::Result<_>>()?;
+    // A closed loop sends each request when an earlier one ends: no times to compute.
+    let times: Vec<Vec<f64>> = match args.concurrency {
+        Some(_) => vec![Vec::new()],
+        None => rates
+            .iter()
+            .map(|&rate| w.times_ms(&workload, rate))
+            .collect::<anyhow::Result<_>>()?,
+    };
     anyhow::ensure!(args.workers > 0, "--workers must be at least 1");
     anyhow::ensure!(
         args.approx_ttl_s.is_finite() && args.approx_ttl_s >= 0.0,
@@ -1102,7 +1115,15 @@ fn run_replay(args: ReplayArgs) -> anyhow::Result<()> {
                     these.push(run);
                 }
             }
-            for tiers in tier_setups.iter().filter(|_| !topologies) {
+            if let Some(clients) = args.concurrency {
+                let run =
+                    replay::run_closed_loop(&workload, clients, &engine, args.workers, setup)?;
+                these.push(run);
+            }
+            for tiers in tier_setups
+                .iter()
+                .filter(|_| !topologies && args.concurrency.is_none())
+            {
                 let mut run = replay::run_with_tiers(
                     &workload,
                     times,
@@ -1141,7 +1162,7 @@ fn run_replay(args: ReplayArgs) -> anyhow::Result<()> {
     let mut title = format!(
         "Replay: {}; {}; {graph}; router prefill_load_scale {}, temperature {}",
         workload.describe(),
-        w.describe_arrivals(None),
+        w.describe_arrivals(args.concurrency),
         args.prefill_load_scale,
         args.temperature
     );
@@ -1153,6 +1174,9 @@ fn run_replay(args: ReplayArgs) -> anyhow::Result<()> {
     });
     if !w.request_rate.is_empty() {
         config["request_rates"] = json!(w.request_rate);
+    }
+    if let Some(clients) = args.concurrency {
+        config["concurrency"] = json!(clients);
     }
     if let Some(schedule) = &w.rate_schedule {
         config["rate_schedule"] = json!(schedule.to_string());
@@ -1651,6 +1675,22 @@ mod tests {
         );
         assert_eq!(replay(&[]).unwrap().workload.rates(), [None]);
         assert!(replay(&["--topology", "4"]).is_err());
+        // The replay's closed loop, as bench's, replaces the request rate.
+        let closed = replay(&["--concurrency", "16"]).unwrap();
+        assert_eq!(closed.concurrency, Some(16));
+        assert_eq!(
+            closed.workload.describe_arrivals(closed.concurrency),
+            "16 requests in flight"
+        );
+        for other in [
+            ["--request-rate", "2"],
+            ["--sessions", "4"],
+            ["--tiers", "off"],
+            ["--topology", "2p2d"],
+        ] {
+            let args = ["--concurrency", "16", other[0], other[1]];
+            assert!(replay(&args).is_err(), "{args:?}");
+        }
         // A closed loop is one run, not a sweep.
         assert!(bench(&["--request-rate", "1,2", "--concurrency", "3"]).is_err());
         assert_eq!(

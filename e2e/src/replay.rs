@@ -713,6 +713,109 @@ pub fn run_sessions_with_tiers(
     Ok(report)
 }
 
+/// A request workload sent by `concurrency` clients in a closed loop, as aiperf's
+/// `--concurrency` sends it live (workload B): each client sends the workload's next
+/// request as soon as its previous one ends (its last token, or its rejection), so
+/// arrivals follow the engines' pace instead of a rate. Like [`run_sessions`], this
+/// drives the engines itself, the one furthest behind first, since an arrival depends on
+/// an earlier request's end.
+pub fn run_closed_loop(
+    workload: &Workload,
+    concurrency: usize,
+    config: &EngineConfig,
+    workers: usize,
+    setup: RouterSetup,
+) -> anyhow::Result<Report> {
+    anyhow::ensure!(concurrency > 0, "a closed loop needs at least one client");
+    anyhow::ensure!(workers > 0, "a replay needs at least one engine");
+    anyhow::ensure!(
+        workload.conversations().is_none(),
+        "conversations have their own clients (--sessions): no closed loop"
+    );
+    setup.validate()?;
+    let started = Instant::now();
+    let mut router = KvRouter::new(setup, workers * config.num_gpu_blocks);
+    let mut engines = Vec::with_capacity(workers);
+    for _ in 0..workers {
+        let mut e = Engine::simulated(config.clone())?;
+        e.set_emit_kv_events(router.wants_kv_events());
+        engines.push(e);
+    }
+    let hasher = engines[0].hasher().clone();
+    // When a client is free to send: (time, key), the key its start number or, past
+    // `concurrency`, the request that just ended; a non-negative f64's bits sort as the
+    // f64 does.
+    let mut free: BTreeSet<(u64, usize)> = (0..concurrency.min(workload.len()))
+        .map(|client| (0.0_f64.to_bits(), client))
+        .collect();
+    let mut next = 0;
+    let mut c = Collector::default();
+    let mut rejected = 0;
+    loop {
+        // Step engines (the one furthest behind first) until all that have work are
+        // past the next send; an end frees its client.
+        loop {
+            let next_ms = free
+                .first()
+                .map_or(f64::INFINITY, |&(t, _)| f64::from_bits(t));
+            let Some(k) = furthest_behind(&engines, next_ms) else {
+                break;
+            };
+            let o = engines[k].step();
+            c.take(&o);
+            router.observe(k, &o);
+            for f in &o.finished {
+                free.insert((f.finished_ms.to_bits(), concurrency + f.id as usize));
+            }
+            if o.duration_ms == 0.0 {
+                // Nothing could be scheduled (cannot happen with admitted requests).
+                anyhow::ensure!(next_ms.is_finite(), "engine {k} is stuck");
+                engines[k].clock_mut().advance_to(next_ms);
+            }
+        }
+        let Some((bits, _)) = free.pop_first() else {
+            break;
+        };
+        if next == workload.len() {
+            continue;
+        }
+        let at = f64::from_bits(bits);
+        for e in &mut engines {
+            e.clock_mut().advance_to(at);
+        }
+        let i = next;
+        next += 1;
+        let item = workload.request(i);
+        let hashes = hasher.seq_hashes(&item.token_ids);
+        let query = RouteQuery {
+            index: i,
+            arrival_ms: at,
+            token_ids: &item.token_ids,
+            block_hashes: &hashes,
+        };
+        let k = router.route(&query, &engines);
+        let request = Request {
+            id: i as u64,
+            token_ids: item.token_ids,
+            max_tokens: item.max_tokens,
+            seed: None,
+            pin_ttl: None,
+        };
+        if engines[k].submit_at(request, at).is_err() {
+            rejected += 1;
+            router.rejected(k, i);
+            // The client goes on to its next request, as it does live after an error.
+            free.insert((bits, concurrency + i));
+        }
+    }
+    let report = c.report(&engines, workload.len(), rejected, 0.0);
+    Ok(Report::from_replay(
+        setup.mode.as_str(),
+        &report,
+        started.elapsed().as_secs_f64(),
+    ))
+}
+
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
@@ -747,6 +850,23 @@ pub(crate) mod tests {
             scheduler: SchedulerConfig::default(),
             approx: ApproxConfig::default(),
             seed: 3,
+        }
+    }
+
+    #[test]
+    fn a_closed_loop_keeps_as_many_requests_in_flight_as_it_has_clients() {
+        let (w, _, engine) = small_pressure();
+        for clients in [1, 6] {
+            let r = run_closed_loop(&w, clients, &engine, 2, setup(RouterMode::Kv)).unwrap();
+            assert_eq!((r.completed, r.errors), (w.len(), 0));
+            // Little's law: requests in flight on average = throughput x mean latency.
+            // Every client has one in flight from the start until the last ones drain.
+            let in_flight = r.requests_per_s * r.e2e_ms.mean / 1000.0;
+            let c = clients as f64;
+            assert!(
+                in_flight <= c + 1e-9 && in_flight > 0.9 * c,
+                "{clients} clients kept {in_flight:.2} requests in flight"
+            );
         }
     }
 

@@ -449,7 +449,7 @@ impl Metrics {
         );
         r.register(
             "dynamo_frontend_worker_active_decode_blocks",
-            "KV blocks of decoding requests, by pod: this picker's, plus the blocks its engine last reported beyond this picker's requests",
+            "KV blocks held by requests in flight (prefilling or decoding), each once, by pod: this picker's, plus the blocks its engine last reported beyond this picker's requests",
             m.worker_decode_blocks.clone(),
         );
         r.register(

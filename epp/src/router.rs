@@ -919,11 +919,12 @@ mod tests {
             "idle pods report 0"
         );
         let mut a = r.route(request(prompt(3, 0))).await.unwrap();
-        // 3 uncached blocks of 16 tokens on the prefill pod; the decode pod waits.
+        // 3 uncached blocks of 16 tokens on the prefill pod; both pods hold the prompt's
+        // KV from the pick (the decode pod receives it).
         assert_eq!(g(PREFILL_TOKENS, 8001, "prefill"), Some(48));
-        assert_eq!(g(DECODE_BLOCKS, 8001, "prefill"), Some(0));
+        assert_eq!(g(DECODE_BLOCKS, 8001, "prefill"), Some(3));
         assert_eq!(g(PREFILL_TOKENS, 8002, "decode"), Some(0));
-        assert_eq!(g(DECODE_BLOCKS, 8002, "decode"), Some(0));
+        assert_eq!(g(DECODE_BLOCKS, 8002, "decode"), Some(3));
         a.first_token();
         assert_eq!(g(PREFILL_TOKENS, 8001, "prefill"), Some(0));
         assert_eq!(g(DECODE_BLOCKS, 8002, "decode"), Some(3));
@@ -986,7 +987,8 @@ mod tests {
         );
         let mut a = r.route(request(tokens)).await.unwrap();
         assert_eq!(worker_gauge(&r, PREFILL_TOKENS, 8001, "decode"), Some(32));
-        assert_eq!(worker_gauge(&r, DECODE_BLOCKS, 8001, "decode"), Some(0));
+        // The engine holds the prompt's blocks from admission, prefilling or not.
+        assert_eq!(worker_gauge(&r, DECODE_BLOCKS, 8001, "decode"), Some(4));
         a.first_token();
         assert_eq!(worker_gauge(&r, PREFILL_TOKENS, 8001, "decode"), Some(0));
         assert_eq!(worker_gauge(&r, DECODE_BLOCKS, 8001, "decode"), Some(4));
@@ -1007,7 +1009,11 @@ mod tests {
             .await
             .unwrap();
         let load = |w: WorkerId| r.endpoints().iter().find(|e| e.worker == w).unwrap().load;
-        assert_eq!(load(long.worker), 2, "prefill only before the first token");
+        assert_eq!(
+            load(long.worker),
+            2 + 2,
+            "its prompt, no output before the first token"
+        );
         long.first_token();
         assert_eq!(load(long.worker), 2 + 20);
         // The next requests, with longer prompts than the first, avoid its pod.
@@ -1032,7 +1038,11 @@ mod tests {
         let r = router(RouterConfig::default());
         r.add_endpoint(WorkerId(1), spec(8001, Role::Worker));
         let mut a = r.route(request(prompt(4, 0))).await.unwrap();
-        assert_eq!(r.endpoints()[0].load, 4, "4 uncached blocks of prefill");
+        assert_eq!(
+            r.endpoints()[0].load,
+            4 + 4,
+            "4 blocks to prefill, held meanwhile"
+        );
         a.first_token();
         assert_eq!(r.endpoints()[0].load, 4, "now 4 blocks of decode");
         drop(a);
@@ -1121,8 +1131,8 @@ mod tests {
         assert_eq!((a.address, a.prefill), (addr(8002), Some(addr(8001))));
         assert_eq!(
             r.endpoints()[0].load,
-            2,
-            "the prefill pod carries the prefill"
+            2 + 2,
+            "the prefill pod carries the prefill and its KV"
         );
         let mut a = a;
         a.first_token();
@@ -1151,8 +1161,16 @@ mod tests {
             let e = r.endpoints();
             e.iter().find(|e| e.worker == w).unwrap().load
         };
-        assert_eq!(load(a.worker), 0, "it prefills nothing");
-        assert_eq!(load(WorkerId(1)), 8, "the prefill pod does");
+        assert_eq!(
+            load(a.worker),
+            8,
+            "it prefills nothing, but holds the prompt's KV"
+        );
+        assert_eq!(
+            load(WorkerId(1)),
+            8 + 8,
+            "the prefill pod prefills and holds it"
+        );
         a.first_token();
         assert_eq!(load(a.worker), 8, "then decodes the whole prompt");
     }

@@ -325,7 +325,16 @@ async fn a_streamed_request_is_routed_by_prefix_and_its_response_ends_its_load()
     );
     assert_eq!(
         load_of(&epp, holder.address),
-        0,
+        n as u64,
+        "its blocks are resident from the pick"
+    );
+    epp.router.publish_load();
+    let no_prefill = format!(
+        "dynamo_frontend_worker_active_prefill_tokens{{worker_id=\"{}\",worker_type=\"decode\"}} 0\n",
+        holder.address
+    );
+    assert!(
+        epp.metrics.encode().contains(&no_prefill),
         "the whole prompt is cached: no prefill"
     );
 

@@ -385,14 +385,7 @@ pub fn simulate(
         router.observe_metrics(engines.iter().enumerate());
         if decode.is_empty() {
             let k = router.pick(Side::Aggregated, &aggregated, decode_leg(i), &hashes, at);
-            let request = Request {
-                id: i as u64,
-                token_ids: item.token_ids,
-                max_tokens: item.max_tokens,
-                seed: None,
-                pin_ttl: None,
-            };
-            if engines[k].submit_at(request, at).is_err() {
+            if engines[k].submit_at(item.into_request(i), at).is_err() {
                 rejected += 1;
                 router.finished(decode_leg(i));
             }

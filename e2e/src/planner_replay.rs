@@ -56,7 +56,7 @@ use std::time::Instant;
 
 use dynamo_kvcache::{BlockHasher, RequestId};
 use dynamo_mocker::replay::{Collector, Percentiles, Router};
-use dynamo_mocker::{Clock, Engine, EngineConfig, Request, SimClock};
+use dynamo_mocker::{Clock, Engine, EngineConfig, SimClock};
 use dynamo_planner::decide::{
     Decision, EngineLoad, Forecast, Limits, LoadInputs, LoadTarget, Observed, PerRole, SlaTargets,
     ThroughputConfig, ThroughputInputs, decide_load, decide_throughput,
@@ -452,16 +452,9 @@ impl Sim<'_> {
         let k = self
             .router
             .pick(Side::Aggregated, candidates, id, &hashes, now_ms);
-        let request = Request {
-            id: i as u64,
-            token_ids: item.token_ids,
-            max_tokens: item.max_tokens,
-            seed: None,
-            pin_ttl: None,
-        };
         // The engine counts its TTFT from the arrival, the picker's wait included.
         if self.engines[k]
-            .submit_at(request, self.arrivals_ms[i])
+            .submit_at(item.into_request(i), self.arrivals_ms[i])
             .is_err()
         {
             self.rejected += 1;

@@ -22,8 +22,8 @@ use dynamo_kvblocks::placement::{Action, Offered, Placement, PlacementConfig};
 pub use dynamo_kvcache::Side;
 use dynamo_kvcache::vllm_events::KvEvent as EngineEvent;
 use dynamo_kvcache::{
-    ApproxConfig, EngineMetrics, KvEvent, KvIndex, OverlapScores, RemovedBlock, RequestId,
-    RouterMode, RoutingCore, SchedulerConfig, SeqHash, StoredBlock, Tier, WorkerId,
+    ApproxConfig, BlockHasher, EngineMetrics, KvEvent, KvIndex, OverlapScores, RemovedBlock,
+    RequestId, RouterMode, RoutingCore, SchedulerConfig, SeqHash, StoredBlock, Tier, WorkerId,
 };
 use dynamo_mocker::replay::{Collector, ReplayRequest, RouteQuery, Router, replay_requests};
 use dynamo_mocker::{
@@ -479,6 +479,28 @@ struct Onboarding {
     blocks: Range<usize>,
 }
 
+/// Routes request `i` of `workload`, arriving at `at`, as the picker does: the engine
+/// chosen, the request to submit to it, and its prompt's block hashes.
+fn route(
+    workload: &Workload,
+    i: usize,
+    at: f64,
+    hasher: &BlockHasher,
+    router: &mut KvRouter,
+    engines: &[Engine],
+) -> (usize, Request, Vec<SeqHash>) {
+    let item = workload.request(i);
+    let hashes = hasher.seq_hashes(&item.token_ids);
+    let query = RouteQuery {
+        index: i,
+        arrival_ms: at,
+        token_ids: &item.token_ids,
+        block_hashes: &hashes,
+    };
+    let k = router.route(&query, engines);
+    (k, item.into_request(i), hashes)
+}
+
 /// A conversation workload in simulated time: session `s` sends its first turn at
 /// `starts_ms[s]`, and each next turn when the previous one has finished (its last
 /// token, or its rejection) plus the think time.
@@ -634,22 +656,7 @@ pub fn run_sessions_with_tiers(
             let turn = next_turn[session];
             next_turn[session] += 1;
             let i = session * spec.turns + turn;
-            let item = workload.request(i);
-            let hashes = hasher.seq_hashes(&item.token_ids);
-            let query = RouteQuery {
-                index: i,
-                arrival_ms: at,
-                token_ids: &item.token_ids,
-                block_hashes: &hashes,
-            };
-            let k = router.route(&query, &engines);
-            let request = Request {
-                id: i as u64,
-                token_ids: item.token_ids,
-                max_tokens: item.max_tokens,
-                seed: None,
-                pin_ttl: None,
-            };
+            let (k, request, hashes) = route(workload, i, at, &hasher, &mut router, &engines);
             let (blocks, ms) = match &mut stores {
                 Some(stores) => {
                     let mut events = Vec::new();
@@ -785,22 +792,7 @@ pub fn run_closed_loop(
         }
         let i = next;
         next += 1;
-        let item = workload.request(i);
-        let hashes = hasher.seq_hashes(&item.token_ids);
-        let query = RouteQuery {
-            index: i,
-            arrival_ms: at,
-            token_ids: &item.token_ids,
-            block_hashes: &hashes,
-        };
-        let k = router.route(&query, &engines);
-        let request = Request {
-            id: i as u64,
-            token_ids: item.token_ids,
-            max_tokens: item.max_tokens,
-            seed: None,
-            pin_ttl: None,
-        };
+        let (k, request, _) = route(workload, i, at, &hasher, &mut router, &engines);
         if engines[k].submit_at(request, at).is_err() {
             rejected += 1;
             router.rejected(k, i);

@@ -14,6 +14,7 @@
 use std::path::Path;
 
 use anyhow::Context;
+use dynamo_mocker::Request;
 use dynamo_mocker::replay::{TraceRecord, parse_trace, synthesize_prompt};
 use dynamo_mocker::tokens::{stream_key, token_at};
 use rand::SeedableRng;
@@ -40,6 +41,19 @@ const MESSAGE_SALT: u64 = 0x006d_6573_7361_6765;
 pub struct WorkItem {
     pub token_ids: Vec<u32>,
     pub max_tokens: usize,
+}
+
+impl WorkItem {
+    /// The simulated engine's request `id` for this item (no seed, no pin).
+    pub fn into_request(self, id: usize) -> Request {
+        Request {
+            id: id as u64,
+            token_ids: self.token_ids,
+            max_tokens: self.max_tokens,
+            seed: None,
+            pin_ttl: None,
+        }
+    }
 }
 
 /// The synthetic shared-prefix workload.

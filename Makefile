@@ -152,6 +152,9 @@ bench:
 	$(CARGO) run --release --locked --quiet -p dynamo-e2e -- replay --workers 4 --num-gpu-blocks 640 \
 	  --prefixes 32 --suffixes 16 --prefix-tokens 2048 --unique-tokens 256 --output-tokens 64 \
 	  --request-rate 4 --out .cache/bench/replay-shared-prefix.json --markdown .cache/bench/replay-shared-prefix.md
+	$(CARGO) run --release --locked --quiet -p dynamo-e2e -- replay --workers 4 --num-gpu-blocks 640 \
+	  --concurrency 16 --suffixes 13 --output-tokens 64 --modes kv,round-robin \
+	  --out .cache/bench/replay-closed-loop.json --markdown .cache/bench/replay-closed-loop.md
 	$(CARGO) run --release --locked --quiet -p dynamo-e2e -- replay --sessions 80 --turns 10 --workers 4 \
 	  --num-gpu-blocks 640 --request-rate 8 --think-time-s 2 --modes kv --tiers off,host=2GB,host=512MB+disk=8GB \
 	  --out .cache/bench/replay-kvbm.json --markdown .cache/bench/replay-kvbm.md

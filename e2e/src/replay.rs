@@ -25,7 +25,9 @@ use dynamo_kvcache::{
     ApproxConfig, BlockHasher, EngineMetrics, KvEvent, KvIndex, OverlapScores, RemovedBlock,
     RequestId, RouterMode, RoutingCore, SchedulerConfig, SeqHash, StoredBlock, Tier, WorkerId,
 };
-use dynamo_mocker::replay::{Collector, ReplayRequest, RouteQuery, Router, replay_requests};
+use dynamo_mocker::replay::{
+    Collector, ReplayRequest, RouteQuery, Router, replay_requests, simulated_engines,
+};
 use dynamo_mocker::{
     Clock, Engine, EngineConfig, KvBlocksConfig, OffloadBlock, OffloadMode, Request, StepOutcome,
 };
@@ -565,12 +567,7 @@ pub fn run_sessions_with_tiers(
     let started = Instant::now();
     let tier_blocks = tiers.map_or(0, TierSetup::capacity_blocks);
     let mut router = KvRouter::new(setup, workers * (config.num_gpu_blocks + tier_blocks));
-    let mut engines = Vec::with_capacity(workers);
-    for _ in 0..workers {
-        let mut e = Engine::simulated(config.clone())?;
-        e.set_emit_kv_events(router.wants_kv_events());
-        engines.push(e);
-    }
+    let mut engines = simulated_engines(&config, workers, router.wants_kv_events())?;
     let mut stores = tiers.map(|t| Tiers::new(t, workers, router.wants_kv_events()));
     let hasher = engines[0].hasher().clone();
     // Known arrivals: (time, session); a non-negative f64's bits sort as the f64 does.
@@ -742,12 +739,7 @@ pub fn run_closed_loop(
     setup.validate()?;
     let started = Instant::now();
     let mut router = KvRouter::new(setup, workers * config.num_gpu_blocks);
-    let mut engines = Vec::with_capacity(workers);
-    for _ in 0..workers {
-        let mut e = Engine::simulated(config.clone())?;
-        e.set_emit_kv_events(router.wants_kv_events());
-        engines.push(e);
-    }
+    let mut engines = simulated_engines(config, workers, router.wants_kv_events())?;
     let hasher = engines[0].hasher().clone();
     // When a client is free to send: (time, key), the key its start number or, past
     // `concurrency`, the request that just ended; a non-negative f64's bits sort as the

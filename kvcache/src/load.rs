@@ -7,20 +7,20 @@
 //! worker's active blocks when it routes it). Counting them only from the first token
 //! made a pod busy prefilling look free: in a closed loop of 16 clients (workload B's
 //! shape, `dynamo-e2e replay --concurrency 16`) TTFT p50 was 65 ms against 50 with them.
-//! Decode load counts blocks as the engine holds them: a prefix shared by several requests on a pod is one set of blocks
-//! there, so it counts once (as Dynamo's router counts each worker's active blocks by
-//! their sequence hashes, `lib/kv-router`); counting it per request would make a pod that
-//! serves many requests of one prefix look loaded, and push the next one away from the
-//! pod that caches it. Engine metrics, scraped elsewhere
-//! and passed in as numbers, correct that view: EPP replicas are active-active, so each
-//! sees only its own share of a pod's traffic. When metrics arrive, the engine's resident
-//! blocks beyond those of this router's own requests at that moment (all their blocks,
-//! prefilling or decoding: the engine holds them from admission) are taken as
-//! *untracked* load (other replicas' requests) and added to the decode load until the
-//! next scrape. Only the excess is kept, not the total: a scrape taken while this
-//! router's own request ran would otherwise keep charging the pod for that request after
-//! it finished, until the next scrape, and steer the next request sharing its prefix
-//! away from the pod that caches it.
+//! Decode load counts blocks as the engine holds them: a prefix shared by several
+//! requests on a pod is one set of blocks there, so it counts once (as Dynamo's router
+//! counts each worker's active blocks by their sequence hashes, `lib/kv-router`);
+//! counting it per request would make a pod that serves many requests of one prefix look
+//! loaded, and push the next one away from the pod that caches it. Engine metrics,
+//! scraped elsewhere and passed in as numbers, correct that view: EPP replicas are
+//! active-active, so each sees only its own share of a pod's traffic. When metrics
+//! arrive, the engine's resident blocks beyond those of this router's own requests at
+//! that moment (all their blocks, prefilling or decoding: the engine holds them from
+//! admission) are taken as *untracked* load (other replicas' requests) and added to the
+//! decode load until the next scrape. Only the excess is kept, not the total: a scrape
+//! taken while this router's own request ran would otherwise keep charging the pod for
+//! that request after it finished, until the next scrape, and steer the next request
+//! sharing its prefix away from the pod that caches it.
 
 use serde::{Deserialize, Serialize};
 

@@ -349,6 +349,22 @@ pub fn replay(
     replay_requests(requests, config, num_engines, router)
 }
 
+/// `n` engines of `config` on simulated clocks, publishing KV events if `kv_events` (for
+/// a router that reads them).
+pub fn simulated_engines(
+    config: &EngineConfig,
+    n: usize,
+    kv_events: bool,
+) -> Result<Vec<Engine>, ConfigError> {
+    (0..n)
+        .map(|_| {
+            let mut e = Engine::simulated(config.clone())?;
+            e.set_emit_kv_events(kv_events);
+            Ok(e)
+        })
+        .collect()
+}
+
 /// Replays `requests` (built lazily, one at a time) over `num_engines` engines.
 pub fn replay_requests(
     requests: impl IntoIterator<Item = ReplayRequest>,
@@ -359,12 +375,7 @@ pub fn replay_requests(
     if num_engines == 0 {
         return Err(ReplayError::NoEngines);
     }
-    let mut engines = Vec::with_capacity(num_engines);
-    for _ in 0..num_engines {
-        let mut e = Engine::simulated(config.clone())?;
-        e.set_emit_kv_events(router.wants_kv_events());
-        engines.push(e);
-    }
+    let mut engines = simulated_engines(config, num_engines, router.wants_kv_events())?;
     let hasher = engines[0].hasher().clone();
     let mut c = Collector::default();
     let (mut count, mut rejected) = (0, 0);

@@ -926,6 +926,13 @@ async fn engine_metrics_are_polled_for_load_correction() {
     config.metrics_poll_interval = Some(Duration::from_millis(50));
     let epp = start(config).await.unwrap();
     let base = format!("http://{}", epp.http_addr);
+    // The pod is found and its model loaded before the request, or it gets a 503.
+    eventually("/health to answer 200", || async {
+        reqwest::get(format!("{base}/health"))
+            .await
+            .is_ok_and(|r| r.status() == 200)
+    })
+    .await;
     // A running request holds KV blocks in the engine; its usage shows up here.
     let mut long = reqwest::Client::new()
         .post(format!("{base}/v1/chat/completions"))
@@ -933,6 +940,7 @@ async fn engine_metrics_are_polled_for_load_correction() {
         .send()
         .await
         .unwrap();
+    assert_eq!(long.status(), 200);
     long.chunk().await.unwrap();
     let usage_line = format!("dynamo_epp_engine_kv_usage{{pod=\"{}\"}} ", pod.address);
     eventually("a non-zero KV usage read from the engine", || async {

@@ -37,7 +37,7 @@ use std::fmt;
 use std::time::Instant;
 
 use dynamo_kvcache::{RequestId, SeqHash};
-use dynamo_mocker::replay::{Collector, Percentiles, ReplayReport, Router};
+use dynamo_mocker::replay::{Collector, Percentiles, ReplayReport, Router, StepFeed};
 use dynamo_mocker::{Clock, Engine, EngineConfig, Request};
 
 use crate::replay::{KvRouter, RouterSetup, Side, check_arrivals, furthest_behind};
@@ -258,6 +258,8 @@ pub fn simulate(
     let block_size = config.block_size;
 
     let mut c = Collector::default();
+    // What the engines did, shown to the router once each step has ended.
+    let mut feed = StepFeed::default();
     let mut rejected = 0;
     let mut next_arrival = 0;
     let mut legs: HashMap<usize, Leg> = HashMap::new();
@@ -284,31 +286,18 @@ pub fn simulate(
             };
             let o = engines[k].step();
             match roles[k] {
-                Role::Aggregated => {
-                    c.take(&o);
-                    router.observe(k, &o);
-                }
+                Role::Aggregated | Role::Decode => c.take(&o),
                 Role::Prefill => {
-                    router.observe_kv_events(k, &o.kv_events);
                     for f in &o.finished {
                         let i = f.id as usize;
                         let leg = legs.remove(&i).expect("a prefill leg of ours");
                         ended.insert((f.finished_ms.to_bits(), i), (k, leg));
                     }
                 }
-                Role::Decode => {
-                    c.take(&o);
-                    for t in o.outputs.iter().filter(|t| t.index == 0) {
-                        let i = t.id as usize;
-                        router.first_token(decode_leg(i));
-                        router.finished(prefill_leg(i));
-                    }
-                    for f in &o.finished {
-                        router.finished(decode_leg(f.id as usize));
-                    }
-                }
             }
-            if o.duration_ms == 0.0 {
+            let stuck = o.duration_ms == 0.0;
+            feed.push(o.ended_ms(), k, o);
+            if stuck {
                 // Nothing could be scheduled (cannot happen with admitted requests).
                 anyhow::ensure!(next_ms.is_finite(), "engine {k} is stuck");
                 engines[k].clock_mut().advance_to(next_ms);
@@ -382,6 +371,20 @@ pub fn simulate(
         next_arrival += 1;
         let item = workload.request(i);
         let hashes = hasher.seq_hashes(&item.token_ids);
+        feed.release(at, |k, o| match roles[k] {
+            Role::Aggregated => router.observe(k, &o),
+            Role::Prefill => router.observe_kv_events(k, &o.kv_events),
+            Role::Decode => {
+                for t in o.outputs.iter().filter(|t| t.index == 0) {
+                    let i = t.id as usize;
+                    router.first_token(decode_leg(i));
+                    router.finished(prefill_leg(i));
+                }
+                for f in &o.finished {
+                    router.finished(decode_leg(f.id as usize));
+                }
+            }
+        });
         router.observe_metrics(engines.iter().enumerate());
         if decode.is_empty() {
             let k = router.pick(Side::Aggregated, &aggregated, decode_leg(i), &hashes, at);

@@ -55,7 +55,7 @@ use std::fmt;
 use std::time::Instant;
 
 use dynamo_kvcache::{BlockHasher, RequestId};
-use dynamo_mocker::replay::{Collector, Percentiles, Router};
+use dynamo_mocker::replay::{Collector, Percentiles, Router, StepFeed};
 use dynamo_mocker::{Clock, Engine, EngineConfig, SimClock};
 use dynamo_planner::decide::{
     Decision, EngineLoad, Forecast, Limits, LoadInputs, LoadTarget, Observed, PerRole, SlaTargets,
@@ -329,6 +329,8 @@ struct Sim<'a> {
     engines: Vec<Engine>,
     slots: Vec<Slot>,
     router: KvRouter,
+    /// What the engines did, shown to the router once each step has ended.
+    feed: StepFeed,
     collector: Collector,
     /// Requests routed to an engine and without a first token: (engine, prompt tokens).
     awaiting: HashMap<u64, (usize, usize)>,
@@ -445,6 +447,8 @@ impl Sim<'_> {
     fn send(&mut self, i: usize, item: WorkItem, candidates: &[usize], now_ms: f64) {
         let len = item.token_ids.len();
         let hashes = self.hasher.seq_hashes(&item.token_ids);
+        let router = &mut self.router;
+        self.feed.release(now_ms, |k, o| router.observe(k, &o));
         let engines = &self.engines;
         self.router
             .observe_metrics(candidates.iter().map(|&k| (k, &engines[k])));
@@ -484,7 +488,6 @@ impl Sim<'_> {
     fn step(&mut self, k: usize) -> f64 {
         let o = self.engines[k].step();
         self.collector.take(&o);
-        self.router.observe(k, &o);
         let end = o.ended_ms();
         if !o.outputs.is_empty() {
             self.last_token_ms = self.last_token_ms.max(end);
@@ -527,8 +530,10 @@ impl Sim<'_> {
         if self.slots[k].state == SlotState::Draining && !self.engines[k].has_work() {
             self.gone(k, end);
         }
+        let duration_ms = o.duration_ms;
+        self.feed.push(end, k, o);
         self.drain_picker_queue(k);
-        o.duration_ms
+        duration_ms
     }
 
     /// Sets the replicas to `n` at `now_ms` (see the module doc).
@@ -751,6 +756,7 @@ pub fn simulate(
         engines: Vec::new(),
         slots: Vec::new(),
         router: KvRouter::new(setup.router, capacity),
+        feed: StepFeed::default(),
         collector: Collector::default(),
         awaiting: HashMap::new(),
         awaiting_tokens: Vec::new(),

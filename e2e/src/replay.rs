@@ -26,7 +26,7 @@ use dynamo_kvcache::{
     RequestId, RouterMode, RoutingCore, SchedulerConfig, SeqHash, StoredBlock, Tier, WorkerId,
 };
 use dynamo_mocker::replay::{
-    Collector, ReplayRequest, RouteQuery, Router, replay_requests, simulated_engines,
+    Collector, ReplayRequest, RouteQuery, Router, StepFeed, replay_requests, simulated_engines,
 };
 use dynamo_mocker::{
     Clock, Engine, EngineConfig, KvBlocksConfig, OffloadBlock, OffloadMode, Request, StepOutcome,
@@ -581,6 +581,7 @@ pub fn run_sessions_with_tiers(
     let mut next_turn = vec![0usize; spec.sessions];
     let mut samples = Vec::with_capacity(workload.len());
     let mut c = Collector::default();
+    let mut feed = StepFeed::default();
     let mut rejected = 0;
     // The next turn of `session`, `at` ms.
     let follow = |ready: &mut BTreeSet<(u64, usize)>, next_turn: &[usize], session, at: f64| {
@@ -608,11 +609,12 @@ pub fn run_sessions_with_tiers(
             };
             let o = engines[k].step();
             c.take(&o);
-            router.observe(k, &o);
-            if let Some(stores) = &mut stores {
-                let events = stores.offload(k, &o.offload);
-                router.observe_tiers(k, &events);
-            }
+            // What the sidecar stored of the step's evictions shows with the step, after
+            // the engine's own events (the index learns of a block leaving the GPU, then
+            // of it landing in a tier).
+            let offloaded = stores
+                .as_mut()
+                .map_or_else(Vec::new, |stores| stores.offload(k, &o.offload));
             for f in &o.finished {
                 let i = f.id as usize;
                 samples.push(TurnSample {
@@ -624,7 +626,9 @@ pub fn run_sessions_with_tiers(
                 });
                 follow(&mut ready, &next_turn, i / spec.turns, f.finished_ms);
             }
-            if o.duration_ms == 0.0 {
+            let stuck = o.duration_ms == 0.0;
+            feed.push(o.ended_ms(), k, (o, offloaded));
+            if stuck {
                 // Nothing could be scheduled (cannot happen with admitted requests).
                 anyhow::ensure!(next_ms.is_finite(), "engine {k} is stuck");
                 engines[k].clock_mut().advance_to(next_ms);
@@ -653,6 +657,10 @@ pub fn run_sessions_with_tiers(
             let turn = next_turn[session];
             next_turn[session] += 1;
             let i = session * spec.turns + turn;
+            feed.release(at, |k, (o, offloaded)| {
+                router.observe(k, &o);
+                router.observe_tiers(k, &offloaded);
+            });
             let (k, request, hashes) = route(workload, i, at, &hasher, &mut router, &engines);
             let (blocks, ms) = match &mut stores {
                 Some(stores) => {
@@ -749,6 +757,7 @@ pub fn run_closed_loop(
         .collect();
     let mut next = 0;
     let mut c = Collector::default();
+    let mut feed = StepFeed::default();
     let mut rejected = 0;
     loop {
         // Step engines (the one furthest behind first) until all that have work are
@@ -762,11 +771,12 @@ pub fn run_closed_loop(
             };
             let o = engines[k].step();
             c.take(&o);
-            router.observe(k, &o);
             for f in &o.finished {
                 free.insert((f.finished_ms.to_bits(), concurrency + f.id as usize));
             }
-            if o.duration_ms == 0.0 {
+            let stuck = o.duration_ms == 0.0;
+            feed.push(o.ended_ms(), k, o);
+            if stuck {
                 // Nothing could be scheduled (cannot happen with admitted requests).
                 anyhow::ensure!(next_ms.is_finite(), "engine {k} is stuck");
                 engines[k].clock_mut().advance_to(next_ms);
@@ -784,6 +794,7 @@ pub fn run_closed_loop(
         }
         let i = next;
         next += 1;
+        feed.release(at, |k, o| router.observe(k, &o));
         let (k, request, _) = route(workload, i, at, &hasher, &mut router, &engines);
         if engines[k].submit_at(request, at).is_err() {
             rejected += 1;
@@ -1111,11 +1122,16 @@ pub(crate) mod tests {
         let two_tiers = tiers(Some(500 * BLOCK_BYTES), Some(256 << 20));
         let (w, starts, engine) = tight();
         assert_eq!(tiered(Some(&two_tiers)), tiered(Some(&two_tiers)));
-        // Four engines with kv routing reading the tiers' events, and round-robin.
+        // Four engines with kv routing reading the tiers' events, and round-robin; each
+        // GPU pool holds one conversation (about 180 blocks), so two on one engine evict.
+        let small = EngineConfig {
+            num_gpu_blocks: 200,
+            ..engine
+        };
         for mode in [RouterMode::Kv, RouterMode::RoundRobin] {
             let four = || {
                 let mut r =
-                    run_with_tiers(&w, &starts, &engine, 4, setup(mode), Some(&two_tiers)).unwrap();
+                    run_with_tiers(&w, &starts, &small, 4, setup(mode), Some(&two_tiers)).unwrap();
                 r.replay.as_mut().unwrap().wall_s = 0.0;
                 r
             };

@@ -9,7 +9,7 @@ use anyhow::Context;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use dynamo_kvblocks::parse_bytes;
 use dynamo_kvblocks::placement::{PlacementConfig, TierLimits};
-use dynamo_kvcache::{ApproxConfig, RouterMode, SchedulerConfig};
+use dynamo_kvcache::{ApproxConfig, DEFAULT_PREFILL_LOAD_SCALE, RouterMode, SchedulerConfig};
 use dynamo_llm::ModelDir;
 use dynamo_mocker::{EngineConfig, KvBlocksConfig, KvGeometry};
 use serde::Serialize;
@@ -285,7 +285,7 @@ pub struct ReplayArgs {
     )]
     pub concurrency: Option<usize>,
     /// Weight of prefill blocks against decode blocks in the router's cost.
-    #[arg(long, default_value_t = 1.0, env = "DYNAMO_E2E_PREFILL_LOAD_SCALE")]
+    #[arg(long, default_value_t = DEFAULT_PREFILL_LOAD_SCALE, env = "DYNAMO_E2E_PREFILL_LOAD_SCALE")]
     pub prefill_load_scale: f64,
     /// 0 picks the cheapest engine; above 0 samples a softmax over costs.
     #[arg(long, default_value_t = 0.0, env = "DYNAMO_E2E_TEMPERATURE")]

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::Parser;
-use dynamo_kvcache::{QueuePolicy, RouterMode, SaturationThreshold};
+use dynamo_kvcache::{DEFAULT_PREFILL_LOAD_SCALE, QueuePolicy, RouterMode, SaturationThreshold};
 use dynamo_server::{ServerLimits, parse_duration};
 
 use crate::answer_parsing::AnswerParsers;
@@ -95,7 +95,7 @@ pub struct Args {
         long,
         alias = "prefill-load-scale",
         env = "DYNAMO_EPP_OVERLAP_SCORE_WEIGHT",
-        default_value_t = 1.0
+        default_value_t = DEFAULT_PREFILL_LOAD_SCALE
     )]
     pub overlap_score_weight: f64,
     /// Most blocks the exact index holds, over all pods.
@@ -210,7 +210,7 @@ impl Default for RouterConfig {
         Self {
             mode: RouterMode::Kv,
             temperature: 0.0,
-            prefill_load_scale: 1.0,
+            prefill_load_scale: DEFAULT_PREFILL_LOAD_SCALE,
             block_size: 16,
             max_index_blocks: 10_000_000,
             approx_ttl: Duration::from_secs(120),

@@ -42,7 +42,7 @@ pub use queue::{
 };
 pub use routing::{PickError, RoutingCore, Side};
 pub use scheduler::{
-    Decision, RouterMode, ScheduleError, Scheduler, SchedulerConfig, UnknownRouterMode,
-    pick_by_cost,
+    DEFAULT_PREFILL_LOAD_SCALE, Decision, RouterMode, ScheduleError, Scheduler, SchedulerConfig,
+    UnknownRouterMode, pick_by_cost,
 };
 pub use worker::WorkerId;

@@ -75,6 +75,16 @@ impl FromStr for RouterMode {
     }
 }
 
+/// The default weight of prefill work against decode load (the picker's
+/// `--overlap-score-weight`, the replay's `--prefill-load-scale`). Dynamo's default is 1;
+/// at 1 a pod caching a request's prefix loses it to a colder pod that runs one request
+/// fewer, as the prefix's credit (32 blocks of workload B's 36) is smaller than that
+/// request's blocks. At 2, workload B live gave 71.5% hits against Dynamo's 61.2% and TTFT
+/// p50 0.75x (58.6% and 0.85x at 1); the replays gain hits and TTFT p90 in the closed
+/// loop, the open loop at 4-16 req/s and Mooncake at 1x and 4x (`docs/performance.md`,
+/// "The prefill weight"). 3 gains more hits but costs TTFT p50 at light load.
+pub const DEFAULT_PREFILL_LOAD_SCALE: f64 = 2.0;
+
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
 pub struct SchedulerConfig {
     /// Weight of prefill work against decode load (1.0: a block is a block).
@@ -87,7 +97,7 @@ pub struct SchedulerConfig {
 impl Default for SchedulerConfig {
     fn default() -> Self {
         Self {
-            prefill_load_scale: 1.0,
+            prefill_load_scale: DEFAULT_PREFILL_LOAD_SCALE,
             temperature: 0.0,
             tier_credits: TierCredits::default(),
         }
@@ -282,6 +292,15 @@ mod tests {
         TierCounts([gpu, host, disk, 0])
     }
 
+    /// The default config with prefill weighted `scale` (1: a block is a block, which
+    /// keeps the sums below easy to follow).
+    fn at_scale(scale: f64) -> SchedulerConfig {
+        SchedulerConfig {
+            prefill_load_scale: scale,
+            ..SchedulerConfig::default()
+        }
+    }
+
     /// Ten-block prompt, three pods, scale 1:
     /// - A: overlap 8 GPU, prefill 4, decode 20: credited 8;   cost = (4 + 10 - 8) + 20 = 26
     /// - B: overlap 4 GPU + 4 host, prefill 0, decode 10:
@@ -301,7 +320,7 @@ mod tests {
     #[test]
     fn cost_follows_the_formula_by_hand() {
         let (scores, loads) = three_pods();
-        let cfg = SchedulerConfig::default();
+        let cfg = at_scale(1.0);
         let costs: Vec<_> = loads
             .iter()
             .map(|l| cost(l, scores.get(l.worker), 10, &cfg))
@@ -318,10 +337,7 @@ mod tests {
     fn prefill_scale_makes_cache_hits_matter_more() {
         // Scale 2: A = 2*6 + 20 = 32, B = 2*3 + 10 = 16, C = 2*10 + 2 = 22: B wins.
         let (scores, loads) = three_pods();
-        let cfg = SchedulerConfig {
-            prefill_load_scale: 2.0,
-            ..SchedulerConfig::default()
-        };
+        let cfg = at_scale(2.0);
         let d = pick_by_cost(&scores, &loads, 10, &cfg, &mut StdRng::seed_from_u64(0)).unwrap();
         assert_eq!((d.worker, d.cost), (WorkerId(2), 16.0));
         assert_eq!(d.overlap.get(Tier::Host), 4);
@@ -334,7 +350,7 @@ mod tests {
         // Pod 3: same as pod 4. Pods 4 and 3 tie on cost and load; pod 5 never wins.
         let scores = OverlapScores::from_entries(vec![(WorkerId(5), counts(10, 0, 0))]);
         let loads = [load(5, 0, 12), load(4, 0, 2), load(3, 0, 2)];
-        let cfg = SchedulerConfig::default();
+        let cfg = at_scale(1.0);
         let pick = |seed| {
             pick_by_cost(&scores, &loads, 10, &cfg, &mut StdRng::seed_from_u64(seed))
                 .unwrap()
@@ -351,12 +367,7 @@ mod tests {
     #[test]
     fn prefill_term_never_goes_negative() {
         // Overlap credited beyond the prompt is clamped: (0 + 2 - 2) + 1 = 1.
-        let (credited, c) = cost(
-            &load(1, 0, 1),
-            counts(5, 0, 0),
-            2,
-            &SchedulerConfig::default(),
-        );
+        let (credited, c) = cost(&load(1, 0, 1), counts(5, 0, 0), 2, &at_scale(1.0));
         assert_eq!((credited, c), (2.0, 1.0));
     }
 
@@ -365,7 +376,7 @@ mod tests {
         let (scores, loads) = three_pods(); // costs 26, 13, 12
         let cfg = SchedulerConfig {
             temperature: 0.5,
-            ..SchedulerConfig::default()
+            ..at_scale(1.0)
         };
         let mut rng = StdRng::seed_from_u64(42);
         let mut wins = [0u32; 3];

@@ -179,7 +179,7 @@ bench:
 # 1.6.1"). Not part of `make test`: it needs the kit and ~2 minutes per run.
 DYNREF ?= /root/dynref
 .PHONY: side-by-side
-side-by-side: model ## Workload B beside NVIDIA Dynamo 1.6.1, PAIRS pairs alternately (needs its kit in DYNREF)
+side-by-side: model ## Workload B (PROBE=overhead: small requests) beside NVIDIA Dynamo 1.6.1, PAIRS pairs alternately (needs its kit in DYNREF)
 	$(CARGO) build --release --locked -p dynamo-operator -p dynamo-mocker -p dynamo-sidecar -p dynamo-epp --bins
 	DYNREF=$(DYNREF) BIN_DIR=$${CARGO_TARGET_DIR:-target}/release scripts/side_by_side.sh
 

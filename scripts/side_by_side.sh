@@ -7,8 +7,13 @@
 # freshly started stack, so both see the same cold caches and the machine's drift cancels out
 # in the ratios of back-to-back pairs. Prints the kit's table and ours/Dynamo ratios per pair.
 #
+# With PROBE=overhead it runs the kit's `overhead.sh` instead (wrk, 32 connections in a closed
+# loop, small chat requests: req/s and frontend CPU per request, the issue's "small requests"),
+# at SPEEDUP 1000 and MODES "kv" unless set.
+#
 # Usage: scripts/side_by_side.sh            (make side-by-side)
 # Environment (defaults in brackets):
+#   PROBE [bench]   bench (aiperf workload B) or overhead (wrk small requests)
 #   DYNREF [/root/dynref]   the installed kit (../shared/reference/dynamo-1.6.1, ./install.sh)
 #   BIN_DIR [${CARGO_TARGET_DIR:-target}/release]   dynamo, dynamo-epp, dynamo-sidecar, dynamo-mocker
 #   PAIRS [2]  MODES ["kv round-robin"]  PORT [8000]  SPEEDUP [1.0]
@@ -21,9 +26,13 @@ REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 DYNREF="${DYNREF:-/root/dynref}"
 BIN_DIR="${BIN_DIR:-${CARGO_TARGET_DIR:-$REPO/target}/release}"
 PAIRS="${PAIRS:-2}"
-MODES="${MODES:-kv round-robin}"
+PROBE="${PROBE:-bench}"
+case "$PROBE" in
+  bench) MODES="${MODES:-kv round-robin}" SPEEDUP="${SPEEDUP:-1.0}" ;;
+  overhead) MODES="${MODES:-kv}" SPEEDUP="${SPEEDUP:-1000}" ;;
+  *) echo "side_by_side: PROBE is bench or overhead, not $PROBE" >&2; exit 1 ;;
+esac
 PORT="${PORT:-8000}"
-SPEEDUP="${SPEEDUP:-1.0}"
 BLOCKS=640
 BLOCK_SIZE=64
 WORKERS=4
@@ -33,13 +42,17 @@ STAMP="$(date -u +%Y%m%dT%H%M%SZ)"
 OUT="$(realpath -m "${OUT:-$REPO/.cache/side-by-side/$STAMP}")"
 export OSL="${OSL:-64}" AIPERF_CPUS="${AIPERF_CPUS:-1}" PORT MODEL_NAME
 
-for f in bench.sh start_dynamo.sh stop_dynamo.sh report_table.py .venv/bin/python .venv-bench/bin/aiperf model/qwen-mock/tokenizer.json; do
+for f in "$PROBE.sh" start_dynamo.sh stop_dynamo.sh report_table.py .venv/bin/python .venv-bench/bin/aiperf model/qwen-mock/tokenizer.json; do
   [[ -e "$DYNREF/$f" ]] || { echo "side_by_side: no $DYNREF/$f; install the kit: cp -r ../shared/reference/dynamo-1.6.1/* \$DYNREF && \$DYNREF/install.sh" >&2; exit 1; }
 done
 for b in dynamo dynamo-epp dynamo-sidecar dynamo-mocker; do
   [[ -x "$BIN_DIR/$b" ]] || { echo "side_by_side: no $BIN_DIR/$b; cargo build --release --bins (or set BIN_DIR)" >&2; exit 1; }
 done
 [[ -f "$OUR_MODEL_DIR/tokenizer.json" ]] || { echo "side_by_side: no $OUR_MODEL_DIR; run make model" >&2; exit 1; }
+# overhead.sh reads wrk/chat.lua; the kit ships chat.lua at its top level.
+if [[ $PROBE == overhead && ! -e $DYNREF/wrk/chat.lua ]]; then
+  mkdir -p "$DYNREF/wrk" && cp "$DYNREF/chat.lua" "$DYNREF/wrk/chat.lua"
+fi
 
 TMP="$(mktemp -d)"
 DYN_RUN="$TMP/dynamo-run"   # the kit's pids file and discovery store, ours alone
@@ -150,9 +163,15 @@ run_one() { # STACK MODE LABEL
     start_ours "$mode" "$log" || { stop_ours; return 1; }
   fi
   local rc=0
-  [[ $stack == ours ]] && engine_ttft "$TMP/engine_before"
-  RUN_DIR="$run_dir" "$DYNREF/bench.sh" "$label" >&2 || rc=$?
-  if [[ $stack == ours ]]; then
+  if [[ $PROBE == overhead ]]; then
+    RUN_DIR="$run_dir" "$DYNREF/overhead.sh" "$label" > "$TMP/overhead.txt" || rc=$?
+    cat "$TMP/overhead.txt" >&2
+    cp "$TMP/overhead.txt" "$DYNREF/results/$label/overhead.txt" 2> /dev/null || rc=1
+  else
+    [[ $stack == ours ]] && engine_ttft "$TMP/engine_before"
+    RUN_DIR="$run_dir" "$DYNREF/bench.sh" "$label" >&2 || rc=$?
+  fi
+  if [[ $stack == ours && $PROBE == bench ]]; then
     engine_ttft "$TMP/engine_after"
     read -r s0 c0 < "$TMP/engine_before"
     read -r s1 c1 < "$TMP/engine_after"
@@ -183,6 +202,31 @@ for ((pair = 1; pair <= PAIRS; pair++)); do
   done
 done
 ((${#labels[@]} > 0)) || { echo "side_by_side: no run succeeded" >&2; exit 1; }
+
+if [[ $PROBE == overhead ]]; then
+  # overhead.sh prints one line per run: "OVERHEAD label=... req_s=... fe_cpu_ms_per_req=... | config".
+  python3 - "$OUT" "${labels[@]}" << 'EOF' | tee "$OUT/ratios.md"
+import os, sys
+out, labels = sys.argv[1], sys.argv[2:]
+runs = {}  # (pair, mode) -> {stack: fields}
+for label in labels:
+    line = open(os.path.join(out, label, "overhead.txt")).read().split("|")[0].split()
+    fields = dict(kv.split("=", 1) for kv in line[1:])
+    _, _, pair, stack, mode = label.split("-", 4)
+    runs.setdefault((int(pair[1:]), mode), {})[stack] = fields
+f = lambda r, k: float(r[k])
+print("| pair | mode | req/s ours / Dynamo | latency p50 ms ours / Dynamo | frontend CPU ms per request ours / Dynamo | req/s ratio | CPU ratio |")
+print("|---|---|---|---|---|---|---|")
+for (pair, mode), s in sorted(runs.items()):
+    if "ours" in s and "dynamo" in s:
+        o, d = s["ours"], s["dynamo"]
+        print(f"| {pair} | {mode} | {f(o, 'req_s'):.0f} / {f(d, 'req_s'):.0f} | {f(o, 'lat_p50_ms'):.2f} / {f(d, 'lat_p50_ms'):.2f} "
+              f"| {f(o, 'fe_cpu_ms_per_req'):.2f} / {f(d, 'fe_cpu_ms_per_req'):.2f} "
+              f"| {f(o, 'req_s') / f(d, 'req_s'):.2f} | {f(o, 'fe_cpu_ms_per_req') / f(d, 'fe_cpu_ms_per_req'):.2f} |")
+EOF
+  echo "side_by_side: results in $OUT" >&2
+  exit 0
+fi
 
 # This run's rows of the kit's summary, the kit's table, then ours/Dynamo per pair.
 python3 - "$DYNREF/results/summary.tsv" "$OUT/summary.tsv" "${labels[@]}" << 'EOF'

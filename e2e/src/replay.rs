@@ -937,11 +937,12 @@ pub(crate) mod tests {
             let counts: Vec<usize> = r.turns.iter().map(|t| t.requests).collect();
             assert_eq!(counts, [6, 6, 6, 6, 18]);
             assert!(r.turns.iter().all(|t| t.errors == 0));
-            // One engine with room for everything: the 6 first turns are prefilled in
-            // the same step, so none finds the system prompt cached; turn k+1 finds
-            // every full block of turn k's prompt (132, 180, 228 tokens) and no more.
+            // One engine with room for everything: the 6 first turns (132 tokens) are
+            // prefilled in the same step, where the 5 scheduled after the first share
+            // its 2 blocks of system prompt; turn k+1 finds every full block of turn k's
+            // prompt (132, 180, 228 tokens) and no more.
             let hit = |t: usize| r.turns[t].kv_hit_rate.unwrap();
-            assert_eq!(hit(0), 0.0);
+            assert_eq!(hit(0), 5.0 * 32.0 / (6.0 * 132.0));
             assert_eq!(hit(1), 128.0 / 180.0);
             assert_eq!(hit(2), 176.0 / 228.0);
             assert_eq!(hit(3), 224.0 / 276.0);

@@ -450,6 +450,14 @@ impl Router {
             st.core.expect_output(request, job.output_blocks);
         }
         let endpoint = &st.endpoints[&decision.worker].spec;
+        tracing::debug!(
+            pod = %endpoint.address,
+            role = endpoint.role.as_str(),
+            cost = decision.cost,
+            credited_overlap = decision.credited_overlap,
+            prompt_blocks = job.hashes.len(),
+            "picked"
+        );
         self.metrics
             .picks
             .get_or_create(&vec![

@@ -43,6 +43,7 @@ fn decision(c: &mut Criterion) {
             worker: WorkerId(pod),
             prefill_blocks: (pod * 37) % 50,
             decode_blocks: (pod * 101) % 400,
+            shared_prefix_blocks: 0,
         });
     }
     let config = SchedulerConfig::default();

@@ -41,6 +41,11 @@ pub struct WorkerLoad {
     pub prefill_blocks: u64,
     /// Blocks held by requests in flight (prefilling or decoding), each once.
     pub decode_blocks: u64,
+    /// Leading blocks of the prompt being placed that this router's requests in flight on
+    /// the pod hold (set by [`LoadTracker::potential`], else 0). The engine shares them
+    /// rather than computing them again, even those it has only scheduled: vLLM caches a
+    /// block when it allocates it, before the step computes it (`allocate_slots`).
+    pub shared_prefix_blocks: u64,
 }
 
 impl WorkerLoad {
@@ -49,6 +54,7 @@ impl WorkerLoad {
             worker,
             prefill_blocks: 0,
             decode_blocks: 0,
+            shared_prefix_blocks: 0,
         }
     }
 
@@ -257,13 +263,14 @@ impl LoadTracker {
             worker,
             prefill_blocks: pod.prefill,
             decode_blocks: pod.held.distinct() + pod.untracked + pod.output,
+            shared_prefix_blocks: 0,
         }
     }
 
     /// `worker`'s load were `prompt` sent to it: its decode load grows by the prompt's
     /// blocks that its requests in flight do not hold already (Dynamo's "potential active
     /// blocks"), so a pod already serving the prefix costs less than one that would hold
-    /// a second copy of it.
+    /// a second copy of it; and those held blocks are the prompt's shared prefix there.
     pub fn potential(&self, worker: WorkerId, prompt: &[SeqHash]) -> WorkerLoad {
         let mut load = self.load(worker);
         let held = self.pods.get(&worker).map_or(0, |p| {
@@ -272,6 +279,7 @@ impl LoadTracker {
             prompt.partition_point(|b| p.held.0.contains_key(b))
         });
         load.decode_blocks += (prompt.len() - held) as u64;
+        load.shared_prefix_blocks = held as u64;
         load
     }
 
@@ -402,8 +410,13 @@ mod tests {
         // The pod holds the request's 10 blocks; the prefix is not counted twice.
         assert_eq!(t.potential(W, &next).decode_blocks, 10 + 4);
         assert_eq!(t.potential(WorkerId(9), &next).decode_blocks, 12);
+        // The engine shares the held prefix with the next request.
+        assert_eq!(t.potential(W, &next).shared_prefix_blocks, 8);
+        assert_eq!(t.potential(WorkerId(9), &next).shared_prefix_blocks, 0);
         t.on_first_token(RequestId(1)).unwrap();
         assert_eq!(t.potential(W, &next).decode_blocks, 10 + 4);
+        t.on_finish(RequestId(1)).unwrap();
+        assert_eq!(t.potential(W, &next).shared_prefix_blocks, 0);
     }
 
     #[test]
@@ -450,7 +463,8 @@ mod tests {
             WorkerLoad {
                 worker: W,
                 prefill_blocks: 2,
-                decode_blocks: 10
+                decode_blocks: 10,
+                shared_prefix_blocks: 0,
             }
         );
         t.on_finish(RequestId(3)).unwrap();

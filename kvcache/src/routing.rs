@@ -108,7 +108,14 @@ impl RoutingCore {
         let prompt_blocks = prompt.len() as u64;
         let loads: Vec<_> = candidates
             .iter()
-            .map(|&w| self.load.potential(w, prompt))
+            .map(|&w| {
+                let mut load = self.load.potential(w, prompt);
+                if side == Side::Decode {
+                    // No overlap credit on a decode engine (above), shared prefix included.
+                    load.shared_prefix_blocks = 0;
+                }
+                load
+            })
             .collect();
         let scheduler = match side {
             Side::Prefill => &mut self.prefill_scheduler,
@@ -247,6 +254,59 @@ mod tests {
             ),
             Err(PickError::Schedule(ScheduleError::NoWorkers))
         ));
+    }
+
+    #[test]
+    fn a_prefix_in_flight_on_a_pod_counts_as_cached_there_before_the_index_knows() {
+        let mut c = core(RouterMode::Kv);
+        let (w0, w1) = (WorkerId(0), WorkerId(1));
+        let with_prefix = |tail: u64| [prompt(8), vec![SeqHash(tail), SeqHash(tail + 1)]].concat();
+        let other = |first: u64| (first..first + 10).map(SeqHash).collect::<Vec<_>>();
+        let none = OverlapScores::default();
+        // Pod 0 decodes a request of the prefix and an unrelated one; pod 1 one unrelated.
+        for (id, worker, p) in [
+            (1, w0, with_prefix(100)),
+            (2, w0, other(200)),
+            (3, w1, other(300)),
+        ] {
+            c.pick(
+                Side::Aggregated,
+                &none,
+                &[worker],
+                RequestId(id),
+                &p,
+                Duration::ZERO,
+            )
+            .unwrap();
+            c.first_token(RequestId(id));
+        }
+        // The index has heard nothing yet. Pod 0 shares the 8-block prefix: 2 blocks to
+        // prefill, 2 more held: 2 * 2 + 22 = 26, against pod 1's 2 * 10 + 20 = 40 (it would
+        // be 2 * 10 + 22 = 42 without the shared prefix).
+        let d = c
+            .pick(
+                Side::Aggregated,
+                &none,
+                &[w0, w1],
+                RequestId(4),
+                &with_prefix(400),
+                Duration::ZERO,
+            )
+            .unwrap();
+        assert_eq!((d.worker, d.cost, d.credited_overlap), (w0, 26.0, 8.0));
+        assert_eq!(c.load().load(w0).prefill_blocks, 2);
+        // A decode engine gets no overlap credit, a shared prefix included.
+        let d = c
+            .pick(
+                Side::Decode,
+                &none,
+                &[w0],
+                RequestId(5),
+                &with_prefix(500),
+                Duration::ZERO,
+            )
+            .unwrap();
+        assert_eq!(d.credited_overlap, 0.0);
     }
 
     #[test]

@@ -129,9 +129,12 @@ pub fn cost(
     prompt_blocks: u64,
     config: &SchedulerConfig,
 ) -> (f64, f64) {
-    // The overlap comes from this very prompt, so it cannot exceed it.
+    // A prefix that requests in flight on the pod hold is shared there like a cached one
+    // (on the GPU, full credit), whether or not the index has heard of it yet. The overlap
+    // comes from this very prompt, so it cannot exceed it.
     let credited = overlap
         .credited(&config.tier_credits)
+        .max(load.shared_prefix_blocks as f64)
         .min(prompt_blocks as f64);
     let prefill = (load.prefill_blocks as f64 + prompt_blocks as f64 - credited).max(0.0);
     (
@@ -285,6 +288,7 @@ mod tests {
             worker: WorkerId(id),
             prefill_blocks: prefill,
             decode_blocks: decode,
+            shared_prefix_blocks: 0,
         }
     }
 

@@ -13,8 +13,14 @@
 //!    Blocks onboarded from the sidecar before submission extend that prefix on the
 //!    first admission: they get fresh blocks and are registered as if computed.
 //!
-//! After the step, computed full blocks are registered in the cache, and a sequence
-//! whose every known token is computed samples one new token.
+//! A scheduled chunk's full blocks are registered in the prefix cache as soon as it is
+//! scheduled, before the step computes them, as vLLM's `KVCacheManager.allocate_slots`
+//! does (`cache_blocks` up to the computed plus the new tokens): a request admitted later
+//! in the same step finds the prefix an earlier one is computing in it and shares those
+//! blocks instead of computing them again (Dynamo 1.6.1's mocker does the same: three
+//! requests of one 2,048-token prefix at once on one engine reuse 2,048 tokens each but
+//! the first). After the step, a sequence whose every known token is computed samples
+//! one new token.
 
 use std::collections::{HashMap, VecDeque};
 use std::ops::Range;
@@ -343,6 +349,7 @@ impl Scheduler {
             seq.blocks.extend(new_blocks);
             let is_prefill =
                 !(n == 1 && seq.outputs() > 0 && seq.num_computed + 1 == seq.tokens.len());
+            self.cache_scheduled(id, n);
             batch.scheduled.push(Scheduled {
                 id,
                 num_tokens: n,
@@ -362,6 +369,7 @@ impl Scheduler {
                 };
                 self.waiting.pop_front();
                 self.running.push(id);
+                self.cache_scheduled(id, s.num_tokens);
                 budget -= s.num_tokens;
                 batch.scheduled.push(s);
             }
@@ -466,6 +474,28 @@ impl Scheduler {
         })
     }
 
+    /// Registers the full blocks that `id`'s next `n` tokens complete, from the moment
+    /// they are scheduled (vLLM's `allocate_slots`; see the module's notes).
+    fn cache_scheduled(&mut self, id: RequestId, n: usize) {
+        if !self.limits.enable_prefix_caching {
+            return;
+        }
+        let bs = self.pool.block_size();
+        let seq = self.seqs.get_mut(&id).expect("scheduled sequence exists");
+        let full = (seq.num_computed + n) / bs;
+        if full > seq.num_committed {
+            let from = seq.num_committed;
+            self.pool.commit_full(
+                &seq.blocks[from..full],
+                &seq.hashes[from..full],
+                from.checked_sub(1).map(|p| seq.hashes[p]),
+                &seq.tokens[from * bs..full * bs],
+            );
+            pin_prompt(&mut self.pool, seq, from..full, bs);
+            seq.num_committed = full;
+        }
+    }
+
     fn preempt(&mut self, id: RequestId) {
         let seq = self.seqs.get_mut(&id).expect("preempted sequence exists");
         self.pool.free(seq.blocks.drain(..).rev());
@@ -476,29 +506,15 @@ impl Scheduler {
         self.waiting.push_front(id);
     }
 
-    /// Applies a step that ended at `end_ms`: advances, caches (pins count from then),
-    /// samples and finishes.
+    /// Applies a step that ended at `end_ms`: advances, samples and finishes.
     pub fn complete(&mut self, batch: &Batch, end_ms: f64) -> StepTokens {
         let mut out = StepTokens::default();
-        let bs = self.pool.block_size();
         self.pool.set_now(end_ms);
         for s in &batch.scheduled {
             let seq = self.seqs.get_mut(&s.id).expect("scheduled sequence exists");
             seq.num_computed += s.num_tokens;
             if s.is_prefill {
                 self.counters.prefill_tokens += s.num_tokens as u64;
-            }
-            let full = seq.num_computed / bs;
-            if self.limits.enable_prefix_caching && full > seq.num_committed {
-                let from = seq.num_committed;
-                self.pool.commit_full(
-                    &seq.blocks[from..full],
-                    &seq.hashes[from..full],
-                    from.checked_sub(1).map(|p| seq.hashes[p]),
-                    &seq.tokens[from * bs..full * bs],
-                );
-                pin_prompt(&mut self.pool, seq, from..full, bs);
-                seq.num_committed = full;
             }
             if seq.num_computed < seq.tokens.len() {
                 continue; // a prefill chunk with more to come

@@ -118,6 +118,63 @@ fn a_fully_cached_prompt_still_computes_its_last_token() {
 }
 
 #[test]
+fn requests_scheduled_together_share_the_prefix_the_first_computes() {
+    // Three prompts of one 96-token prefix and 4 tokens each of their own, all waiting
+    // for the same step: the first computes the prefix, the others take its blocks as
+    // they are scheduled (vLLM caches blocks when it allocates them, before the step).
+    let mut e = Engine::simulated(config(64, 16)).unwrap();
+    let prefix = prompt(1, 96);
+    for id in 1..=3u32 {
+        let mut p = prefix.clone();
+        p.extend(1000 * id..1000 * id + 4);
+        e.submit(req(u64::from(id), p, 2)).unwrap();
+    }
+    let steps = drain(&mut e);
+    assert_eq!(steps[0].work.prefill_seqs, 3);
+    assert_eq!(steps[0].work.prefill_tokens, 100 + 4 + 4);
+    let expected: Vec<u64> = e.hasher().seq_hashes(&prefix).iter().map(|h| h.0).collect();
+    assert_eq!(stored_hashes(&steps), expected, "the prefix is stored once");
+    let cached: Vec<usize> = steps
+        .iter()
+        .flat_map(|s| &s.finished)
+        .map(|f| f.cached_prompt_tokens)
+        .collect();
+    assert_eq!(cached, [0, 96, 96]);
+    // The one step computed all three prompts: their first tokens come together.
+    assert_eq!(ttft(&steps, 2), ttft(&steps, 1));
+    assert_eq!(ttft(&steps, 3), ttft(&steps, 1));
+}
+
+#[test]
+fn a_copy_shares_the_chunk_computed_in_its_own_first_step() {
+    // A 160-token prompt (10 blocks of 16) in chunks of at most 96 tokens, and a copy
+    // behind it. Step 1 computes the first 96 tokens; in step 2 the original's last 64
+    // are scheduled first, so the copy finds 9 blocks (all but the one holding its last
+    // token, which it must compute to sample from) and computes only 16 tokens.
+    let mut e = Engine::simulated(EngineConfig {
+        max_num_batched_tokens: 96,
+        ..config(64, 16)
+    })
+    .unwrap();
+    let p = prompt(1, 160);
+    e.submit(req(1, p.clone(), 1)).unwrap();
+    e.submit(req(2, p, 1)).unwrap();
+    let first = e.step();
+    assert_eq!(
+        (first.work.prefill_seqs, first.work.prefill_tokens),
+        (1, 96)
+    );
+    let second = e.step();
+    assert_eq!(
+        (second.work.prefill_seqs, second.work.prefill_tokens),
+        (2, 64 + 16)
+    );
+    assert_eq!(e.metrics().counters.prefix_cache_hits, 144);
+    let steps = [first, second];
+    assert_eq!(ttft(&steps, 2), ttft(&steps, 1));
+}
+
+#[test]
 fn filling_the_pool_evicts_least_recently_used_blocks() {
     let mut e = Engine::simulated(config(8, 4)).unwrap();
     let a = prompt(100, 16);

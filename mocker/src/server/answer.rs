@@ -24,7 +24,7 @@ use tokio_stream::wrappers::{ReceiverStream, UnboundedReceiverStream};
 use tokio_stream::{StreamExt, StreamMap};
 
 use super::engine_loop::GenEvent;
-use super::http::{AppState, response_id, submit, unix_now};
+use super::http::{AppState, response_id, unix_now};
 use super::model_output::Script;
 use super::output_vocab::OutputVocab;
 use super::sampling::{ChoiceText, Piece, Sampling, position_logprobs};
@@ -101,13 +101,9 @@ pub(super) struct Answer {
     lend: Option<String>,
     choices: Vec<Choice>,
     events: StreamMap<u32, UnboundedReceiverStream<GenEvent>>,
-    /// Whether the choices after the first were submitted: they are once the first has
-    /// its first token, its prompt's blocks then being in the prefix cache, so that they
-    /// compute only their own tokens. (vLLM v1 caches a block when it allocates it, and
-    /// so serves a request's parallel samples from one prefill in the same step; this
-    /// engine caches blocks once computed, so siblings admitted in one step would each
-    /// compute the prompt.)
-    later_submitted: bool,
+    /// An event has come from the engine: the first one opens a stream even when its
+    /// text is held back.
+    heard: bool,
     /// A stream has sent its opening chunks.
     opened: bool,
     /// What every choice says first (the same for all).
@@ -115,20 +111,21 @@ pub(super) struct Answer {
 }
 
 impl Answer {
-    /// The answer to `req`, its first choice submitted as `first`.
+    /// The answer to `req`, whose choices were submitted as `submitted`, in order.
     pub(super) fn new(
         state: Arc<AppState>,
         req: PreparedRequest,
         sampling: Sampling,
         plans: Vec<ChoicePlan>,
-        first: (RequestId, mpsc::UnboundedReceiver<GenEvent>),
+        submitted: Vec<(RequestId, mpsc::UnboundedReceiver<GenEvent>)>,
         lend: Option<String>,
         script: Script,
     ) -> Self {
         let choices = plans
             .into_iter()
-            .map(|plan| Choice {
-                key: plan.seed.unwrap_or(first.0),
+            .zip(&submitted)
+            .map(|(plan, &(id, _))| Choice {
+                key: plan.seed.unwrap_or(id),
                 plan,
                 text: ChoiceText::default(),
                 collected: Piece {
@@ -140,11 +137,13 @@ impl Answer {
             })
             .collect();
         let id = match req.endpoint {
-            Endpoint::Chat => response_id("chatcmpl", state.id_salt, first.0),
-            Endpoint::Completions => response_id("cmpl", state.id_salt, first.0),
+            Endpoint::Chat => response_id("chatcmpl", state.id_salt, submitted[0].0),
+            Endpoint::Completions => response_id("cmpl", state.id_salt, submitted[0].0),
         };
         let mut events = StreamMap::new();
-        events.insert(0, UnboundedReceiverStream::new(first.1));
+        for (index, (_, receiver)) in submitted.into_iter().enumerate() {
+            events.insert(index as u32, UnboundedReceiverStream::new(receiver));
+        }
         Self {
             state,
             endpoint: req.endpoint,
@@ -157,21 +156,10 @@ impl Answer {
             lend,
             choices,
             events,
-            later_submitted: false,
+            heard: false,
             opened: false,
             script,
         }
-    }
-
-    async fn submit_later(&mut self) -> Result<(), ApiError> {
-        for index in 1..self.choices.len() {
-            let plan = self.choices[index].plan;
-            let (id, events) = submit(&self.state, self.prompt.clone(), &plan, None).await?;
-            self.choices[index].key = plan.seed.unwrap_or(id);
-            self.events
-                .insert(index as u32, UnboundedReceiverStream::new(events));
-        }
-        Ok(())
     }
 
     /// What a choice hands out next; `None` once every choice has ended.
@@ -185,13 +173,7 @@ impl Answer {
                     ))
                 });
             };
-            let first = !self.later_submitted;
-            if first {
-                self.later_submitted = true;
-                if let Err(e) = self.submit_later().await {
-                    return Some(Err(e));
-                }
-            }
+            let first = !std::mem::replace(&mut self.heard, true);
             let vocab = &self.state.vocab;
             let choice = &mut self.choices[index as usize];
             match event {

@@ -66,7 +66,7 @@ pub struct EngineHandle {
 
 impl EngineHandle {
     /// Queues a request; its tokens arrive on the returned receiver. Dropping the
-    /// receiver cancels the request. `pin_ttl` pins its prompt's blocks once computed
+    /// receiver cancels the request. `pin_ttl` pins its prompt's blocks once cached
     /// (`nvext.cache_control`). A request that `onboarded` its prompt's blocks already
     /// (from a remote prefill) does not look in the sidecar's tiers.
     pub async fn submit(

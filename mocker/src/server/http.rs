@@ -319,9 +319,14 @@ async fn generate(
     };
     // Only a whole answer can wait for the lend: vLLM's proxies ask `stream: false`.
     let lend = asked.lend_as.filter(|_| !req.stream);
-    let first = submit(&state, req.token_ids.clone(), &plans[0], onboarded).await?;
+    let mut submitted = vec![submit(&state, req.token_ids.clone(), &plans[0], onboarded).await?];
+    // The other choices share the first's prompt blocks, which the engine caches as it
+    // schedules them: vLLM serves parallel samples from one prefill the same way.
+    for plan in &plans[1..] {
+        submitted.push(submit(&state, req.token_ids.clone(), plan, None).await?);
+    }
     let stream = req.stream;
-    let answer = Answer::new(state, req, sampling, plans, first, lend, script);
+    let answer = Answer::new(state, req, sampling, plans, submitted, lend, script);
     if stream {
         Ok(answer.stream())
     } else {

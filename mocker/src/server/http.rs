@@ -370,7 +370,7 @@ fn choice_plan(req: &PreparedRequest, limited: bool, choice: u32, script: &Scrip
 }
 
 /// Queues one choice of a request in the engine; its tokens arrive on the receiver.
-pub(super) async fn submit(
+async fn submit(
     state: &AppState,
     tokens: Vec<u32>,
     plan: &ChoicePlan,

@@ -29,6 +29,13 @@ fn container<'a>(pod: &'a Pod, name: &str) -> &'a Container {
     spec.containers.iter().find(|c| c.name == name).unwrap()
 }
 
+/// The injected sidecar: a native sidecar, among the init containers.
+fn injected_sidecar(pod: &Pod) -> &Container {
+    let spec = pod.spec.as_ref().unwrap();
+    let mut inits = spec.init_containers.iter().flatten();
+    inits.find(|c| c.name == "sidecar").unwrap()
+}
+
 fn argv(c: &Container) -> Vec<String> {
     let mut argv = c.command.clone().unwrap_or_default();
     argv.extend(c.args.clone().unwrap_or_default());
@@ -61,7 +68,7 @@ fn decode_pods_accept_the_prefill_pods_their_peers_service_resolves_to() {
         let selected = selector.iter().all(|(k, v)| label(pod, k) == v);
         assert_eq!(selected, role == "prefill", "{role} pod");
 
-        let config = sidecar(&argv(container(pod, "sidecar")));
+        let config = sidecar(&argv(injected_sidecar(pod)));
         let expected: &[&str] = match role {
             "decode" => &["dns:disagg-mocker-prefill-peers.inference.svc.cluster.local:8000"],
             _ => &[],

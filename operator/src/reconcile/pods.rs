@@ -1,6 +1,6 @@
 //! Engine pods: the `main` container with the service's defaults merged in, the injected
-//! `sidecar`, shared memory, volumes, security contexts, and the per-replica and per-rank
-//! parts of a gang.
+//! `sidecar` (a native sidecar: an init container that keeps running), shared memory,
+//! volumes, security contexts, and the per-replica and per-rank parts of a gang.
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -113,8 +113,20 @@ pub(crate) fn engine_template(
             .filter(|c| c.name != MAIN && c.name != SIDECAR)
             .cloned(),
     );
-    containers.push(sidecar);
     pod_spec.containers = containers;
+    // The sidecar goes last among the init containers: the user's run first, as they
+    // would without it, and prepare what it reads (the model under `HF_HOME`, the disk
+    // tier's directory, a volume's permissions); a native sidecar of theirs (a mesh proxy)
+    // is then up before ours and stops after it. Ours is up before `main` all the same.
+    let mut init_containers: Vec<Container> = pod_spec
+        .init_containers
+        .take()
+        .into_iter()
+        .flatten()
+        .filter(|c| c.name != SIDECAR)
+        .collect();
+    init_containers.push(sidecar);
+    pod_spec.init_containers = Some(init_containers);
 
     let mut labels = g.service_labels(service, spec);
     if let Some(meta) = &spec.extra_pod_metadata {
@@ -513,6 +525,15 @@ fn own_kv_disk<'a>(engine: &'a EngineService, sidecar: &Container) -> Option<&'a
 /// tiers it writes its disk tier (to the deepest of those volumes holding the directory,
 /// else to a volume of its own) and reaches the object tier with the service's `AWS_*`
 /// settings and `envFromSecret`.
+///
+/// A native sidecar (KEP-753; on by default since Kubernetes 1.29, GA in 1.33): an init
+/// container with `restartPolicy: Always`. The kubelet starts it before `main` and stops
+/// it only after `main` has exited, so the engine never runs without its proxy and KV
+/// event relay, not even while it shuts down; it restarts on its own, and its readiness
+/// counts toward the pod's Ready. Services' named target ports (`http`) and the
+/// PodMonitor's `metrics` port find its ports as they did in `containers`. No startup
+/// probe: `main` starts once the sidecar's process runs, and a probe would hold the engine
+/// back for as long as the sidecar re-indexes a large disk tier before it listens.
 fn sidecar_container(
     g: &Graph,
     service: &str,
@@ -618,9 +639,13 @@ fn sidecar_container(
             ..ResourceRequirements::default()
         }),
         security_context: Some(restricted_container()),
+        restart_policy: Some(SIDECAR_RESTART_POLICY.into()),
         ..Container::default()
     }
 }
+
+/// What makes an init container a native sidecar.
+const SIDECAR_RESTART_POLICY: &str = "Always";
 
 /// Container fields of the Pod Security Standards "restricted" profile
 /// (kubernetes.io/docs/concepts/security/pod-security-standards): no privilege escalation,
@@ -875,6 +900,15 @@ mod tests {
             .unwrap_or_else(|| panic!("no container {name}"))
     }
 
+    /// The injected sidecar, where it belongs: among the init containers.
+    fn sidecar(spec: &PodSpec) -> &Container {
+        spec.init_containers
+            .iter()
+            .flatten()
+            .find(|c| c.name == SIDECAR)
+            .expect("no sidecar init container")
+    }
+
     fn context(c: &Container) -> Value {
         serde_json::to_value(&c.security_context).unwrap()
     }
@@ -915,9 +949,11 @@ mod tests {
         );
         let pod = d.pods[0].spec.as_ref().unwrap();
         assert_eq!(pod_context(pod), runtime_default());
-        for (name, binary) in [("main", "dynamo-mocker"), ("sidecar", "dynamo-sidecar")] {
-            let c = container(pod, name);
-            assert_eq!(context(c), restricted(), "{name}");
+        for (c, binary) in [
+            (container(pod, "main"), "dynamo-mocker"),
+            (sidecar(pod), "dynamo-sidecar"),
+        ] {
+            assert_eq!(context(c), restricted(), "{}", c.name);
             assert_eq!(c.command.as_ref().unwrap()[0], binary);
             assert_eq!(c.image.as_deref(), Some(super::super::DEFAULT_IMAGE));
         }
@@ -928,6 +964,105 @@ mod tests {
             container(epp, "epp").command.as_deref(),
             Some(&["dynamo-epp".to_string()][..])
         );
+    }
+
+    fn names(containers: &[Container]) -> Vec<&str> {
+        containers.iter().map(|c| c.name.as_str()).collect()
+    }
+
+    #[test]
+    fn the_sidecar_is_a_native_sidecar_after_the_users_init_containers() {
+        let d = desired(
+            "mocker",
+            json!({"worker": {"componentType": "worker", "replicas": 1, "extraPodSpec": {
+            "initContainers": [
+                {"name": "fetch-model", "image": "busybox"},
+                {"name": "mesh-proxy", "image": "proxy", "restartPolicy": "Always"},
+                {"name": "sidecar", "image": "theirs"},
+            ],
+            "containers": [
+                {"name": "log-shipper", "image": "fluent-bit"},
+                {"name": "sidecar", "image": "theirs"},
+            ]}}}),
+        );
+        let pod = d.pods[0].spec.as_ref().unwrap();
+        let inits = pod.init_containers.as_deref().unwrap();
+        // Theirs first, in their order and as they wrote them; ours replaces one named
+        // like it and is last, so it is up before `main` and after what they prepare.
+        assert_eq!(names(inits), ["fetch-model", "mesh-proxy", "sidecar"]);
+        assert_eq!(inits[0].restart_policy, None);
+        assert_eq!(inits[1].restart_policy.as_deref(), Some("Always"));
+        let ours = sidecar(pod);
+        assert_eq!(ours.restart_policy.as_deref(), Some("Always"));
+        assert_eq!(ours.image.as_deref(), Some(super::super::DEFAULT_IMAGE));
+        assert_eq!(ours.command.as_ref().unwrap()[0], "dynamo-sidecar");
+        // `main` has no twin of it among the regular containers.
+        assert_eq!(names(&pod.containers), ["main", "log-shipper"]);
+        assert!(
+            pod.containers.iter().all(|c| c
+                .command
+                .iter()
+                .flatten()
+                .all(|w| w != "dynamo-sidecar")),
+            "{:?}",
+            pod.containers
+        );
+        // Everything else about it as before: the named ports Services and the
+        // PodMonitor target, the probes that gate the pod's readiness.
+        let ports: Vec<(Option<&str>, i32)> = ours
+            .ports
+            .iter()
+            .flatten()
+            .map(|p| (p.name.as_deref(), p.container_port))
+            .collect();
+        assert_eq!(
+            ports,
+            [
+                (Some("http"), 8000),
+                (Some("grpc"), 9100),
+                (Some(METRICS_PORT_NAME), 9090)
+            ]
+        );
+        let get = |probe: &Option<Probe>| {
+            let action = probe.as_ref().unwrap().http_get.as_ref().unwrap();
+            (action.path.clone().unwrap(), action.port.clone())
+        };
+        assert_eq!(
+            get(&ours.readiness_probe),
+            ("/ready".into(), IntOrString::Int(9090))
+        );
+        assert_eq!(
+            get(&ours.liveness_probe),
+            ("/health".into(), IntOrString::Int(9090))
+        );
+        assert_eq!(ours.startup_probe, None);
+    }
+
+    #[test]
+    fn every_pod_of_a_gang_gets_its_own_native_sidecar() {
+        let d = desired(
+            "vllm",
+            json!({"decode": {"componentType": "worker", "subComponentType": "decode",
+                "replicas": 1, "multinode": {"nodeCount": 2},
+                "resources": {"limits": {"gpu": "8"}},
+                "extraPodSpec": {"mainContainer": {"command": ["vllm", "serve", "m"]}}}}),
+        );
+        assert_eq!(d.pods.len(), 2, "one pod per rank");
+        for pod in &d.pods {
+            let spec = pod.spec.as_ref().unwrap();
+            let name = pod.metadata.name.as_deref().unwrap();
+            assert_eq!(
+                names(spec.init_containers.as_deref().unwrap()),
+                ["sidecar"],
+                "{name}"
+            );
+            assert_eq!(
+                sidecar(spec).restart_policy.as_deref(),
+                Some("Always"),
+                "{name}"
+            );
+            assert_eq!(names(&spec.containers), ["main"], "{name}");
+        }
     }
 
     #[test]
@@ -948,7 +1083,7 @@ mod tests {
         // Only no_new_privs: vLLM's image runs as root and writes ~/.cache and /tmp.
         let engine = json!({"allowPrivilegeEscalation": false});
         assert_eq!(context(container(pod, "main")), engine);
-        assert_eq!(context(container(pod, "sidecar")), restricted());
+        assert_eq!(context(sidecar(pod)), restricted());
         let planner = deployment(&d, "g-planner");
         assert_eq!(pod_context(planner), runtime_default());
         assert_eq!(context(container(planner, "main")), engine);
@@ -984,7 +1119,7 @@ mod tests {
             })
         );
         // The injected sidecar is ours alone.
-        assert_eq!(context(container(pod, "sidecar")), restricted());
+        assert_eq!(context(sidecar(pod)), restricted());
         let mut epp = restricted();
         epp["readOnlyRootFilesystem"] = json!(false);
         assert_eq!(context(container(deployment(&d, "g-epp"), "epp")), epp);
@@ -1014,7 +1149,7 @@ mod tests {
                 ("DYN_KVBM_CPU_CACHE_GB", "2"), ("DYN_KVBM_DISK_CACHE_GB", "10")])}}),
         );
         let pod = d.pods[0].spec.as_ref().unwrap();
-        let sidecar = container(pod, "sidecar");
+        let sidecar = sidecar(pod);
         let command = sidecar.command.as_ref().unwrap().join(" ");
         assert!(
             command.ends_with(
@@ -1064,7 +1199,7 @@ mod tests {
             json!({"worker": {"componentType": "worker", "replicas": 1}}),
         );
         let pod = d.pods[0].spec.as_ref().unwrap();
-        let sidecar = container(pod, "sidecar");
+        let sidecar = sidecar(pod);
         assert!(
             !sidecar
                 .command
@@ -1096,7 +1231,7 @@ mod tests {
                 "extraPodSpec": {"mainContainer": {"command": ["vllm", "serve", "Qwen/Qwen3-0.6B"]}}}}),
         );
         let pod = d.pods[0].spec.as_ref().unwrap();
-        let sidecar = container(pod, "sidecar");
+        let sidecar = sidecar(pod);
         let command = sidecar.command.as_ref().unwrap().join(" ");
         assert!(
             command.ends_with(
@@ -1141,7 +1276,7 @@ mod tests {
             ]}}),
         );
         let pod = d.pods[0].spec.as_ref().unwrap();
-        let sidecar = container(pod, "sidecar");
+        let sidecar = sidecar(pod);
         let command = sidecar.command.as_ref().unwrap().join(" ");
         assert!(
             command.ends_with(

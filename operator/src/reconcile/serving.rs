@@ -912,7 +912,14 @@ mod tests {
         for (meta, spec) in templates.chain(pods) {
             let labels = meta.labels.unwrap_or_default();
             assert_eq!(labels.get(labels::GRAPH).map(String::as_str), Some("g"));
-            let scraped = spec.containers.iter().find(|c| {
+            // Prometheus' pod discovery lists init containers' ports too; of those, only a
+            // native sidecar's (`restartPolicy: Always`) outlives the pod's start.
+            let sidecars = spec
+                .init_containers
+                .iter()
+                .flatten()
+                .filter(|c| c.restart_policy.as_deref() == Some("Always"));
+            let scraped = spec.containers.iter().chain(sidecars).find(|c| {
                 c.ports
                     .iter()
                     .flatten()

@@ -159,6 +159,7 @@ pub struct Component {
     pub epp_config: Option<EppConfig>,
     /// Name of the container of `podTemplate` that runs Dynamo's frontend beside the engine.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = MAX_CONTAINER_NAME))]
     pub frontend_sidecar: Option<String>,
     /// A claim mounted as the engine's compilation cache.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -195,6 +196,18 @@ pub enum ComponentType {
     Default,
 }
 
+/// Bounds of a component's pod template. The API server estimates a CEL rule's cost from
+/// the largest list and map the schema allows, and refuses the CRD when a rule could cost
+/// more than its budget: the rules that look for `main`'s GPU and the frontend container
+/// walk `containers` and each one's resource names, so both are bounded. Measured on
+/// kube-apiserver v1.36: 64 containers x 256 names or 256 x 32 are accepted, 1024 x 32 or
+/// 64 x 1024 refused; 32 x 32 leaves the budget room for later rules.
+pub const MAX_CONTAINERS: usize = 32;
+/// Resource names in a container's `limits` (or `requests`).
+pub const MAX_RESOURCE_NAMES: usize = 32;
+/// A container's name is a DNS label.
+pub const MAX_CONTAINER_NAME: usize = 63;
+
 /// A Kubernetes PodTemplateSpec. Only what the schema checks is spelled out; every other
 /// field is kept as written and checked by the API server when the pods are created.
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
@@ -224,9 +237,10 @@ pub struct PodTemplateMetadata {
 /// A Kubernetes PodSpec; every field but `containers` is kept as written.
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 pub struct PodTemplatePodSpec {
-    /// Containers of the pod, by name: `main` (the engine, merged with the operator's
-    /// defaults) and the user's own, which must name their `image`.
+    /// Containers of the pod (at most 32), by name: `main` (the engine, merged with the
+    /// operator's defaults) and the user's own, which must name their `image`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = MAX_CONTAINERS))]
     #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["name"]))]
     pub containers: Option<Vec<PodContainer>>,
     /// Other PodSpec fields, kept as written.
@@ -238,8 +252,8 @@ pub struct PodTemplatePodSpec {
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, KubeSchema)]
 #[x_kube(validation = kube::core::Rule::new("self.name == 'main' || has(self.image)").message("every container but main must set image (the operator fills in main's)"))]
 pub struct PodContainer {
-    /// Name of the container; `main` is the engine.
-    #[schemars(length(min = 1))]
+    /// Name of the container (a DNS label, as Kubernetes requires); `main` is the engine.
+    #[schemars(length(min = 1, max = MAX_CONTAINER_NAME))]
     pub name: String,
     /// Image of the container.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -255,11 +269,13 @@ pub struct PodContainer {
 /// A Container's ResourceRequirements.
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 pub struct ContainerResources {
-    /// Maximum amounts, by resource name.
+    /// Maximum amounts, by resource name (at most 32 names).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(extend("maxProperties" = MAX_RESOURCE_NAMES))]
     pub limits: Option<BTreeMap<String, Quantity>>,
-    /// Amounts reserved by the scheduler, by resource name.
+    /// Amounts reserved by the scheduler, by resource name (at most 32 names).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(extend("maxProperties" = MAX_RESOURCE_NAMES))]
     pub requests: Option<BTreeMap<String, Quantity>>,
     /// Other fields (e.g. `claims`), kept as written.
     #[serde(flatten)]

@@ -42,33 +42,52 @@ pub fn graph_crd() -> CustomResourceDefinition {
         "v1alpha1",
     )
     .expect("both versions share group, kind and scope");
-    crd.spec.conversion = Some(webhook_conversion(WEBHOOK_NAMESPACE, WEBHOOK_SERVICE, None));
+    crd.spec.conversion = Some(webhook_conversion(service_client_config(
+        WEBHOOK_NAMESPACE,
+        WEBHOOK_SERVICE,
+        None,
+    )));
     crd
 }
 
-/// `spec.conversion` of the DynamoGraphDeployment CRD: the webhook at
-/// `https://{service}.{namespace}.svc:443/convert`, trusted through `ca_bundle` (PEM), with
-/// `apiextensions.k8s.io/v1` ConversionReviews.
-pub fn webhook_conversion(
-    namespace: &str,
-    service: &str,
-    ca_bundle: Option<&[u8]>,
-) -> CustomResourceConversion {
+/// `spec.conversion` of the DynamoGraphDeployment CRD: the webhook `client_config` names,
+/// with `apiextensions.k8s.io/v1` ConversionReviews.
+pub fn webhook_conversion(client_config: WebhookClientConfig) -> CustomResourceConversion {
     CustomResourceConversion {
         strategy: "Webhook".into(),
         webhook: Some(WebhookConversion {
-            client_config: Some(WebhookClientConfig {
-                ca_bundle: ca_bundle.map(|pem| ByteString(pem.to_vec())),
-                service: Some(ServiceReference {
-                    name: service.into(),
-                    namespace: namespace.into(),
-                    path: Some(WEBHOOK_PATH.into()),
-                    port: Some(WEBHOOK_SERVICE_PORT),
-                }),
-                url: None,
-            }),
+            client_config: Some(client_config),
             conversion_review_versions: vec!["v1".into()],
         }),
+    }
+}
+
+/// The webhook at `https://{service}.{namespace}.svc:443/convert`, trusted through
+/// `ca_bundle` (PEM): the operator in the cluster.
+pub fn service_client_config(
+    namespace: &str,
+    service: &str,
+    ca_bundle: Option<&[u8]>,
+) -> WebhookClientConfig {
+    WebhookClientConfig {
+        ca_bundle: ca_bundle.map(|pem| ByteString(pem.to_vec())),
+        service: Some(ServiceReference {
+            name: service.into(),
+            namespace: namespace.into(),
+            path: Some(WEBHOOK_PATH.into()),
+            port: Some(WEBHOOK_SERVICE_PORT),
+        }),
+        url: None,
+    }
+}
+
+/// The webhook at `url` (https), trusted through `ca_bundle` (PEM): an operator run
+/// outside the cluster, which the API server reaches directly.
+pub fn url_client_config(url: &str, ca_bundle: &[u8]) -> WebhookClientConfig {
+    WebhookClientConfig {
+        ca_bundle: Some(ByteString(ca_bundle.to_vec())),
+        service: None,
+        url: Some(url.into()),
     }
 }
 

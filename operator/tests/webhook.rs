@@ -11,7 +11,7 @@ use axum::body::Body;
 use common::api::{FakeApi, parse_path};
 use dynamo_crds::conversion::V1ALPHA1_FIELDS;
 use dynamo_operator::controller::rbac;
-use dynamo_operator::controller::webhook::install::{INJECT_CA_FROM, Installer};
+use dynamo_operator::controller::webhook::install::{Endpoint, INJECT_CA_FROM, Installer};
 use dynamo_operator::controller::webhook::tls::{self, CertSlot, ServingCert};
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use rustls::pki_types::pem::PemObject;
@@ -214,11 +214,13 @@ const SECRET_PATH: &str = "/api/v1/namespaces/dynamo-system/secrets/hook-tls";
 fn installer(client: kube::Client, cert_manager: bool) -> Installer {
     Installer {
         client,
-        namespace: NAMESPACE.into(),
-        service: "hook".into(),
-        secret: "hook-tls".into(),
-        cert_manager,
-        cluster_domain: "cluster.local".into(),
+        endpoint: Endpoint::Service {
+            namespace: NAMESPACE.into(),
+            service: "hook".into(),
+            secret: "hook-tls".into(),
+            cert_manager,
+            cluster_domain: "cluster.local".into(),
+        },
     }
 }
 

@@ -1,17 +1,21 @@
 //! Keeps the webhook reachable: loads (or, without cert-manager, creates) the Secret with
 //! its certificate, hands it to the server, and points the DynamoGraphDeployment CRD's
-//! `spec.conversion` at the operator's Service with the CA the API server must trust.
-//! Repeated every few minutes, so a renewed certificate, a deleted Secret or a
-//! re-applied CRD are picked up without a restart.
+//! `spec.conversion` at the operator's Service with the CA the API server must trust; an
+//! operator outside the cluster instead serves a certificate made at start for the host of
+//! its `--webhook-url` and points the CRD at that URL. Repeated every few minutes, so a
+//! renewed certificate, a deleted Secret or a re-applied CRD are picked up without a
+//! restart.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context as _, bail};
 use dynamo_crds::DynamoGraphDeployment;
-use dynamo_crds::manifests::webhook_conversion;
+use dynamo_crds::manifests::{service_client_config, url_client_config, webhook_conversion};
 use k8s_openapi::api::core::v1::Secret;
-use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::{
+    CustomResourceDefinition, WebhookClientConfig,
+};
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use kube::{Client, CustomResourceExt};
 use serde_json::{Value, json};
@@ -32,13 +36,32 @@ const RETRY: Duration = Duration::from_secs(10);
 #[derive(Clone)]
 pub struct Installer {
     pub client: Client,
-    /// The operator's namespace: the Service's and the Secret's.
-    pub namespace: String,
-    pub service: String,
-    pub secret: String,
-    /// The Secret is cert-manager's, issued for a Certificate of the same name.
-    pub cert_manager: bool,
-    pub cluster_domain: String,
+    pub endpoint: Endpoint,
+}
+
+/// Who writes the CA into the CRD's `caBundle`.
+enum CaBundle {
+    /// The operator: this PEM.
+    Ours(String),
+    /// cert-manager's CA injector, from the Certificate `namespace/name`.
+    CertManager(String),
+}
+
+/// How the API server reaches the webhook.
+#[derive(Clone)]
+pub enum Endpoint {
+    /// In the cluster: through the webhook's Service, with the certificate in a Secret.
+    Service {
+        /// The operator's namespace: the Service's and the Secret's.
+        namespace: String,
+        service: String,
+        secret: String,
+        /// The Secret is cert-manager's, issued for a Certificate of the same name.
+        cert_manager: bool,
+        cluster_domain: String,
+    },
+    /// Outside the cluster: at `url`, with a certificate this process made for its host.
+    Url { url: String, cert: ServingCert },
 }
 
 impl Installer {
@@ -58,29 +81,57 @@ impl Installer {
 
     /// Loads the certificate into `slot` and points the CRD at the webhook.
     pub async fn refresh(&self, slot: &CertSlot) -> anyhow::Result<()> {
-        let cert = self.serving_cert().await?;
-        slot.set(cert.certified_key()?);
-        self.point_crd(&cert).await
+        match &self.endpoint {
+            Endpoint::Service {
+                namespace,
+                service,
+                secret,
+                cert_manager,
+                cluster_domain,
+            } => {
+                let cert = self
+                    .serving_cert(namespace, service, secret, *cert_manager, cluster_domain)
+                    .await?;
+                slot.set(cert.certified_key()?);
+                let ca = if *cert_manager {
+                    CaBundle::CertManager(format!("{namespace}/{secret}"))
+                } else {
+                    CaBundle::Ours(cert.ca)
+                };
+                self.point_crd(ca, |ca| service_client_config(namespace, service, ca))
+                    .await
+            }
+            Endpoint::Url { url, cert } => {
+                slot.set(cert.certified_key()?);
+                let ca = CaBundle::Ours(cert.ca.clone());
+                self.point_crd(ca, |ca| url_client_config(url, ca.unwrap_or_default()))
+                    .await
+            }
+        }
     }
 
-    async fn serving_cert(&self) -> anyhow::Result<ServingCert> {
-        let secrets: Api<Secret> = Api::namespaced(self.client.clone(), &self.namespace);
-        let what = format!("Secret {}/{}", self.namespace, self.secret);
-        if let Some(secret) = secrets.get_opt(&self.secret).await? {
-            return ServingCert::from_secret(&secret).with_context(|| {
+    async fn serving_cert(
+        &self,
+        namespace: &str,
+        service: &str,
+        secret: &str,
+        cert_manager: bool,
+        cluster_domain: &str,
+    ) -> anyhow::Result<ServingCert> {
+        let secrets: Api<Secret> = Api::namespaced(self.client.clone(), namespace);
+        let what = format!("Secret {namespace}/{secret}");
+        if let Some(found) = secrets.get_opt(secret).await? {
+            return ServingCert::from_secret(&found).with_context(|| {
                 format!("{what} lacks tls.crt, tls.key or ca.crt; delete it to have a new one made")
             });
         }
-        if self.cert_manager {
+        if cert_manager {
             bail!("{what} does not exist yet: waiting for cert-manager to issue it");
         }
-        let names = dns_names(&self.service, &self.namespace, &self.cluster_domain);
+        let names = dns_names(service, namespace, cluster_domain);
         let cert = ServingCert::generate(&names)?;
         match secrets
-            .create(
-                &PostParams::default(),
-                &cert.to_secret(&self.secret, &self.namespace),
-            )
+            .create(&PostParams::default(), &cert.to_secret(secret, namespace))
             .await
         {
             Ok(_) => {
@@ -89,38 +140,45 @@ impl Installer {
             }
             // Another replica made it first: every replica serves that one.
             Err(kube::Error::Api(e)) if e.code == 409 => {
-                let secret = secrets.get(&self.secret).await?;
-                ServingCert::from_secret(&secret).with_context(|| format!("{what} is incomplete"))
+                let found = secrets.get(secret).await?;
+                ServingCert::from_secret(&found).with_context(|| format!("{what} is incomplete"))
             }
             Err(e) => Err(e).with_context(|| format!("creating {what}")),
         }
     }
 
-    /// Patches the CRD when its conversion settings differ from ours.
-    async fn point_crd(&self, cert: &ServingCert) -> anyhow::Result<()> {
+    /// Patches the CRD when its conversion settings (`client_config` given the CA bundle)
+    /// or its cert-manager annotation differ from ours.
+    async fn point_crd(
+        &self,
+        ca: CaBundle,
+        client_config: impl FnOnce(Option<&[u8]>) -> WebhookClientConfig,
+    ) -> anyhow::Result<()> {
         let crds: Api<CustomResourceDefinition> = Api::all(self.client.clone());
         let name = DynamoGraphDeployment::crd_name();
         let crd = crds
             .get(name)
             .await
             .with_context(|| format!("reading CRD {name}"))?;
-        let (ca, inject_from) = if self.cert_manager {
-            let injected = crd.spec.conversion.as_ref().and_then(|c| {
-                c.webhook
-                    .as_ref()?
-                    .client_config
-                    .as_ref()?
-                    .ca_bundle
-                    .clone()
-            });
-            (
-                injected.map(|b| b.0),
-                Some(format!("{}/{}", self.namespace, self.secret)),
-            )
-        } else {
-            (Some(cert.ca.clone().into_bytes()), None)
+        let (bundle, inject_from) = match ca {
+            CaBundle::Ours(pem) => (Some(pem.into_bytes()), None),
+            // cert-manager's CA injector writes the bundle: keep what it wrote.
+            CaBundle::CertManager(from) => {
+                let injected = crd.spec.conversion.as_ref().and_then(|c| {
+                    Some(
+                        c.webhook
+                            .as_ref()?
+                            .client_config
+                            .as_ref()?
+                            .ca_bundle
+                            .clone()?
+                            .0,
+                    )
+                });
+                (injected, Some(from))
+            }
         };
-        let desired = webhook_conversion(&self.namespace, &self.service, ca.as_deref());
+        let desired = webhook_conversion(client_config(bundle.as_deref()));
         let annotation = crd
             .metadata
             .annotations
@@ -130,8 +188,13 @@ impl Installer {
             return Ok(());
         }
         let mut conversion = serde_json::to_value(&desired).expect("conversion serializes");
-        // A merge patch keeps what it does not name: clear a `url` someone set.
-        conversion["webhook"]["clientConfig"]["url"] = Value::Null;
+        // A merge patch keeps what it does not name: clear the other way of reaching it.
+        let client_config = &mut conversion["webhook"]["clientConfig"];
+        for field in ["url", "service"] {
+            if client_config.get(field).is_none() {
+                client_config[field] = Value::Null;
+            }
+        }
         let patch = json!({
             "metadata": {"annotations": {INJECT_CA_FROM: inject_from}},
             "spec": {"conversion": conversion},
@@ -143,7 +206,8 @@ impl Installer {
         crds.patch(name, &params, &Patch::Merge(&patch))
             .await
             .with_context(|| format!("pointing CRD {name} at the conversion webhook"))?;
-        tracing::info!(crd = name, service = %self.service, namespace = %self.namespace, "pointed the CRD at the conversion webhook");
+        let at = &conversion["webhook"]["clientConfig"];
+        tracing::info!(crd = name, url = %at["url"], service = %at["service"], "pointed the CRD at the conversion webhook");
         Ok(())
     }
 }

@@ -5,7 +5,7 @@
 //! converted by [`dynamo_crds::conversion`], all of them or a `Failure` saying why not.
 //!
 //! Every replica serves it (leader or not), over TLS with the certificate [`install`]
-//! keeps in a Secret.
+//! keeps in a Secret; an operator outside the cluster serves it at `--webhook-url`.
 
 pub mod install;
 pub mod tls;
@@ -30,10 +30,17 @@ use tokio_rustls::TlsAcceptor;
 /// Flags of the conversion webhook (part of `dynamo operator`'s).
 #[derive(clap::Args, Debug, Clone)]
 pub struct WebhookArgs {
-    /// HTTPS port of the conversion webhook; 0 serves none and leaves the CRD alone (an
-    /// operator run outside the cluster).
+    /// HTTPS port of the conversion webhook in the cluster (behind `--webhook-service`); 0
+    /// serves none and leaves the CRD alone.
     #[arg(long, env = "DYNAMO_WEBHOOK_PORT", default_value_t = 9443)]
     pub webhook_port: u16,
+    /// Outside the cluster (a laptop, a test): the HTTPS URL at which the API server
+    /// reaches this process, e.g. `https://127.0.0.1:9443/convert`. The webhook is served
+    /// on the URL's port with a certificate made at start for the URL's host, and the CRD's
+    /// conversion points at the URL (`clientConfig.url` and `caBundle`); no Service or
+    /// Secret is used.
+    #[arg(long, env = "DYNAMO_WEBHOOK_URL", conflicts_with_all = ["webhook_service", "webhook_secret", "webhook_cert_manager"])]
+    pub webhook_url: Option<WebhookUrl>,
     /// The Service in front of the webhook, in the operator's namespace; the operator
     /// points the DynamoGraphDeployment CRD's conversion at it.
     #[arg(long, env = "DYNAMO_WEBHOOK_SERVICE", default_value = WEBHOOK_SERVICE)]
@@ -162,17 +169,108 @@ pub async fn serve(listener: TcpListener, tls: Arc<rustls::ServerConfig>) {
     }
 }
 
-/// Binds the webhook's port, serves it and keeps its certificate and the CRD current, in
-/// background tasks; does nothing when the port is 0.
-pub async fn start(installer: install::Installer, port: u16) -> anyhow::Result<()> {
-    if port == 0 {
-        return Ok(());
+impl WebhookArgs {
+    /// Whether the webhook's certificate lives in a Secret of the operator's namespace.
+    pub fn uses_secret(&self) -> bool {
+        self.webhook_port != 0 && self.webhook_url.is_none()
     }
+}
+
+/// `--webhook-url`: an `https` URL with a host, a port (443 when absent) and the path
+/// `/convert`, which the webhook serves.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct WebhookUrl {
+    pub url: String,
+    /// The host as the certificate names it (an IP address or a DNS name).
+    pub host: String,
+    pub port: u16,
+}
+
+impl std::str::FromStr for WebhookUrl {
+    type Err = String;
+
+    fn from_str(url: &str) -> Result<Self, String> {
+        let uri: axum::http::Uri = url.parse().map_err(|e| format!("{url}: {e}"))?;
+        if uri.scheme_str() != Some("https") {
+            return Err(format!(
+                "{url}: the API server calls webhooks over https only"
+            ));
+        }
+        let host = uri
+            .host()
+            .filter(|h| !h.is_empty())
+            .ok_or_else(|| format!("{url}: no host"))?;
+        if uri.path() != WEBHOOK_PATH || uri.query().is_some() {
+            return Err(format!(
+                "{url}: the webhook is served at the path {WEBHOOK_PATH}"
+            ));
+        }
+        Ok(WebhookUrl {
+            url: url.into(),
+            host: host.trim_start_matches('[').trim_end_matches(']').into(),
+            port: uri.port_u16().unwrap_or(443),
+        })
+    }
+}
+
+/// Serves the webhook and keeps its certificate and the CRD current, in background tasks:
+/// at `--webhook-url` when given, else on `--webhook-port` behind the Service (nothing when
+/// that port is 0). `namespace` is the operator's.
+pub async fn start(
+    client: kube::Client,
+    args: &WebhookArgs,
+    namespace: &str,
+    cluster_domain: &str,
+) -> anyhow::Result<()> {
+    let (endpoint, port) = match &args.webhook_url {
+        Some(at) => {
+            let cert = tls::ServingCert::generate(std::slice::from_ref(&at.host))?;
+            let endpoint = install::Endpoint::Url {
+                url: at.url.clone(),
+                cert,
+            };
+            (endpoint, at.port)
+        }
+        None if args.webhook_port == 0 => return Ok(()),
+        None => {
+            let endpoint = install::Endpoint::Service {
+                namespace: namespace.into(),
+                service: args.webhook_service.clone(),
+                secret: args.webhook_secret.clone(),
+                cert_manager: args.webhook_cert_manager,
+                cluster_domain: cluster_domain.into(),
+            };
+            (endpoint, args.webhook_port)
+        }
+    };
     let listener = TcpListener::bind(("0.0.0.0", port))
         .await
         .map_err(|e| anyhow::anyhow!("binding the conversion webhook's port {port}: {e}"))?;
     let slot = Arc::new(tls::CertSlot::default());
     tokio::spawn(serve(listener, tls::server_config(slot.clone())));
-    tokio::spawn(installer.run(slot));
+    tokio::spawn(install::Installer { client, endpoint }.run(slot));
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_webhook_url_is_https_at_the_convert_path() {
+        let at: WebhookUrl = "https://127.0.0.1:9443/convert".parse().unwrap();
+        assert_eq!((at.host.as_str(), at.port), ("127.0.0.1", 9443));
+        let at: WebhookUrl = "https://[::1]/convert".parse().unwrap();
+        assert_eq!((at.host.as_str(), at.port), ("::1", 443));
+        let at: WebhookUrl = "https://laptop.example:8443/convert".parse().unwrap();
+        assert_eq!(at.host, "laptop.example");
+        for bad in [
+            "http://127.0.0.1:9443/convert",
+            "https://127.0.0.1:9443/",
+            "https://127.0.0.1:9443/convert?x=1",
+            "127.0.0.1:9443",
+        ] {
+            assert!(bad.parse::<WebhookUrl>().is_err(), "{bad}");
+        }
+    }
 }

@@ -146,10 +146,14 @@ pub fn run(args: OperatorArgs) -> anyhow::Result<()> {
             tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
         )
         .try_init();
-    tokio::runtime::Builder::new_multi_thread()
+    let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
-        .build()?
-        .block_on(serve(args))
+        .build()?;
+    let outcome = runtime.block_on(serve(args));
+    // Dropping the runtime would wait for a DGDR profile running on a blocking thread (many
+    // seconds): abandon it instead; the request is profiled again by the next leader.
+    runtime.shutdown_background();
+    outcome
 }
 
 async fn serve(args: OperatorArgs) -> anyhow::Result<()> {
@@ -172,7 +176,7 @@ async fn serve(args: OperatorArgs) -> anyhow::Result<()> {
         client.clone(),
         &lease_namespace,
         args.leader_elect,
-        args.webhook.webhook_port != 0,
+        args.webhook.uses_secret(),
     )
     .await
     .context("checking the operator's RBAC")?;
@@ -181,15 +185,13 @@ async fn serve(args: OperatorArgs) -> anyhow::Result<()> {
         "the operator's service account may not: {}; install the chart's ClusterRole and Roles",
         missing.join(", ")
     );
-    let installer = webhook::install::Installer {
-        client: client.clone(),
-        namespace: lease_namespace.clone(),
-        service: args.webhook.webhook_service.clone(),
-        secret: args.webhook.webhook_secret.clone(),
-        cert_manager: args.webhook.webhook_cert_manager,
-        cluster_domain: args.operator_config().cluster_domain,
-    };
-    webhook::start(installer, args.webhook.webhook_port).await?;
+    webhook::start(
+        client.clone(),
+        &args.webhook,
+        &lease_namespace,
+        &args.operator_config().cluster_domain,
+    )
+    .await?;
     let apis = OptionalApis {
         inference_pool: served(&client, "inference.networking.k8s.io/v1", "inferencepools").await,
         http_route: served(&client, "gateway.networking.k8s.io/v1", "httproutes").await,

@@ -28,11 +28,26 @@ pub async fn children(client: &Client, namespace: &str, desired: &Desired) -> Re
         failed: Vec::new(),
         total: 0,
     };
-    for o in &desired.pods {
-        writes.apply(ObjectKind::Pod, o).await;
+    // What a pod needs exists before the pod: the API server's ServiceAccount admission
+    // refuses a pod whose account is missing, and the scheduler holds back one whose
+    // claim is. The account comes before the Role, both before the binding joining them.
+    for o in &desired.service_accounts {
+        writes.apply(ObjectKind::ServiceAccount, o).await;
+    }
+    for o in &desired.roles {
+        writes.apply(ObjectKind::Role, o).await;
+    }
+    for o in &desired.role_bindings {
+        writes.apply(ObjectKind::RoleBinding, o).await;
+    }
+    for o in &desired.persistent_volume_claims {
+        writes.create(ObjectKind::PersistentVolumeClaim, o).await;
     }
     for o in &desired.services {
         writes.apply(ObjectKind::Service, o).await;
+    }
+    for o in &desired.pods {
+        writes.apply(ObjectKind::Pod, o).await;
     }
     for o in &desired.deployments {
         writes.apply(ObjectKind::Deployment, o).await;
@@ -43,23 +58,10 @@ pub async fn children(client: &Client, namespace: &str, desired: &Desired) -> Re
     for o in &desired.http_routes {
         writes.apply(ObjectKind::HTTPRoute, o).await;
     }
-    // The account before the Role, and both before the binding that joins them.
-    for o in &desired.service_accounts {
-        writes.apply(ObjectKind::ServiceAccount, o).await;
-    }
-    for o in &desired.roles {
-        writes.apply(ObjectKind::Role, o).await;
-    }
-    for o in &desired.role_bindings {
-        writes.apply(ObjectKind::RoleBinding, o).await;
-    }
     for o in &desired.scaling_adapters {
         writes
             .create(ObjectKind::DynamoGraphDeploymentScalingAdapter, o)
             .await;
-    }
-    for o in &desired.persistent_volume_claims {
-        writes.create(ObjectKind::PersistentVolumeClaim, o).await;
     }
     for key in &desired.deletions {
         writes.delete(key).await;

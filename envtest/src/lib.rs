@@ -37,7 +37,8 @@ pub struct Options {
     /// kube-scheduler: binds pods to nodes.
     pub scheduler: bool,
     /// kube-controller-manager with the controllers a workload needs (Deployments,
-    /// ReplicaSets, garbage collection, namespaces, service accounts and their tokens).
+    /// ReplicaSets, garbage collection, namespaces, service accounts and their tokens,
+    /// binding claims to volumes).
     pub controller_manager: bool,
 }
 
@@ -194,7 +195,8 @@ impl ControlPlane {
                     "--secure-port=0",
                     "--controllers=deployment-controller,replicaset-controller,\
                      garbage-collector-controller,namespace-controller,\
-                     serviceaccount-controller,serviceaccount-token-controller",
+                     serviceaccount-controller,serviceaccount-token-controller,\
+                     persistentvolume-binder-controller",
                     &format!(
                         "--service-account-private-key-file={}",
                         path("sa.key").display()

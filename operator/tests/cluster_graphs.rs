@@ -1,0 +1,291 @@
+//! Graphs on a real control plane: kube-apiserver, kube-scheduler and
+//! kube-controller-manager v1.36, GPU nodes in NVLink domains, the test kubelet marking
+//! bound pods Running, and the operator binary with exactly the chart's RBAC (impersonating
+//! its ServiceAccount, so the real authorizer checks every verb). Samples come up Ready
+//! with their Services, InferencePool, HTTPRoute and scaling adapters; `kubectl scale` of
+//! an adapter changes replicas; a multinode gang lands inside one `nvidia.com/gpu.clique`;
+//! deleting a graph garbage-collects its children.
+
+mod cluster;
+
+use std::collections::BTreeSet;
+
+use cluster::kubelet::{self, FakeNode};
+use cluster::{
+    ControlPlane, Operator, Options, eventually, install_platform, operator_user, repo_root,
+};
+use k8s_openapi::api::core::v1::{Node, Pod};
+use kube::api::{Api, ListParams};
+use kube::{Client, ResourceExt as _};
+use serde_json::Value;
+
+const GRAPH_LABEL: &str = "nvidia.com/dynamo-graph-deployment-name";
+
+/// A cluster with the platform installed, `nodes` registered, the test kubelet running
+/// and the operator started with the chart's RBAC.
+async fn platform(
+    nodes: &[FakeNode],
+) -> (ControlPlane, Client, Operator, tokio::task::JoinHandle<()>) {
+    let cp = cluster::start(Options::full()).await;
+    install_platform(&cp);
+    let client = cp.client().await.unwrap();
+    kubelet::add_nodes(&client, nodes).await.unwrap();
+    let kubelet = kubelet::run(client.clone());
+    let operator = Operator::start(&cp, &operator_user(&cp), &[]).await;
+    (cp, client, operator, kubelet)
+}
+
+fn apply_samples(cp: &ControlPlane, namespace: &str, samples: &[&str]) {
+    cp.kubectl_ok(&["create", "namespace", namespace]).unwrap();
+    let mut args = vec!["apply".to_string(), "-n".into(), namespace.into()];
+    for sample in samples {
+        let path = repo_root()
+            .join("config/samples")
+            .join(format!("{sample}.yaml"));
+        args.extend(["-f".into(), path.to_string_lossy().into_owned()]);
+    }
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    cp.kubectl_ok(&args).unwrap();
+}
+
+/// The graph's status as the API server serves it (v1alpha1, the stored version).
+async fn graph_status(client: &Client, namespace: &str, name: &str) -> Option<Value> {
+    let graph = cluster::nvidia_api(client, "v1alpha1", "dynamographdeployments", namespace)
+        .get(name)
+        .await
+        .ok()?;
+    serde_json::to_value(graph).ok()?.get("status").cloned()
+}
+
+async fn wait_ready(cp: &ControlPlane, client: &Client, namespace: &str, name: &str) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(90);
+    loop {
+        let status = graph_status(client, namespace, name).await;
+        if status.as_ref().is_some_and(|s| s["state"] == "ready") {
+            return;
+        }
+        if std::time::Instant::now() > deadline {
+            let pods = cp.kubectl_ok(&["get", "pods", "-n", namespace, "-o", "wide"]);
+            let events = cp.kubectl_ok(&["get", "events", "-n", namespace]);
+            panic!(
+                "graph {namespace}/{name} is not ready after 90 s: {status:#?}\n{}\n{}",
+                pods.unwrap_or_else(|e| e.to_string()),
+                events.unwrap_or_else(|e| e.to_string())
+            );
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    }
+}
+
+/// Names of the graph's pods that are Running.
+async fn running_pods(client: &Client, namespace: &str, graph: &str) -> BTreeSet<String> {
+    let pods: Api<Pod> = Api::namespaced(client.clone(), namespace);
+    let list = pods
+        .list(&ListParams::default().labels(&format!("{GRAPH_LABEL}={graph}")))
+        .await
+        .unwrap();
+    list.items
+        .into_iter()
+        .filter(|p| p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running"))
+        .map(|p| p.name_any())
+        .collect()
+}
+
+/// `kubectl get KIND -l graph=NAME -o name`, one line per object.
+fn names_of(cp: &ControlPlane, namespace: &str, kinds: &str, graph: &str) -> Vec<String> {
+    cp.kubectl_ok(&[
+        "get",
+        kinds,
+        "-n",
+        namespace,
+        "-l",
+        &format!("{GRAPH_LABEL}={graph}"),
+        "-o",
+        "name",
+    ])
+    .unwrap()
+    .lines()
+    .map(str::to_string)
+    .collect()
+}
+
+#[tokio::test]
+async fn samples_come_up_scale_and_are_collected() {
+    let nodes: Vec<FakeNode> = ["a1", "a2", "b1", "b2"]
+        .iter()
+        .map(|n| FakeNode::gpu(n, &format!("clique-{}", &n[..1]), 8))
+        .collect();
+    let (cp, client, _operator, _kubelet) = platform(&nodes).await;
+    let ns = "graphs";
+    let samples = [
+        "agg-mocker",
+        "agg-mocker-planner",
+        "agg-vllm",
+        "disagg-mocker",
+    ];
+    apply_samples(&cp, ns, &samples);
+    for graph in samples {
+        wait_ready(&cp, &client, ns, graph).await;
+    }
+
+    // What each graph is served through.
+    for graph in samples {
+        let objects = names_of(&cp, ns, "service,inferencepool", graph);
+        assert!(
+            objects.iter().any(|o| o.starts_with("service/")),
+            "{graph}: {objects:?}"
+        );
+        assert!(
+            objects
+                .iter()
+                .any(|o| o.starts_with("inferencepool.inference.networking.k8s.io/")),
+            "{graph}: {objects:?}"
+        );
+    }
+    // A graph names the Gateway it is routed from.
+    cp.kubectl_ok(&[
+        "annotate",
+        "-n",
+        ns,
+        "dynamographdeployments.v1alpha1.nvidia.com/agg-vllm",
+        "nvidia.com/dynamo-gateway=inference-gateway",
+    ])
+    .unwrap();
+    let routes = eventually("agg-vllm's HTTPRoute", 30, || async {
+        let routes = names_of(&cp, ns, "httproute", "agg-vllm");
+        (!routes.is_empty()).then_some(routes)
+    })
+    .await;
+    assert_eq!(routes.len(), 1, "{routes:?}");
+
+    // The planner's graph has an adapter per engine service; scaling one through its
+    // scale subresource, as the planner and `kubectl scale` do, changes the graph.
+    let adapters = names_of(&cp, ns, "dgdsa", "agg-mocker-planner");
+    assert!(
+        adapters.contains(
+            &"dynamographdeploymentscalingadapter.nvidia.com/agg-mocker-planner-worker".to_string()
+        ),
+        "{adapters:?}"
+    );
+    let before = running_pods(&client, ns, "agg-mocker-planner").await.len();
+    cp.kubectl_ok(&[
+        "scale",
+        "-n",
+        ns,
+        "dgdsa/agg-mocker-planner-worker",
+        "--replicas=3",
+    ])
+    .unwrap();
+    eventually(
+        "the planner graph's worker to have 3 replicas",
+        60,
+        || async {
+            let graph = cluster::get_json(
+                &client,
+                "v1alpha1",
+                "dynamographdeployments",
+                ns,
+                "agg-mocker-planner",
+            )
+            .await;
+            (graph["spec"]["services"]["worker"]["replicas"] == 3).then_some(())
+        },
+    )
+    .await;
+    eventually("a third worker pod to run", 60, || async {
+        let now = running_pods(&client, ns, "agg-mocker-planner").await.len();
+        (now > before).then_some(())
+    })
+    .await;
+    wait_ready(&cp, &client, ns, "agg-mocker-planner").await;
+
+    // Deleting a graph leaves nothing of it: the garbage collector follows the owner
+    // references the operator set.
+    assert!(
+        !names_of(
+            &cp,
+            ns,
+            "pod,deployment,service,inferencepool,serviceaccount,role,rolebinding",
+            "agg-mocker"
+        )
+        .is_empty()
+    );
+    cp.kubectl_ok(&[
+        "delete",
+        "-n",
+        ns,
+        "dynamographdeployments.v1alpha1.nvidia.com/agg-mocker",
+    ])
+    .unwrap();
+    eventually("agg-mocker's children to be collected", 60, || async {
+        names_of(
+            &cp,
+            ns,
+            "pod,deployment,service,inferencepool,serviceaccount,role,rolebinding",
+            "agg-mocker",
+        )
+        .is_empty()
+        .then_some(())
+    })
+    .await;
+    // The other graphs are untouched.
+    assert!(!running_pods(&client, ns, "disagg-mocker").await.is_empty());
+}
+
+#[tokio::test]
+async fn a_multinode_gang_lands_inside_one_nvlink_domain() {
+    // Clique a has room for the whole gang whatever the single-node prefill takes; clique
+    // b has two nodes, one of them half used by another workload.
+    let mut nodes: Vec<FakeNode> = ["a1", "a2", "a3"]
+        .iter()
+        .map(|n| FakeNode::gpu(n, "clique-a", 8))
+        .collect();
+    nodes.push(FakeNode::gpu("b1", "clique-b", 8));
+    nodes.push(FakeNode::gpu("b2", "clique-b", 4));
+    let (cp, client, _operator, _kubelet) = platform(&nodes).await;
+    // The shared volume the sample's model cache claims, as a storage admin provides it.
+    let volume = serde_json::json!({
+        "apiVersion": "v1", "kind": "PersistentVolume",
+        "metadata": {"name": "models"},
+        "spec": {
+            "capacity": {"storage": "1Ti"}, "accessModes": ["ReadWriteMany"],
+            "storageClassName": "shared-rwx", "nfs": {"server": "nfs.example", "path": "/models"},
+        },
+    });
+    let file = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(file.path(), volume.to_string()).unwrap();
+    cp.kubectl_ok(&["apply", "-f", file.path().to_str().unwrap()])
+        .unwrap();
+    let ns = "gangs";
+    apply_samples(&cp, ns, &["multinode-vllm"]);
+    wait_ready(&cp, &client, ns, "multinode-vllm").await;
+
+    let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
+    let nodes: Api<Node> = Api::all(client.clone());
+    let decode = pods
+        .list(&ListParams::default().labels(&format!(
+            "{GRAPH_LABEL}=multinode-vllm,nvidia.com/dynamo-component=VllmDecodeWorker"
+        )))
+        .await
+        .unwrap();
+    assert_eq!(decode.items.len(), 2, "leader and one worker");
+    let mut placed = BTreeSet::new();
+    let mut cliques = BTreeSet::new();
+    for pod in &decode.items {
+        let node = pod
+            .spec
+            .as_ref()
+            .unwrap()
+            .node_name
+            .clone()
+            .expect("bound by the scheduler");
+        let labels = nodes.get(&node).await.unwrap().metadata.labels.unwrap();
+        cliques.insert(labels[kubelet::CLIQUE_LABEL].clone());
+        placed.insert(node);
+    }
+    assert_eq!(placed.len(), 2, "one pod per node: {placed:?}");
+    assert_eq!(cliques, BTreeSet::from(["clique-a".to_string()]));
+    // The model cache claim the graph asks to create.
+    let claims = names_of(&cp, ns, "persistentvolumeclaim", "multinode-vllm");
+    assert_eq!(claims.len(), 1, "{claims:?}");
+}

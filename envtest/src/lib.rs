@@ -32,7 +32,7 @@ const ADMIN_USER: &str = "envtest-admin";
 const START_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// What to run beside etcd and the API server.
-#[derive(Clone, Copy, Debug, Default)]
+#[derive(Clone, Debug, Default)]
 pub struct Options {
     /// kube-scheduler: binds pods to nodes.
     pub scheduler: bool,
@@ -40,6 +40,11 @@ pub struct Options {
     /// ReplicaSets, garbage collection, namespaces, service accounts and their tokens,
     /// binding claims to volumes).
     pub controller_manager: bool,
+    /// The scheduler and controller-manager start only when the test calls
+    /// [`ControlPlane::start_controllers`], e.g. once a CRD's conversion webhook is up: a
+    /// garbage collector that finds it unreachable retries its watch with a growing
+    /// back-off, and collects nothing those objects own meanwhile.
+    pub controllers_later: bool,
 }
 
 impl Options {
@@ -48,6 +53,7 @@ impl Options {
         Options {
             scheduler: true,
             controller_manager: true,
+            controllers_later: false,
         }
     }
 }
@@ -59,6 +65,7 @@ pub struct ControlPlane {
     server: String,
     ca_pem: String,
     assets: PathBuf,
+    options: Options,
     /// How long the start took, up to the API server's OpenAPI documents.
     pub started_in: Duration,
 }
@@ -99,7 +106,7 @@ impl ControlPlane {
     pub async fn start(options: Options) -> anyhow::Result<Self> {
         let mut last = None;
         for _ in 0..3 {
-            match Self::try_start(options).await {
+            match Self::try_start(&options).await {
                 Ok(cp) => return Ok(cp),
                 Err(e) => last = Some(e),
             }
@@ -107,7 +114,7 @@ impl ControlPlane {
         Err(last.expect("tried at least once"))
     }
 
-    async fn try_start(options: Options) -> anyhow::Result<Self> {
+    async fn try_start(options: &Options) -> anyhow::Result<Self> {
         let begun = Instant::now();
         let assets = assets();
         // etcd's fsyncs are the slowest part of a start: keep its files in memory.
@@ -135,6 +142,7 @@ impl ControlPlane {
             server: format!("https://127.0.0.1:{api_port}"),
             ca_pem: String::new(),
             assets: assets.clone(),
+            options: options.clone(),
             started_in: Duration::ZERO,
             dir,
         };
@@ -179,15 +187,28 @@ impl ControlPlane {
         cp.spawn("kube-apiserver", &apiserver)?;
         cp.wait_ready().await?;
         cp.write_kubeconfig(&path("kubeconfig"), None)?;
-        let kubeconfig = format!("--kubeconfig={}", path("kubeconfig").display());
-        if options.scheduler {
-            cp.spawn(
+        if !options.controllers_later {
+            cp.start_controllers()?;
+        }
+        cp.started_in = begun.elapsed();
+        Ok(cp)
+    }
+
+    /// Starts the scheduler and the controller-manager the options ask for, unless they
+    /// run already.
+    pub fn start_controllers(&mut self) -> anyhow::Result<()> {
+        let running = |cp: &Self, name: &str| cp.children.iter().any(|(n, _)| *n == name);
+        let kubeconfig = format!("--kubeconfig={}", self.kubeconfig().display());
+        if self.options.scheduler && !running(self, "kube-scheduler") {
+            self.spawn(
                 "kube-scheduler",
                 &[&kubeconfig, "--leader-elect=false", "--secure-port=0"],
             )?;
         }
-        if options.controller_manager {
-            cp.spawn(
+        if self.options.controller_manager && !running(self, "kube-controller-manager") {
+            let key = self.dir.path().join("sa.key");
+            let ca = self.dir.path().join("ca.crt");
+            self.spawn(
                 "kube-controller-manager",
                 &[
                     &kubeconfig,
@@ -197,11 +218,8 @@ impl ControlPlane {
                      garbage-collector-controller,namespace-controller,\
                      serviceaccount-controller,serviceaccount-token-controller,\
                      persistentvolume-binder-controller",
-                    &format!(
-                        "--service-account-private-key-file={}",
-                        path("sa.key").display()
-                    ),
-                    &format!("--root-ca-file={}", path("ca.crt").display()),
+                    &format!("--service-account-private-key-file={}", key.display()),
+                    &format!("--root-ca-file={}", ca.display()),
                     "--use-service-account-credentials=false",
                     "--kube-api-qps=200",
                     "--kube-api-burst=400",
@@ -209,8 +227,7 @@ impl ControlPlane {
                 ],
             )?;
         }
-        cp.started_in = begun.elapsed();
-        Ok(cp)
+        Ok(())
     }
 
     /// Starts `binary` from the assets folder, its output in `{binary}.log` beside the

@@ -12,81 +12,17 @@ use std::collections::BTreeSet;
 
 use cluster::kubelet::{self, FakeNode};
 use cluster::{
-    ControlPlane, Operator, Options, eventually, install_platform, operator_user, repo_root,
+    ControlPlane, GRAPH_LABEL, apply_samples, eventually, platform, running_pods, wait_ready,
 };
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::{Api, ListParams};
 use kube::{Client, ResourceExt as _};
-use serde_json::Value;
 
-const GRAPH_LABEL: &str = "nvidia.com/dynamo-graph-deployment-name";
-
-/// A cluster with the platform installed, `nodes` registered, the test kubelet running
-/// and the operator started with the chart's RBAC.
-async fn platform(
-    nodes: &[FakeNode],
-) -> (ControlPlane, Client, Operator, tokio::task::JoinHandle<()>) {
-    let cp = cluster::start(Options::full()).await;
-    install_platform(&cp);
-    let client = cp.client().await.unwrap();
-    kubelet::add_nodes(&client, nodes).await.unwrap();
-    let kubelet = kubelet::run(client.clone());
-    let operator = Operator::start(&cp, &operator_user(&cp), &[]).await;
-    (cp, client, operator, kubelet)
-}
-
-fn apply_samples(cp: &ControlPlane, namespace: &str, samples: &[&str]) {
-    cp.kubectl_ok(&["create", "namespace", namespace]).unwrap();
-    let mut args = vec!["apply".to_string(), "-n".into(), namespace.into()];
-    for sample in samples {
-        let path = repo_root()
-            .join("config/samples")
-            .join(format!("{sample}.yaml"));
-        args.extend(["-f".into(), path.to_string_lossy().into_owned()]);
-    }
-    let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    cp.kubectl_ok(&args).unwrap();
-}
-
-/// The graph's status as the API server serves it (v1alpha1, the stored version).
-async fn graph_status(client: &Client, namespace: &str, name: &str) -> Option<Value> {
-    let graph = cluster::nvidia_api(client, "v1alpha1", "dynamographdeployments", namespace)
-        .get(name)
+/// Names of the graph's Running pods.
+async fn running(client: &Client, namespace: &str, graph: &str) -> BTreeSet<String> {
+    running_pods(client, namespace, &format!("{GRAPH_LABEL}={graph}"))
         .await
-        .ok()?;
-    serde_json::to_value(graph).ok()?.get("status").cloned()
-}
-
-async fn wait_ready(cp: &ControlPlane, client: &Client, namespace: &str, name: &str) {
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(90);
-    loop {
-        let status = graph_status(client, namespace, name).await;
-        if status.as_ref().is_some_and(|s| s["state"] == "ready") {
-            return;
-        }
-        if std::time::Instant::now() > deadline {
-            let pods = cp.kubectl_ok(&["get", "pods", "-n", namespace, "-o", "wide"]);
-            let events = cp.kubectl_ok(&["get", "events", "-n", namespace]);
-            panic!(
-                "graph {namespace}/{name} is not ready after 90 s: {status:#?}\n{}\n{}",
-                pods.unwrap_or_else(|e| e.to_string()),
-                events.unwrap_or_else(|e| e.to_string())
-            );
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
-    }
-}
-
-/// Names of the graph's pods that are Running.
-async fn running_pods(client: &Client, namespace: &str, graph: &str) -> BTreeSet<String> {
-    let pods: Api<Pod> = Api::namespaced(client.clone(), namespace);
-    let list = pods
-        .list(&ListParams::default().labels(&format!("{GRAPH_LABEL}={graph}")))
-        .await
-        .unwrap();
-    list.items
         .into_iter()
-        .filter(|p| p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running"))
         .map(|p| p.name_any())
         .collect()
 }
@@ -167,7 +103,7 @@ async fn samples_come_up_scale_and_are_collected() {
         ),
         "{adapters:?}"
     );
-    let before = running_pods(&client, ns, "agg-mocker-planner").await.len();
+    let before = running(&client, ns, "agg-mocker-planner").await.len();
     cp.kubectl_ok(&[
         "scale",
         "-n",
@@ -193,7 +129,7 @@ async fn samples_come_up_scale_and_are_collected() {
     )
     .await;
     eventually("a third worker pod to run", 60, || async {
-        let now = running_pods(&client, ns, "agg-mocker-planner").await.len();
+        let now = running(&client, ns, "agg-mocker-planner").await.len();
         (now > before).then_some(())
     })
     .await;
@@ -229,7 +165,7 @@ async fn samples_come_up_scale_and_are_collected() {
     })
     .await;
     // The other graphs are untouched.
-    assert!(!running_pods(&client, ns, "disagg-mocker").await.is_empty());
+    assert!(!running(&client, ns, "disagg-mocker").await.is_empty());
 }
 
 #[tokio::test]

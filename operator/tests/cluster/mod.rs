@@ -24,7 +24,7 @@ pub fn repo_root() -> PathBuf {
 
 /// A control plane; its start time is printed, since the tests' budget depends on it.
 pub async fn start(options: Options) -> ControlPlane {
-    let cp = ControlPlane::start(options)
+    let cp = ControlPlane::start(options.clone())
         .await
         .unwrap_or_else(|e| panic!("starting the control plane: {e:#}"));
     eprintln!("control plane ({options:?}) started in {:?}", cp.started_in);
@@ -134,7 +134,7 @@ pub struct Operator {
     pub metrics_port: u16,
 }
 
-fn free_port() -> u16 {
+pub fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()
@@ -186,16 +186,64 @@ impl Operator {
 
 impl Drop for Operator {
     fn drop(&mut self) {
-        if let Some(pid) = rustix::process::Pid::from_raw(self.child.id() as i32) {
-            let _ = rustix::process::kill_process(pid, rustix::process::Signal::TERM);
-        }
-        let _ = self.child.wait();
+        terminate(&mut self.child);
     }
 }
 
-/// Polls `check` every 200 ms until it gives a value, for up to `seconds`; panics naming
-/// `what` when it never does.
-pub async fn eventually<T, F, Fut>(what: &str, seconds: u64, mut check: F) -> T
+/// Stops `child` as Kubernetes stops a container (SIGTERM) and waits for it.
+fn terminate(child: &mut Child) {
+    if let Some(pid) = rustix::process::Pid::from_raw(child.id() as i32) {
+        let _ = rustix::process::kill_process(pid, rustix::process::Signal::TERM);
+    }
+    let _ = child.wait();
+}
+
+/// A process of the test (a planner, a picker, Prometheus) with its output in a file;
+/// stopped when dropped.
+pub struct Process {
+    name: String,
+    child: Child,
+    log: PathBuf,
+}
+
+impl Process {
+    pub fn spawn(name: &str, mut command: Command, dir: &Path) -> Process {
+        let log = dir.join(format!("{name}.log"));
+        let out = std::fs::File::create(&log).unwrap();
+        let child = command
+            .stdin(Stdio::null())
+            .stdout(out.try_clone().unwrap())
+            .stderr(out)
+            .spawn()
+            .unwrap_or_else(|e| panic!("starting {name}: {e}"));
+        Process {
+            name: name.to_string(),
+            child,
+            log,
+        }
+    }
+
+    /// Its output so far, after checking that it still runs.
+    pub fn running_output(&mut self) -> String {
+        if let Some(status) = self.child.try_wait().unwrap() {
+            panic!("{} exited ({status}):\n{}", self.name, self.output());
+        }
+        self.output()
+    }
+
+    fn output(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+}
+
+impl Drop for Process {
+    fn drop(&mut self) {
+        terminate(&mut self.child);
+    }
+}
+
+/// Polls `check` every 200 ms until it gives a value, for up to `seconds`.
+pub async fn poll<T, F, Fut>(seconds: u64, mut check: F) -> Option<T>
 where
     F: FnMut() -> Fut,
     Fut: Future<Output = Option<T>>,
@@ -203,14 +251,24 @@ where
     let deadline = Instant::now() + Duration::from_secs(seconds);
     loop {
         if let Some(value) = check().await {
-            return value;
+            return Some(value);
         }
-        assert!(
-            Instant::now() < deadline,
-            "timed out after {seconds} s waiting for {what}"
-        );
+        if Instant::now() > deadline {
+            return None;
+        }
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
+}
+
+/// [`poll`], panicking naming `what` when `check` never gives a value.
+pub async fn eventually<T, F, Fut>(what: &str, seconds: u64, check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Option<T>>,
+{
+    poll(seconds, check)
+        .await
+        .unwrap_or_else(|| panic!("timed out after {seconds} s waiting for {what}"))
 }
 
 /// The `nvidia.com` resource `plural` at `version` (e.g. `v1beta1`), untyped, so a test
@@ -248,4 +306,106 @@ pub async fn create_namespace(client: &kube::Client, name: &str) {
         .create(&kube::api::PostParams::default(), &object)
         .await
         .unwrap_or_else(|e| panic!("creating namespace {name}: {e}"));
+}
+
+/// The label every object of a graph carries, with the graph's name.
+pub const GRAPH_LABEL: &str = "nvidia.com/dynamo-graph-deployment-name";
+/// The label of a pod's component type (`worker`, `epp`, `planner`, ...).
+pub const COMPONENT_TYPE_LABEL: &str = "nvidia.com/dynamo-component-type";
+
+/// A whole control plane with the platform installed, `nodes` registered, the test
+/// kubelet running and the operator started with the chart's RBAC. The controllers start
+/// once the operator's conversion webhook is up, as in a cluster where the operator runs
+/// before graphs are deleted: the garbage collector watches graphs through it.
+pub async fn platform(
+    nodes: &[kubelet::FakeNode],
+) -> (
+    ControlPlane,
+    kube::Client,
+    Operator,
+    tokio::task::JoinHandle<()>,
+) {
+    let mut cp = start(Options {
+        controllers_later: true,
+        ..Options::full()
+    })
+    .await;
+    install_platform(&cp);
+    let client = cp.client().await.unwrap();
+    kubelet::add_nodes(&client, nodes).await.unwrap();
+    let kubelet = kubelet::run(client.clone());
+    let operator = Operator::start(&cp, &operator_user(&cp), &[]).await;
+    cp.start_controllers().unwrap();
+    (cp, client, operator, kubelet)
+}
+
+/// `kubectl apply -f config/samples/SAMPLE.yaml ...` into a new `namespace`.
+pub fn apply_samples(cp: &ControlPlane, namespace: &str, samples: &[&str]) {
+    cp.kubectl_ok(&["create", "namespace", namespace]).unwrap();
+    let mut args = vec!["apply".to_string(), "-n".into(), namespace.into()];
+    for sample in samples {
+        let path = repo_root()
+            .join("config/samples")
+            .join(format!("{sample}.yaml"));
+        args.extend(["-f".into(), path.to_string_lossy().into_owned()]);
+    }
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    cp.kubectl_ok(&args).unwrap();
+}
+
+/// What the cluster shows of `namespace`, for a failure message.
+pub fn diagnostics(cp: &ControlPlane, namespace: &str) -> String {
+    let show = |args: &[&str]| cp.kubectl_ok(args).unwrap_or_else(|e| e.to_string());
+    format!(
+        "{}\n{}",
+        show(&["get", "pods", "-n", namespace, "-o", "wide"]),
+        show(&["get", "events", "-n", namespace]),
+    )
+}
+
+/// The graph as the API server serves it in v1alpha1, the stored version.
+pub async fn graph(
+    client: &kube::Client,
+    namespace: &str,
+    name: &str,
+) -> Option<serde_json::Value> {
+    let graph = nvidia_api(client, "v1alpha1", "dynamographdeployments", namespace)
+        .get(name)
+        .await
+        .ok()?;
+    serde_json::to_value(graph).ok()
+}
+
+/// Waits up to 90 s for the graph's `status.state` to be `ready`.
+pub async fn wait_ready(cp: &ControlPlane, client: &kube::Client, namespace: &str, name: &str) {
+    let ready = poll(90, || async {
+        let g = graph(client, namespace, name).await?;
+        (g["status"]["state"] == "ready").then_some(())
+    })
+    .await;
+    if ready.is_none() {
+        let status = graph(client, namespace, name)
+            .await
+            .map(|g| g["status"].clone());
+        panic!(
+            "graph {namespace}/{name} is not ready after 90 s: {status:#?}\n{}",
+            diagnostics(cp, namespace)
+        );
+    }
+}
+
+/// The Running pods of `namespace` with the labels `selector`.
+pub async fn running_pods(
+    client: &kube::Client,
+    namespace: &str,
+    selector: &str,
+) -> Vec<k8s_openapi::api::core::v1::Pod> {
+    let pods: Api<k8s_openapi::api::core::v1::Pod> = Api::namespaced(client.clone(), namespace);
+    pods.list(&kube::api::ListParams::default().labels(selector))
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .filter(|p| p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running"))
+        .collect()
 }

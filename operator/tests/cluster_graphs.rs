@@ -225,3 +225,73 @@ async fn a_multinode_gang_lands_inside_one_nvlink_domain() {
     let claims = names_of(&cp, ns, "persistentvolumeclaim", "multinode-vllm");
     assert_eq!(claims.len(), 1, "{claims:?}");
 }
+
+/// A graph the API server accepts but the operator cannot build (its gang names a pack
+/// domain the operator does not know) is reported in its status with the field, and
+/// nothing of it is applied; fixed with `kubectl patch`, it comes up.
+#[tokio::test]
+async fn a_graph_the_operator_cannot_build_is_reported_with_its_field_and_nothing_applied() {
+    let nodes = [
+        FakeNode::gpu("a1", "clique-a", 8),
+        FakeNode::gpu("a2", "clique-a", 8),
+    ];
+    let (cp, client, _operator, _kubelet) = platform(&nodes).await;
+    let ns = "unbuildable";
+    cp.kubectl_ok(&["create", "namespace", ns]).unwrap();
+    let graph = serde_json::json!({
+        "apiVersion": "nvidia.com/v1alpha1",
+        "kind": "DynamoGraphDeployment",
+        "metadata": {"name": "packed", "namespace": ns},
+        "spec": {
+            "backendFramework": "vllm",
+            "services": {"decode": {
+                "componentType": "worker",
+                "replicas": 1,
+                "multinode": {"nodeCount": 2},
+                "resources": {"limits": {"gpu": "8"}},
+                "topologyConstraint": {"packDomain": "rack9"},
+                "extraPodSpec": {"mainContainer": {
+                    "command": ["vllm", "serve"],
+                    "args": ["Qwen/Qwen3-8B", "--tensor-parallel-size", "16"],
+                }},
+            }},
+        },
+    });
+    let file = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(file.path(), graph.to_string()).unwrap();
+    cp.kubectl_ok(&["apply", "-f", file.path().to_str().unwrap()])
+        .unwrap();
+    let status = eventually("the graph to fail", 30, || async {
+        let status = cluster::graph(&client, ns, "packed").await?["status"].clone();
+        (status["state"] == "failed").then_some(status)
+    })
+    .await;
+    let ready = status["conditions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["type"] == "Ready")
+        .unwrap();
+    assert_eq!(ready["reason"], "InvalidSpec", "{status:#}");
+    let message = ready["message"].as_str().unwrap();
+    assert!(
+        message.starts_with(
+            "spec.services.decode.topologyConstraint.packDomain: unknown pack domain \"rack9\""
+        ),
+        "{message}"
+    );
+    let children = "pod,deployment,service,inferencepool,serviceaccount,role,rolebinding";
+    assert_eq!(names_of(&cp, ns, children, "packed"), Vec::<String>::new());
+
+    cp.kubectl_ok(&[
+        "patch",
+        "-n",
+        ns,
+        "dynamographdeployments.v1alpha1.nvidia.com/packed",
+        "--type=merge",
+        "-p",
+        r#"{"spec":{"services":{"decode":{"topologyConstraint":{"packDomain":"nvlink"}}}}}"#,
+    ])
+    .unwrap();
+    wait_ready(&cp, &client, ns, "packed").await;
+}

@@ -146,7 +146,7 @@ async fn the_api_server_refuses_every_bad_manifest_naming_its_field() {
         assert!(!out.status.success(), "{name} was accepted");
         // The server writes `spec.services[decode]` where we write `spec.services.decode`.
         let said = stderr.replace('[', ".").replace(']', "");
-        let field = expected_field(path);
+        let field = expected_field(path).replace('[', ".").replace(']', "");
         let parent = field.rsplit_once('.').map_or(field.as_str(), |(p, _)| p);
         let named = match name.as_str() {
             // No namespace can be named so: the object's namespace is not found.

@@ -694,7 +694,17 @@ fn unusable_graphs_are_typed_errors() {
     let err = reconcile(&dgd, &Observed::default(), &OperatorConfig::default()).unwrap_err();
     assert!(
         err.to_string()
-            .contains("unknown topologyConstraint.packDomain \"rack\""),
+            .starts_with("spec.topologyConstraint.packDomain: unknown pack domain \"rack\""),
+        "{err}"
+    );
+    // A service's own constraint is named as the service's field.
+    let decode = dgd.spec.services.get_mut("VllmDecodeWorker").unwrap();
+    decode.topology_constraint = dgd.spec.topology_constraint.clone();
+    let err = reconcile(&dgd, &Observed::default(), &OperatorConfig::default()).unwrap_err();
+    assert!(
+        err.to_string().starts_with(
+            "spec.services.VllmDecodeWorker.topologyConstraint.packDomain: unknown pack domain"
+        ),
         "{err}"
     );
 }

@@ -219,11 +219,15 @@ impl<'a> Graph<'a> {
         service: &str,
         spec: &ComponentSpec,
     ) -> Result<String, ReconcileError> {
-        let pack_domain = spec
+        let own = spec
             .topology_constraint
             .as_ref()
-            .or(self.spec.topology_constraint.as_ref())
             .and_then(|t| t.pack_domain.as_deref());
+        let pack_domain = own.or(self
+            .spec
+            .topology_constraint
+            .as_ref()
+            .and_then(|t| t.pack_domain.as_deref()));
         match pack_domain {
             None => Ok(self.config.default_gang_domain_label.clone()),
             Some(domain) => self
@@ -232,7 +236,10 @@ impl<'a> Graph<'a> {
                 .get(domain)
                 .cloned()
                 .ok_or_else(|| ReconcileError::UnknownPackDomain {
-                    service: service.to_string(),
+                    path: match own {
+                        Some(_) => format!("spec.services.{service}.topologyConstraint.packDomain"),
+                        None => "spec.topologyConstraint.packDomain".into(),
+                    },
                     domain: domain.to_string(),
                     known: self
                         .config

@@ -247,11 +247,10 @@ pub enum ReconcileError {
     /// Engines whose commands the wiring plan cannot write (see [`crate::wiring`]).
     #[error(transparent)]
     Wiring(#[from] crate::wiring::WiringError),
-    #[error(
-        "service {service:?}: unknown topologyConstraint.packDomain {domain:?}; known: {known}"
-    )]
+    #[error("{path}: unknown pack domain {domain:?}; known: {known}")]
     UnknownPackDomain {
-        service: String,
+        /// The field that names it: the service's `topologyConstraint` or the graph's.
+        path: String,
         domain: String,
         known: String,
     },

@@ -117,6 +117,7 @@ chart-check: helm ## helm lint and helm template of charts/dynamo-platform (one 
 	$(HELM) lint --strict $(CHART) --set replicaCount=2 --set serviceMonitor.enabled=true
 	$(HELM) template dynamo $(CHART) --namespace dynamo-system > /dev/null
 	$(HELM) template dynamo $(CHART) --namespace dynamo-system --set replicaCount=2 --set serviceMonitor.enabled=true > /dev/null
+	$(HELM) lint --strict $(CHART) --set replicaCount=0
 	$(HELM) lint --strict $(CHART) --set podMonitor.enabled=true
 	$(HELM) template dynamo $(CHART) --namespace dynamo-system --set podMonitor.enabled=true > /dev/null
 	$(HELM) template dynamo $(CHART) --namespace dynamo-system --set podMonitor.enabled=true --set 'podMonitor.namespaces={team-a,team-b}' > /dev/null

@@ -76,6 +76,9 @@ pub fn install_platform(cp: &ControlPlane) {
             "--namespace",
             NAMESPACE,
             "--create-namespace",
+            // The CRDs and RBAC: the operator runs outside the cluster (docs/operator.md).
+            "--set",
+            "replicaCount=0",
         ])
         .env("KUBECONFIG", cp.kubeconfig())
         .env(

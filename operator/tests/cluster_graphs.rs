@@ -12,7 +12,8 @@ use std::collections::BTreeSet;
 
 use cluster::kubelet::{self, FakeNode};
 use cluster::{
-    ControlPlane, GRAPH_LABEL, apply_samples, eventually, platform, running_pods, wait_ready,
+    ControlPlane, GRAPH_LABEL, apply_samples, eventually, platform, repo_root, running_pods,
+    wait_ready,
 };
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::{Api, ListParams};
@@ -25,6 +26,16 @@ async fn running(client: &Client, namespace: &str, graph: &str) -> BTreeSet<Stri
         .into_iter()
         .map(|p| p.name_any())
         .collect()
+}
+
+/// The `metadata.name` of `config/samples/SAMPLE.yaml`.
+fn sample_name(sample: &str) -> String {
+    let path = repo_root()
+        .join("config/samples")
+        .join(format!("{sample}.yaml"));
+    let yaml: serde_json::Value =
+        serde_saphyr::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    yaml["metadata"]["name"].as_str().unwrap().to_string()
 }
 
 /// `kubectl get KIND -l graph=NAME -o name`, one line per object.
@@ -53,20 +64,32 @@ async fn samples_come_up_scale_and_are_collected() {
         .collect();
     let (cp, client, _operator, _kubelet) = platform(&nodes).await;
     let ns = "graphs";
+    // Every single-node sample (the multinode one has its own test), Dynamo's own, and in
+    // a namespace of their own the v1beta1 twins, which share their names.
     let samples = [
         "agg-mocker",
+        "agg-mocker-kvbm",
         "agg-mocker-planner",
         "agg-vllm",
         "disagg-mocker",
+        "disagg-vllm",
+        "dynamo/vllm-agg",
+        "dynamo/vllm-disagg",
     ];
+    let twins = ["v1beta1/agg-vllm", "v1beta1/disagg-vllm"];
     apply_samples(&cp, ns, &samples);
-    for graph in samples {
-        wait_ready(&cp, &client, ns, graph).await;
+    apply_samples(&cp, "twins", &twins);
+    let graphs: Vec<(&str, String)> = samples
+        .iter()
+        .map(|s| (ns, sample_name(s)))
+        .chain(twins.iter().map(|s| ("twins", sample_name(s))))
+        .collect();
+    for (namespace, graph) in &graphs {
+        wait_ready(&cp, &client, namespace, graph).await;
     }
-
     // What each graph is served through.
-    for graph in samples {
-        let objects = names_of(&cp, ns, "service,inferencepool", graph);
+    for (namespace, graph) in &graphs {
+        let objects = names_of(&cp, namespace, "service,inferencepool", graph);
         assert!(
             objects.iter().any(|o| o.starts_with("service/")),
             "{graph}: {objects:?}"

@@ -271,3 +271,45 @@ fn two_gangs_in_one_pass_do_not_take_the_same_gpus() {
     cliques.sort();
     assert_eq!(cliques, vec!["clique-a", "clique-b"]);
 }
+
+#[test]
+fn a_pods_init_containers_hold_gpus_as_the_scheduler_counts_them() {
+    use k8s_openapi::api::core::v1::Container;
+    let nodes = vec![gpu_node("a1", "clique-a", 8)];
+    let with_init = |restart_policy: Option<&str>, gpus: u32| {
+        let mut pod = busy_pod("other", "a1", 2);
+        let spec = pod.spec.as_mut().unwrap();
+        let mut init = spec.containers[0].clone();
+        init.name = "init".into();
+        init.restart_policy = restart_policy.map(str::to_string);
+        init.resources = busy_pod("x", "a1", gpus).spec.unwrap().containers[0]
+            .resources
+            .clone();
+        spec.init_containers = Some(vec![init]);
+        spec.containers.push(Container {
+            name: "no-gpu".into(),
+            ..Container::default()
+        });
+        pod
+    };
+    // A native sidecar runs beside the containers: 2 + 2 held, 4 free.
+    let sidecar = [with_init(Some("Always"), 2)];
+    assert!(matches!(
+        place(&request(1, 4), &nodes, &sidecar),
+        GangPlacement::Placed(_)
+    ));
+    match place(&request(1, 5), &nodes, &sidecar) {
+        GangPlacement::Pending { missing_gpus, .. } => assert_eq!(missing_gpus, 1),
+        other => panic!("expected pending, got {other:?}"),
+    }
+    // An ordinary init container runs before them: the larger of 7 and 2 is held.
+    let init = [with_init(None, 7)];
+    assert!(matches!(
+        place(&request(1, 1), &nodes, &init),
+        GangPlacement::Placed(_)
+    ));
+    assert!(matches!(
+        place(&request(1, 2), &nodes, &init),
+        GangPlacement::Pending { .. }
+    ));
+}

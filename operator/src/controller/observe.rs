@@ -133,8 +133,10 @@ fn keys<K: Resource + Clone>(
     );
 }
 
-/// The part of a bound pod that holds extended resources (GPUs) that gang placement reads;
-/// `None` for pods that hold none or are not on a node.
+/// The part of a bound pod that holds extended resources (GPUs) that gang placement reads:
+/// its containers and init containers (with their `restartPolicy`, which decides how the
+/// scheduler counts them) reduced to those resources; `None` for pods that hold none or
+/// are not on a node.
 fn gpu_holder(pod: &Pod) -> Option<Pod> {
     let spec = pod.spec.as_ref()?;
     spec.node_name.as_ref()?;
@@ -147,24 +149,28 @@ fn gpu_holder(pod: &Pod) -> Option<Pod> {
             .collect();
         (!kept.is_empty()).then_some(kept)
     };
-    let containers: Vec<Container> = spec
-        .containers
-        .iter()
-        .filter_map(|c| {
-            let r = c.resources.as_ref()?;
-            let (limits, requests) = (extended(&r.limits), extended(&r.requests));
-            (limits.is_some() || requests.is_some()).then(|| Container {
-                name: c.name.clone(),
-                resources: Some(ResourceRequirements {
-                    limits,
-                    requests,
-                    ..ResourceRequirements::default()
-                }),
-                ..Container::default()
+    let holding = |containers: &[Container]| -> Vec<Container> {
+        containers
+            .iter()
+            .filter_map(|c| {
+                let r = c.resources.as_ref()?;
+                let (limits, requests) = (extended(&r.limits), extended(&r.requests));
+                (limits.is_some() || requests.is_some()).then(|| Container {
+                    name: c.name.clone(),
+                    restart_policy: c.restart_policy.clone(),
+                    resources: Some(ResourceRequirements {
+                        limits,
+                        requests,
+                        ..ResourceRequirements::default()
+                    }),
+                    ..Container::default()
+                })
             })
-        })
-        .collect();
-    if containers.is_empty() {
+            .collect()
+    };
+    let containers = holding(&spec.containers);
+    let init_containers = holding(spec.init_containers.as_deref().unwrap_or_default());
+    if containers.is_empty() && init_containers.is_empty() {
         return None;
     }
     Some(Pod {
@@ -176,6 +182,7 @@ fn gpu_holder(pod: &Pod) -> Option<Pod> {
         spec: Some(PodSpec {
             node_name: spec.node_name.clone(),
             containers,
+            init_containers: (!init_containers.is_empty()).then_some(init_containers),
             ..PodSpec::default()
         }),
         status: Some(PodStatus {

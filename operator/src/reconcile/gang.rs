@@ -7,7 +7,7 @@
 
 use std::collections::BTreeMap;
 
-use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::core::v1::{Container, Node, Pod};
 
 /// GPU resource when a service does not name one.
 pub const DEFAULT_GPU_RESOURCE: &str = "nvidia.com/gpu";
@@ -252,33 +252,65 @@ pub fn is_terminated(pod: &Pod) -> bool {
     )
 }
 
-/// Integer counts of extended resources (e.g. GPUs) a pod's containers request; limits
-/// stand in for requests, as the API server defaults them for extended resources.
+/// The extended resources (GPUs) a pod holds, counted as the scheduler counts a pod's
+/// requests (Kubernetes' effective requests with native sidecars, KEP-753): its containers
+/// and its native sidecars (init containers with `restartPolicy: Always`) added up, or,
+/// where larger, an ordinary init container's own amount with the sidecars started before
+/// it.
 fn extended_requests(pod: &Pod) -> BTreeMap<String, i64> {
-    let mut total = BTreeMap::new();
-    let containers = pod.spec.iter().flat_map(|s| s.containers.iter());
-    for container in containers {
-        let Some(resources) = &container.resources else {
-            continue;
-        };
-        let mut amounts: BTreeMap<&String, i64> = BTreeMap::new();
-        for source in [&resources.limits, &resources.requests]
-            .into_iter()
-            .flatten()
-        {
-            for (name, q) in source {
-                if name.contains('/')
-                    && let Some(n) = parse_count(&q.0)
-                {
-                    amounts.insert(name, n);
-                }
+    let Some(spec) = &pod.spec else {
+        return BTreeMap::new();
+    };
+    let add = |total: &mut BTreeMap<String, i64>, more: BTreeMap<String, i64>| {
+        for (name, n) in more {
+            *total.entry(name).or_insert(0) += n;
+        }
+    };
+    let mut sidecars = BTreeMap::new();
+    let mut init_peak = BTreeMap::new();
+    for init in spec.init_containers.iter().flatten() {
+        if init.restart_policy.as_deref() == Some("Always") {
+            add(&mut sidecars, container_extended(init));
+        } else {
+            let mut during = sidecars.clone();
+            add(&mut during, container_extended(init));
+            for (name, n) in during {
+                let peak = init_peak.entry(name).or_insert(n);
+                *peak = (*peak).max(n);
             }
         }
-        for (name, n) in amounts {
-            *total.entry(name.clone()).or_insert(0) += n;
+    }
+    let mut running = sidecars;
+    for container in &spec.containers {
+        add(&mut running, container_extended(container));
+    }
+    for (name, n) in init_peak {
+        let held = running.entry(name).or_insert(n);
+        *held = (*held).max(n);
+    }
+    running
+}
+
+/// One container's extended resources (names with a `/`); its request where it sets one,
+/// else its limit (the API server makes them equal).
+fn container_extended(container: &Container) -> BTreeMap<String, i64> {
+    let mut amounts = BTreeMap::new();
+    let Some(resources) = &container.resources else {
+        return amounts;
+    };
+    for source in [&resources.limits, &resources.requests]
+        .into_iter()
+        .flatten()
+    {
+        for (name, q) in source {
+            if name.contains('/')
+                && let Some(n) = parse_count(&q.0)
+            {
+                amounts.insert(name.clone(), n);
+            }
         }
     }
-    total
+    amounts
 }
 
 /// Extended resources are whole numbers; anything else (cpu "500m") is not counted.

@@ -86,7 +86,7 @@ pub fn assets() -> PathBuf {
              etcd, kube-apiserver, kube-scheduler, kube-controller-manager and kubectl \
              ({binary} is missing{}). Get them with `../shared/k8s/install.sh .cache/k8s && \
              export {ASSETS_VAR}=$PWD/.cache/k8s` or controller-runtime's \
-             `setup-envtest use 1.36 -p path`; `.ci/run` does the former.",
+             `setup-envtest use 1.36 -p path`; `make k8s` does the former.",
             dir.map(|d| format!(" in {}", d.display()))
                 .unwrap_or_else(|| format!("; {ASSETS_VAR} is unset"))
         );
@@ -240,15 +240,7 @@ impl ControlPlane {
             .stdin(Stdio::null())
             .stdout(log.try_clone()?)
             .stderr(log);
-        // SAFETY: prctl(PR_SET_PDEATHSIG) is async-signal-safe, as pre_exec requires.
-        unsafe {
-            command.pre_exec(|| {
-                rustix::process::set_parent_process_death_signal(Some(
-                    rustix::process::Signal::KILL,
-                ))
-                .map_err(std::io::Error::from)
-            });
-        }
+        die_with_parent(&mut command);
         let child = command
             .spawn()
             .with_context(|| format!("starting {}", self.assets.join(binary).display()))?;
@@ -306,21 +298,11 @@ impl ControlPlane {
     }
 
     /// The last lines a process of the control plane wrote.
-    pub fn log_tail(&self, binary: &str) -> String {
+    fn log_tail(&self, binary: &str) -> String {
         let log = std::fs::read_to_string(self.dir.path().join(format!("{binary}.log")))
             .unwrap_or_default();
         let lines: Vec<&str> = log.lines().collect();
         lines[lines.len().saturating_sub(30)..].join("\n")
-    }
-
-    /// The API server's URL, `https://127.0.0.1:PORT`.
-    pub fn server(&self) -> &str {
-        &self.server
-    }
-
-    /// The PEM of the CA that signed the API server's serving certificate.
-    pub fn ca_pem(&self) -> &str {
-        &self.ca_pem
     }
 
     /// The admin's kubeconfig (group `system:masters`), for kubectl, helm and the like.
@@ -365,11 +347,6 @@ impl ControlPlane {
         self.client_from(None).await
     }
 
-    /// A client impersonating `user` (see [`Self::kubeconfig_as`]).
-    pub async fn client_as(&self, user: &str) -> anyhow::Result<Client> {
-        self.client_from(Some(user)).await
-    }
-
     async fn client_from(&self, impersonate: Option<&str>) -> anyhow::Result<Client> {
         let kubeconfig = Kubeconfig::from_yaml(&self.kubeconfig_yaml(impersonate))?;
         let config =
@@ -406,6 +383,18 @@ impl Drop for ControlPlane {
             let _ = child.kill();
             let _ = child.wait();
         }
+    }
+}
+
+/// Has the process `command` starts killed when the thread that started it ends, as when
+/// a test is killed on a timeout: nothing of a test outlives it.
+pub fn die_with_parent(command: &mut Command) {
+    // SAFETY: prctl(PR_SET_PDEATHSIG) is async-signal-safe, as pre_exec requires.
+    unsafe {
+        command.pre_exec(|| {
+            rustix::process::set_parent_process_death_signal(Some(rustix::process::Signal::KILL))
+                .map_err(std::io::Error::from)
+        });
     }
 }
 

@@ -152,7 +152,9 @@ impl Operator {
     pub async fn start(cp: &ControlPlane, user: &str, extra_args: &[&str]) -> Operator {
         let (webhook_port, metrics_port) = (free_port(), free_port());
         let webhook_url = format!("https://127.0.0.1:{webhook_port}/convert");
-        let child = Command::new(env!("CARGO_BIN_EXE_dynamo"))
+        let mut command = Command::new(env!("CARGO_BIN_EXE_dynamo"));
+        dynamo_envtest::die_with_parent(&mut command);
+        let child = command
             .arg("operator")
             .arg(format!("--webhook-url={webhook_url}"))
             .arg(format!("--port={metrics_port}"))
@@ -211,6 +213,7 @@ pub struct Process {
 
 impl Process {
     pub fn spawn(name: &str, mut command: Command, dir: &Path) -> Process {
+        dynamo_envtest::die_with_parent(&mut command);
         let log = dir.join(format!("{name}.log"));
         let out = std::fs::File::create(&log).unwrap();
         let child = command

@@ -95,8 +95,12 @@ pub fn assets() -> PathBuf {
     std::path::absolute(&dir).unwrap_or(dir)
 }
 
-fn free_port() -> anyhow::Result<u16> {
-    Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+/// A loopback port nothing listens on now.
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("binding a loopback port")
 }
 
 impl ControlPlane {
@@ -136,7 +140,7 @@ impl ControlPlane {
             path("tokens.csv"),
             format!("{ADMIN_TOKEN},{ADMIN_USER},{ADMIN_USER},system:masters\n"),
         )?;
-        let (etcd_port, etcd_peer, api_port) = (free_port()?, free_port()?, free_port()?);
+        let (etcd_port, etcd_peer, api_port) = (free_port(), free_port(), free_port());
         let mut cp = ControlPlane {
             children: Vec::new(),
             server: format!("https://127.0.0.1:{api_port}"),

@@ -8,14 +8,23 @@ mod cluster;
 use std::path::{Path, PathBuf};
 
 use cluster::{
-    Operator, Options, create_namespace, get_json, install_platform, nvidia_api, operator_user,
-    repo_root,
+    ControlPlane, Operator, Options, create_namespace, get_json, install_platform, nvidia_api,
+    operator_user, repo_root,
 };
 use kube::api::PostParams;
 use serde_json::Value;
 
 fn crd_dir() -> String {
     repo_root().join("crds/manifests").to_string_lossy().into()
+}
+
+/// Waits until the API server serves the CRDs of [`crd_dir`]; kubectl's report.
+fn wait_established(cp: &ControlPlane) -> String {
+    let wait = ["wait", "--for=condition=Established", "--timeout=30s", "-f"];
+    let mut args = wait.to_vec();
+    let dir = crd_dir();
+    args.push(&dir);
+    cp.kubectl_ok(&args).unwrap()
 }
 
 #[tokio::test]
@@ -31,15 +40,7 @@ async fn the_generated_crds_install_with_kubectl_client_side_and_server_side() {
         &crd_dir(),
     ])
     .unwrap();
-    let established = cp
-        .kubectl_ok(&[
-            "wait",
-            "--for=condition=Established",
-            "--timeout=30s",
-            "-f",
-            &crd_dir(),
-        ])
-        .unwrap();
+    let established = wait_established(&cp);
     assert_eq!(established.lines().count(), 3, "{established}");
     // Each as `make crds` generates it, not only the checked-in copies.
     for crd in dynamo_crds::manifests::crds() {
@@ -117,14 +118,7 @@ async fn the_api_server_refuses_every_bad_manifest_naming_its_field() {
     let cp = cluster::start(Options::default()).await;
     cp.kubectl_ok(&["apply", "--server-side", "-f", &crd_dir()])
         .unwrap();
-    cp.kubectl_ok(&[
-        "wait",
-        "--for=condition=Established",
-        "--timeout=30s",
-        "-f",
-        &crd_dir(),
-    ])
-    .unwrap();
+    wait_established(&cp);
     let client = cp.client().await.unwrap();
     let files = bad_manifests();
     assert!(files.len() >= 20, "{files:?}");

@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-pub use dynamo_envtest::{ControlPlane, Options, kubelet};
+pub use dynamo_envtest::{ControlPlane, Options, free_port, kubelet};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::Api;
 
@@ -135,14 +135,6 @@ pub struct Operator {
     child: Child,
     pub webhook_url: String,
     pub metrics_port: u16,
-}
-
-pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }
 
 impl Operator {

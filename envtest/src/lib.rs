@@ -181,6 +181,9 @@ impl ControlPlane {
             "--service-cluster-ip-range=10.96.0.0/16".into(),
             format!("--token-auth-file={}", path("tokens.csv").display()),
             "--allow-privileged=true".into(),
+            // Off by default, on in OpenShift: setting `blockOwnerDeletion` needs `update`
+            // on the owner's `finalizers`.
+            "--enable-admission-plugins=OwnerReferencesPermissionEnforcement".into(),
         ];
         if !options.controller_manager {
             // Its admission waits for the token controller, which only the

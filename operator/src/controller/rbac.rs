@@ -46,6 +46,15 @@ pub const CLUSTER_RULES: &[Rule] = &[
         verbs: &["patch"],
         names: &[],
     },
+    // Owner references with `blockOwnerDeletion` (every generated object's, so foreground
+    // deletion waits for them) need `update` on the owner's finalizers where the
+    // OwnerReferencesPermissionEnforcement admission is on (OpenShift's default).
+    Rule {
+        group: "nvidia.com",
+        resource: "dynamographdeployments/finalizers",
+        verbs: &["update"],
+        names: &[],
+    },
     // Created once per scalable service, then only their status is written; `get` and the
     // scale subresource only to grant them to planners, as above.
     Rule {
@@ -77,6 +86,13 @@ pub const CLUSTER_RULES: &[Rule] = &[
         group: "nvidia.com",
         resource: "dynamographdeploymentrequests/status",
         verbs: &["patch"],
+        names: &[],
+    },
+    // A request owns its generated graph and the planner's profile, as above.
+    Rule {
+        group: "nvidia.com",
+        resource: "dynamographdeploymentrequests/finalizers",
+        verbs: &["update"],
         names: &[],
     },
     // A request's model `config.json` is read from the ConfigMap it names; a generated

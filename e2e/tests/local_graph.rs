@@ -60,7 +60,7 @@ async fn settle(graph: &LocalGraph) {
 /// Per engine of `service`, a counter from its `/metrics`.
 async fn engine_counter(graph: &LocalGraph, service: &str, metric: &str) -> Vec<f64> {
     let mut values = Vec::new();
-    for engine in graph.engines(service).await {
+    for engine in graph.ready_engines(service).await {
         let text = get_text(&format!("http://{engine}/metrics")).await;
         values.push(metric_sum(&text, metric, &[]));
     }

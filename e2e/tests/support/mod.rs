@@ -138,6 +138,31 @@ impl LocalGraph {
             .collect()
     }
 
+    /// The engines of `service` once every replica is ready. The frontend is healthy as
+    /// soon as one replica of each service is, and under load a second engine can still
+    /// be starting then.
+    pub async fn ready_engines(&self, service: &str) -> Vec<String> {
+        let start = Instant::now();
+        loop {
+            let graph = self.graph().await;
+            let replicas = graph["services"][service]
+                .as_array()
+                .expect("the service runs");
+            if replicas.iter().all(|r| r["ready"] == true) {
+                return replicas
+                    .iter()
+                    .map(|r| r["engine"].as_str().unwrap().to_owned())
+                    .collect();
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(60),
+                "{service}'s replicas are not all ready after 60 s: {graph:#}\n{}",
+                self.log_text()
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
     /// Runs `scripts/NAME` with the project's Python (`make pyenv`) and `args`; its
     /// standard output. A failed run fails the test with its output and the graph's log.
     pub async fn run_script(&self, name: &str, args: Vec<String>) -> String {

@@ -17,7 +17,8 @@ use std::time::{Duration, Instant};
 use api::FakeApi;
 use dynamo_crds::DynamoGraphDeployment;
 use dynamo_operator::controller::metrics::Metrics;
-use dynamo_operator::controller::{Context, Stores, dgd, observe};
+use dynamo_operator::controller::{ChildStores, Context, Stores, dgd, observe};
+use dynamo_operator::reconcile::kinds::{Child, KindVisitor, Watch, each_kind};
 use dynamo_operator::reconcile::{OperatorConfig, reconcile};
 use k8s_openapi::api::core::v1::{Node, NodeStatus};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
@@ -46,20 +47,24 @@ fn store_of<K: kube::Resource<DynamicType = ()> + Clone + 'static>(objects: Vec<
     store
 }
 
+/// One cache per watched kind of the table, as the reflectors would fill them.
 fn caches(api: &FakeApi) -> Stores {
+    struct Fill<'a>(&'a FakeApi, ChildStores);
+    impl KindVisitor for Fill<'_> {
+        type Out = ();
+        fn visit<K: Child>(&mut self) {
+            if K::WATCH != Watch::No {
+                self.1.insert(store_of::<K>(self.0.objects_of()));
+            }
+        }
+    }
+    let mut fill = Fill(api, ChildStores::default());
+    each_kind(&mut fill);
     Stores {
         graphs: store_of(api.objects_of()),
         requests: store_of(api.objects_of()),
-        adapters: store_of(api.objects_of()),
-        pods: store_of(api.objects_of()),
         nodes: store_of(api.objects_of()),
-        deployments: store_of(api.objects_of()),
-        services: store_of(api.objects_of()),
-        inference_pools: Some(store_of(api.objects_of())),
-        http_routes: Some(store_of(api.objects_of())),
-        service_accounts: store_of(api.objects_of()),
-        roles: store_of(api.objects_of()),
-        role_bindings: store_of(api.objects_of()),
+        children: fill.1,
     }
 }
 

@@ -4,19 +4,21 @@
 //! its ServiceAccount, so the real authorizer checks every verb). Samples come up Ready
 //! with their Services, InferencePool, HTTPRoute and scaling adapters; `kubectl scale` of
 //! an adapter changes replicas; a multinode gang lands inside one `nvidia.com/gpu.clique`;
-//! deleting a graph garbage-collects its children.
+//! deleting a graph garbage-collects its children, of every kind of the operator's table.
 
 mod cluster;
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 
 use cluster::kubelet::{self, FakeNode};
 use cluster::{
-    ControlPlane, GRAPH_LABEL, apply_samples, eventually, platform, repo_root, running_pods,
-    wait_ready,
+    ControlPlane, GRAPH_LABEL, apply_samples, diagnostics, eventually, platform, poll, repo_root,
+    running_pods, wait_ready,
 };
+use dynamo_operator::reconcile::ObjectKind;
+use dynamo_operator::reconcile::kinds::{Child, KindVisitor, each_kind};
 use k8s_openapi::api::core::v1::{Node, Pod};
-use kube::api::{Api, ListParams};
+use kube::api::{Api, ApiResource, DynamicObject, ListParams};
 use kube::{Client, ResourceExt as _};
 
 /// Names of the graph's Running pods.
@@ -189,6 +191,108 @@ async fn samples_come_up_scale_and_are_collected() {
     .await;
     // The other graphs are untouched.
     assert!(!running(&client, ns, "disagg-mocker").await.is_empty());
+}
+
+/// The graph's objects of every kind of the operator's table (`reconcile::kinds`), by kind,
+/// those whose deletion has started left out: the garbage collector's deletion is what
+/// counts, and a claim's `kubernetes.io/pvc-protection` finalizer is for a controller this
+/// control plane does not run.
+async fn objects_by_kind(
+    client: &Client,
+    namespace: &str,
+    graph: &str,
+) -> BTreeMap<ObjectKind, Vec<String>> {
+    struct Resources;
+    impl KindVisitor for Resources {
+        type Out = (ObjectKind, ApiResource);
+        fn visit<K: Child>(&mut self) -> Self::Out {
+            (K::KIND, ApiResource::erase::<K>(&()))
+        }
+    }
+    let selector = ListParams::default().labels(&format!("{GRAPH_LABEL}={graph}"));
+    let mut by_kind = BTreeMap::new();
+    for (kind, resource) in each_kind(&mut Resources) {
+        let api: Api<DynamicObject> = Api::namespaced_with(client.clone(), namespace, &resource);
+        let objects = api
+            .list(&selector)
+            .await
+            .unwrap_or_else(|e| panic!("listing {kind:?}: {e}"));
+        let names = objects
+            .items
+            .iter()
+            .filter(|o| o.metadata.deletion_timestamp.is_none())
+            .map(|o| o.name_any())
+            .collect();
+        by_kind.insert(kind, names);
+    }
+    by_kind
+}
+
+/// Every kind of the table is applied and garbage-collected: a graph that wants objects of
+/// each (agg-mocker with a gateway, a scaling adapter and a claim) gets at least one of each
+/// kind, labeled with the graph, and none is left once the graph is deleted. The kinds come
+/// from the table itself, so a new kind cannot be left out.
+#[tokio::test]
+async fn every_kind_of_the_table_is_applied_and_collected() {
+    let nodes = [
+        FakeNode::gpu("a1", "clique-a", 8),
+        FakeNode::gpu("a2", "clique-a", 8),
+    ];
+    let (cp, client, _operator, _kubelet) = platform(&nodes).await;
+    let ns = "kinds";
+    cp.kubectl_ok(&["create", "namespace", ns]).unwrap();
+    let sample = repo_root().join("config/samples/agg-mocker.yaml");
+    let mut graph: serde_json::Value =
+        serde_saphyr::from_str(&std::fs::read_to_string(sample).unwrap()).unwrap();
+    let name = graph["metadata"]["name"].as_str().unwrap().to_string();
+    graph["metadata"]["annotations"] =
+        serde_json::json!({"nvidia.com/dynamo-gateway": "inference-gateway"});
+    graph["spec"]["services"]["worker"]["scalingAdapter"] = serde_json::json!({"enabled": true});
+    graph["spec"]["pvcs"] = serde_json::json!([{
+        "name": "cache", "create": true, "size": "1Gi",
+        "storageClass": "standard", "volumeAccessMode": "ReadWriteOnce",
+    }]);
+    let file = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(file.path(), graph.to_string()).unwrap();
+    cp.kubectl_ok(&["apply", "-n", ns, "-f", file.path().to_str().unwrap()])
+        .unwrap();
+
+    let every_kind = poll(60, || async {
+        let by_kind = objects_by_kind(&client, ns, &name).await;
+        by_kind.values().all(|o| !o.is_empty()).then_some(by_kind)
+    })
+    .await;
+    let Some(by_kind) = every_kind else {
+        panic!(
+            "some kinds have no object of the graph after 60 s: {:#?}\n{}",
+            objects_by_kind(&client, ns, &name).await,
+            diagnostics(&cp, ns)
+        );
+    };
+    assert_eq!(
+        by_kind.keys().copied().collect::<Vec<_>>(),
+        ObjectKind::ALL,
+        "{by_kind:#?}"
+    );
+
+    cp.kubectl_ok(&[
+        "delete",
+        "-n",
+        ns,
+        &format!("dynamographdeployments.v1alpha1.nvidia.com/{name}"),
+    ])
+    .unwrap();
+    let collected = poll(60, || async {
+        let by_kind = objects_by_kind(&client, ns, &name).await;
+        by_kind.values().all(Vec::is_empty).then_some(())
+    })
+    .await;
+    if collected.is_none() {
+        panic!(
+            "the graph's children are not all collected after 60 s: {:#?}",
+            objects_by_kind(&client, ns, &name).await
+        );
+    }
 }
 
 #[tokio::test]

@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use common::api::{FakeApi, Recorded};
 use common::{caches, cluster, events, graph_path, path, pod_path, sample};
+use dynamo_crds::inference_pool::InferencePool;
 use dynamo_crds::{DynamoGraphDeployment, DynamoGraphDeploymentScalingAdapter};
 use dynamo_operator::controller::metrics::Metrics;
 use dynamo_operator::controller::{Context, Error, dgd, dgdsa, observe};
@@ -553,8 +554,9 @@ async fn adapter_pass(client: &Client, api: &FakeApi, name: &str) -> Result<Acti
     let ctx = context(client, api, &Arc::new(Metrics::default()));
     let adapter = ctx
         .stores
-        .adapters
-        .get(&ObjectRef::<DynamoGraphDeploymentScalingAdapter>::new(name).within(NS))
+        .children
+        .get::<DynamoGraphDeploymentScalingAdapter>()
+        .and_then(|adapters| adapters.get(&ObjectRef::new(name).within(NS)))
         .expect("adapter in the cache");
     dgdsa::reconcile(adapter, ctx).await
 }
@@ -661,7 +663,7 @@ async fn without_the_inference_pool_api_the_graph_is_served_by_its_services() {
     let (client, api) = FakeApi::start();
     let dgd = Arc::new(install(&api, "agg-mocker"));
     let mut stores = caches(&api);
-    stores.inference_pools = None;
+    stores.children.remove::<InferencePool>();
     let ctx = Arc::new(Context::new(
         client,
         OperatorConfig::default(),

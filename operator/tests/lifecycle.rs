@@ -6,6 +6,7 @@ use std::collections::BTreeSet;
 
 use common::{cluster, now, observed, run, running, sample};
 use dynamo_crds::GraphState;
+use dynamo_operator::reconcile::kinds::{Child, KindVisitor, Observe, Watch, each_kind};
 use dynamo_operator::reconcile::{
     Desired, ObjectKey, ObjectKind, Observed, OperatorConfig, ReconcileError, is_gated,
     pod_selector, reconcile,
@@ -14,47 +15,26 @@ use k8s_openapi::api::apps::v1::{Deployment, DeploymentStatus};
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
+/// What the controller would observe as keys (`Observe::Keys`) once `d` is applied.
 fn owned_keys(d: &Desired) -> Vec<ObjectKey> {
-    let key = |kind, name: &Option<String>| ObjectKey {
-        kind,
-        name: name.clone().unwrap(),
-        uid: None,
-    };
-    d.services
-        .iter()
-        .map(|o| key(ObjectKind::Service, &o.metadata.name))
-        .chain(
-            d.inference_pools
+    struct Keys<'a>(&'a Desired);
+    impl KindVisitor for Keys<'_> {
+        type Out = Vec<ObjectKey>;
+        fn visit<K: Child>(&mut self) -> Vec<ObjectKey> {
+            if K::WATCH == Watch::No || !matches!(K::OBSERVE, Observe::Keys) {
+                return Vec::new();
+            }
+            K::desired(self.0)
                 .iter()
-                .map(|o| key(ObjectKind::InferencePool, &o.metadata.name)),
-        )
-        .chain(
-            d.http_routes
-                .iter()
-                .map(|o| key(ObjectKind::HTTPRoute, &o.metadata.name)),
-        )
-        .chain(d.scaling_adapters.iter().map(|o| {
-            key(
-                ObjectKind::DynamoGraphDeploymentScalingAdapter,
-                &o.metadata.name,
-            )
-        }))
-        .chain(
-            d.service_accounts
-                .iter()
-                .map(|o| key(ObjectKind::ServiceAccount, &o.metadata.name)),
-        )
-        .chain(
-            d.roles
-                .iter()
-                .map(|o| key(ObjectKind::Role, &o.metadata.name)),
-        )
-        .chain(
-            d.role_bindings
-                .iter()
-                .map(|o| key(ObjectKind::RoleBinding, &o.metadata.name)),
-        )
-        .collect()
+                .map(|o| ObjectKey {
+                    kind: K::KIND,
+                    name: o.meta().name.clone().unwrap(),
+                    uid: None,
+                })
+                .collect()
+        }
+    }
+    each_kind(&mut Keys(d)).concat()
 }
 
 /// Deployments as the API server reports them once rolled out.

@@ -17,10 +17,7 @@ use serde_json::{Value, json};
 /// Starts both controllers on a fresh fake API server.
 fn start() -> (FakeApi, tokio::task::JoinHandle<()>) {
     let (client, api) = FakeApi::start();
-    let apis = OptionalApis {
-        inference_pool: true,
-        http_route: true,
-    };
+    let apis = OptionalApis::default();
     let controllers = tokio::spawn(async move {
         run_controllers(
             client,

@@ -5,22 +5,20 @@
 
 use std::fmt::Debug;
 
-use dynamo_crds::DynamoGraphDeploymentScalingAdapter;
-use dynamo_crds::inference_pool::InferencePool;
-use gateway_api::apis::standard::httproutes::HttpRoute;
+use futures::future::BoxFuture;
 use k8s_openapi::NamespaceResourceScope;
-use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod, Service, ServiceAccount};
-use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams, Preconditions};
 use kube::{Client, Resource};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
 use super::error::{ChildError, Error, Verb};
+use crate::reconcile::kinds::{Child, KindVisitor, Write, each_kind};
 use crate::reconcile::{Desired, FIELD_MANAGER, ObjectKey, ObjectKind};
 
-/// Applies, creates and deletes what `desired` asks for in `namespace`.
+/// Applies, creates and deletes what `desired` asks for in `namespace`: kind by kind in the
+/// table's order (`reconcile::kinds`, where what a pod needs comes before the pod), then the
+/// deletions.
 pub async fn children(client: &Client, namespace: &str, desired: &Desired) -> Result<(), Error> {
     let mut writes = Writes {
         client,
@@ -28,43 +26,16 @@ pub async fn children(client: &Client, namespace: &str, desired: &Desired) -> Re
         failed: Vec::new(),
         total: 0,
     };
-    // What a pod needs exists before the pod: the API server's ServiceAccount admission
-    // refuses a pod whose account is missing, and the scheduler holds back one whose
-    // claim is. The account comes before the Role, both before the binding joining them.
-    for o in &desired.service_accounts {
-        writes.apply(ObjectKind::ServiceAccount, o).await;
-    }
-    for o in &desired.roles {
-        writes.apply(ObjectKind::Role, o).await;
-    }
-    for o in &desired.role_bindings {
-        writes.apply(ObjectKind::RoleBinding, o).await;
-    }
-    for o in &desired.persistent_volume_claims {
-        writes.create(ObjectKind::PersistentVolumeClaim, o).await;
-    }
-    for o in &desired.services {
-        writes.apply(ObjectKind::Service, o).await;
-    }
-    for o in &desired.pods {
-        writes.apply(ObjectKind::Pod, o).await;
-    }
-    for o in &desired.deployments {
-        writes.apply(ObjectKind::Deployment, o).await;
-    }
-    for o in &desired.inference_pools {
-        writes.apply(ObjectKind::InferencePool, o).await;
-    }
-    for o in &desired.http_routes {
-        writes.apply(ObjectKind::HTTPRoute, o).await;
-    }
-    for o in &desired.scaling_adapters {
-        writes
-            .create(ObjectKind::DynamoGraphDeploymentScalingAdapter, o)
-            .await;
+    let kinds = each_kind(&mut KindWrites);
+    for kind in &kinds {
+        (kind.write)(&mut writes, desired).await;
     }
     for key in &desired.deletions {
-        writes.delete(key).await;
+        let kind = kinds
+            .iter()
+            .find(|k| k.kind == key.kind)
+            .expect("every kind is in the table");
+        (kind.delete)(&mut writes, key).await;
     }
     if writes.failed.is_empty() {
         Ok(())
@@ -73,6 +44,37 @@ pub async fn children(client: &Client, namespace: &str, desired: &Desired) -> Re
             failed: writes.failed,
             total: writes.total,
         })
+    }
+}
+
+/// The writes of one kind of the table, typed.
+struct KindWrites;
+
+struct Ops {
+    kind: ObjectKind,
+    /// Writes every desired object of the kind.
+    write: for<'a> fn(&'a mut Writes<'_>, &'a Desired) -> BoxFuture<'a, ()>,
+    delete: for<'a> fn(&'a mut Writes<'_>, &'a ObjectKey) -> BoxFuture<'a, ()>,
+}
+
+impl KindVisitor for KindWrites {
+    type Out = Ops;
+
+    fn visit<K: Child>(&mut self) -> Ops {
+        Ops {
+            kind: K::KIND,
+            write: |writes, desired| {
+                Box::pin(async move {
+                    for object in K::desired(desired) {
+                        match K::WRITE {
+                            Write::Apply => writes.apply(K::KIND, object).await,
+                            Write::Create => writes.create(K::KIND, object).await,
+                        }
+                    }
+                })
+            },
+            delete: |writes, key| Box::pin(writes.delete::<K>(key)),
+        }
     }
 }
 
@@ -103,14 +105,7 @@ impl Writes<'_> {
         }
     }
 
-    async fn apply<K>(&mut self, kind: ObjectKind, object: &K)
-    where
-        K: Resource<Scope = NamespaceResourceScope, DynamicType = ()>
-            + Serialize
-            + DeserializeOwned
-            + Clone
-            + Debug,
-    {
+    async fn apply<K: Child>(&mut self, kind: ObjectKind, object: &K) {
         let name = object.meta().name.clone().unwrap_or_default();
         let params = PatchParams::apply(FIELD_MANAGER).force();
         let result = self
@@ -123,14 +118,7 @@ impl Writes<'_> {
 
     /// Creates `object` unless it exists: for objects whose spec, once made, belongs to
     /// someone else (an adapter's replicas) or cannot change (a claim).
-    async fn create<K>(&mut self, kind: ObjectKind, object: &K)
-    where
-        K: Resource<Scope = NamespaceResourceScope, DynamicType = ()>
-            + Serialize
-            + DeserializeOwned
-            + Clone
-            + Debug,
-    {
+    async fn create<K: Child>(&mut self, kind: ObjectKind, object: &K) {
         let name = object.meta().name.clone().unwrap_or_default();
         let params = PostParams {
             field_manager: Some(FIELD_MANAGER.into()),
@@ -144,7 +132,7 @@ impl Writes<'_> {
         self.record(Verb::Create, kind, &name, result);
     }
 
-    async fn delete(&mut self, key: &ObjectKey) {
+    async fn delete<K: Child>(&mut self, key: &ObjectKey) {
         let params = DeleteParams {
             preconditions: Some(Preconditions {
                 uid: key.uid.clone(),
@@ -153,50 +141,10 @@ impl Writes<'_> {
             ..DeleteParams::background()
         };
         let name = key.name.as_str();
-        let result = match key.kind {
-            ObjectKind::Pod => self.api::<Pod>().delete(name, &params).await.map(drop),
-            ObjectKind::Service => self.api::<Service>().delete(name, &params).await.map(drop),
-            ObjectKind::Deployment => self
-                .api::<Deployment>()
-                .delete(name, &params)
-                .await
-                .map(drop),
-            ObjectKind::InferencePool => self
-                .api::<InferencePool>()
-                .delete(name, &params)
-                .await
-                .map(drop),
-            ObjectKind::HTTPRoute => self
-                .api::<HttpRoute>()
-                .delete(name, &params)
-                .await
-                .map(drop),
-            ObjectKind::DynamoGraphDeploymentScalingAdapter => self
-                .api::<DynamoGraphDeploymentScalingAdapter>()
-                .delete(name, &params)
-                .await
-                .map(drop),
-            ObjectKind::ServiceAccount => self
-                .api::<ServiceAccount>()
-                .delete(name, &params)
-                .await
-                .map(drop),
-            ObjectKind::Role => self.api::<Role>().delete(name, &params).await.map(drop),
-            ObjectKind::RoleBinding => self
-                .api::<RoleBinding>()
-                .delete(name, &params)
-                .await
-                .map(drop),
-            ObjectKind::PersistentVolumeClaim => self
-                .api::<PersistentVolumeClaim>()
-                .delete(name, &params)
-                .await
-                .map(drop),
-        };
-        // Already gone (404), or a namesake with another UID replaced it (409): done.
-        let result = match result {
+        let result = match self.api::<K>().delete(name, &params).await {
+            // Already gone (404), or a namesake with another UID replaced it (409): done.
             Err(e) if matches!(status_code(&e), Some(404 | 409)) => Ok(()),
-            other => other,
+            other => other.map(drop),
         };
         self.record(Verb::Delete, key.kind, name, result);
     }

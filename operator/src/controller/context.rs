@@ -1,42 +1,32 @@
 //! What every reconcile shares: the client, the watch caches, settings, metrics, Events.
 
-use std::collections::HashMap;
+use std::any::Any;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use dynamo_crds::inference_pool::InferencePool;
-use dynamo_crds::{
-    DynamoGraphDeployment, DynamoGraphDeploymentRequest, DynamoGraphDeploymentScalingAdapter,
-};
-use gateway_api::apis::standard::httproutes::HttpRoute;
-use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::core::v1::ObjectReference;
-use k8s_openapi::api::core::v1::{Node, Pod, Service, ServiceAccount};
-use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
+use dynamo_crds::{DynamoGraphDeployment, DynamoGraphDeploymentRequest};
+use futures::FutureExt;
+use futures::future::BoxFuture;
+use k8s_openapi::api::core::v1::{Node, ObjectReference};
 use kube::Client;
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::runtime::reflector::Store;
+use kube::runtime::reflector::store::WriterDropped;
 
 use super::metrics::Metrics;
-use crate::reconcile::{Decision, FIELD_MANAGER, OperatorConfig, Severity};
+use crate::reconcile::kinds::Child;
+use crate::reconcile::{Decision, FIELD_MANAGER, ObjectKind, OperatorConfig, Severity};
 
-/// Watch caches (reflector stores) of everything the controllers read. The two Gateway
-/// API kinds are `None` when their CRDs are not installed in the cluster.
+/// Watch caches (reflector stores) of everything the controllers read.
 #[derive(Clone)]
 pub struct Stores {
     pub graphs: Store<DynamoGraphDeployment>,
     pub requests: Store<DynamoGraphDeploymentRequest>,
-    pub adapters: Store<DynamoGraphDeploymentScalingAdapter>,
-    pub pods: Store<Pod>,
     pub nodes: Store<Node>,
-    pub deployments: Store<Deployment>,
-    pub services: Store<Service>,
-    pub inference_pools: Option<Store<InferencePool>>,
-    pub http_routes: Option<Store<HttpRoute>>,
-    /// The EPPs' access objects; only those carrying a graph label are cached.
-    pub service_accounts: Store<ServiceAccount>,
-    pub roles: Store<Role>,
-    pub role_bindings: Store<RoleBinding>,
+    /// The graphs' children: one cache per watched kind of the table (`reconcile::kinds`),
+    /// none for an optional API the cluster does not serve.
+    pub children: ChildStores,
 }
 
 impl Stores {
@@ -46,27 +36,47 @@ impl Stores {
         let stopped = |_| super::Error::CachesStopped;
         self.graphs.wait_until_ready().await.map_err(stopped)?;
         self.requests.wait_until_ready().await.map_err(stopped)?;
-        self.adapters.wait_until_ready().await.map_err(stopped)?;
-        self.pods.wait_until_ready().await.map_err(stopped)?;
         self.nodes.wait_until_ready().await.map_err(stopped)?;
-        self.deployments.wait_until_ready().await.map_err(stopped)?;
-        self.services.wait_until_ready().await.map_err(stopped)?;
-        self.service_accounts
-            .wait_until_ready()
-            .await
-            .map_err(stopped)?;
-        self.roles.wait_until_ready().await.map_err(stopped)?;
-        self.role_bindings
-            .wait_until_ready()
-            .await
-            .map_err(stopped)?;
-        if let Some(s) = &self.inference_pools {
-            s.wait_until_ready().await.map_err(stopped)?;
-        }
-        if let Some(s) = &self.http_routes {
-            s.wait_until_ready().await.map_err(stopped)?;
+        for store in self.children.0.values() {
+            store.wait_until_ready().await.map_err(stopped)?;
         }
         Ok(())
+    }
+}
+
+/// Watch caches of the graphs' children, by kind.
+#[derive(Clone, Default)]
+pub struct ChildStores(BTreeMap<ObjectKind, Arc<dyn ChildStore>>);
+
+impl ChildStores {
+    pub fn insert<K: Child>(&mut self, store: Store<K>) {
+        self.0.insert(K::KIND, Arc::new(store));
+    }
+
+    /// The cache of kind `K`; `None` when the kind is not watched or its API not served.
+    pub fn get<K: Child>(&self) -> Option<&Store<K>> {
+        self.0.get(&K::KIND)?.as_any().downcast_ref()
+    }
+
+    /// Forgets the cache of kind `K`, as if its API were not served.
+    pub fn remove<K: Child>(&mut self) {
+        self.0.remove(&K::KIND);
+    }
+}
+
+/// A [`Store`] of some kind of the table.
+trait ChildStore: Send + Sync {
+    fn as_any(&self) -> &dyn Any;
+    fn wait_until_ready(&self) -> BoxFuture<'_, Result<(), WriterDropped>>;
+}
+
+impl<K: Child> ChildStore for Store<K> {
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+
+    fn wait_until_ready(&self) -> BoxFuture<'_, Result<(), WriterDropped>> {
+        Store::wait_until_ready(self).boxed()
     }
 }
 

@@ -11,9 +11,10 @@ use kube::runtime::controller::Action;
 use kube::{Resource, ResourceExt};
 
 use super::apply::{self, write_status};
-use super::context::Context;
+use super::context::{ChildStores, Context};
 use super::error::Error;
 use super::observe;
+use crate::reconcile::kinds::{Child, KindVisitor, each_kind};
 use crate::reconcile::{self, Decision, Desired, Severity};
 
 /// Label value of this controller in the metrics.
@@ -107,28 +108,32 @@ async fn reconcile_graph(dgd: &DynamoGraphDeployment, ctx: &Context) -> Result<A
     }))
 }
 
-/// The Gateway API kinds are optional: without their CRDs the graph is served through its
-/// Services only, and the Events say so.
+/// The kinds of the table with an optional API (the Gateway API's): without their CRDs the
+/// graph is served through its Services only, and the Events say so.
 fn skip_missing_apis(ctx: &Context, desired: &mut Desired) {
-    if ctx.stores.inference_pools.is_none() && !desired.inference_pools.is_empty() {
-        desired.inference_pools.clear();
-        desired.decisions.push(warning(
-            "InferencePoolApiMissing",
-            "the InferencePool API (inference.networking.k8s.io/v1) is not installed; \
-             install the Gateway API Inference Extension CRDs and restart the operator to \
-             route through a Gateway"
-                .into(),
-        ));
+    struct Skip<'a> {
+        stores: &'a ChildStores,
+        desired: &'a mut Desired,
     }
-    if ctx.stores.http_routes.is_none() && !desired.http_routes.is_empty() {
-        desired.http_routes.clear();
-        desired.decisions.push(warning(
-            "HTTPRouteApiMissing",
-            "the HTTPRoute API (gateway.networking.k8s.io/v1) is not installed; install the \
-             Gateway API CRDs and restart the operator"
-                .into(),
-        ));
+    impl KindVisitor for Skip<'_> {
+        type Out = ();
+        fn visit<K: Child>(&mut self) {
+            let Some(remedy) = K::OPTIONAL else { return };
+            if self.stores.get::<K>().is_some() || K::desired(self.desired).is_empty() {
+                return;
+            }
+            K::desired_mut(self.desired).clear();
+            let (kind, api_version) = (K::kind(&()), K::api_version(&()));
+            self.desired.decisions.push(warning(
+                &format!("{kind}ApiMissing"),
+                format!("the {kind} API ({api_version}) is not installed; {remedy}"),
+            ));
+        }
     }
+    each_kind(&mut Skip {
+        stores: &ctx.stores.children,
+        desired,
+    });
 }
 
 /// Reports the decisions as Events on the graph: one per reason, with the messages of

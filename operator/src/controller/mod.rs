@@ -28,6 +28,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context as _;
+use dynamo_crds::DynamoGraphDeploymentScalingAdapter;
 use futures::StreamExt;
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::Client;
@@ -35,7 +36,7 @@ use kube::api::Api;
 use kube::runtime::controller::{self, Config, applier};
 use tokio::net::TcpListener;
 
-pub use context::{Context, Stores};
+pub use context::{ChildStores, Context, Stores};
 pub use error::{ChildError, Error, Verb};
 pub use observe::observe;
 pub use watches::OptionalApis;
@@ -192,10 +193,7 @@ async fn serve(args: OperatorArgs) -> anyhow::Result<()> {
         &args.operator_config().cluster_domain,
     )
     .await?;
-    let apis = OptionalApis {
-        inference_pool: served(&client, "inference.networking.k8s.io/v1", "inferencepools").await,
-        http_route: served(&client, "gateway.networking.k8s.io/v1", "httproutes").await,
-    };
+    let apis = OptionalApis::discover(&client).await;
     let identity = args.identity.clone().unwrap_or_else(hostname);
     let settings = Config::default()
         .concurrency(args.concurrency)
@@ -251,6 +249,10 @@ pub async fn run_controllers(
     identity: &str,
 ) {
     let (stores, queues, watching) = watches::start(client.clone(), apis);
+    let adapters = (stores.children)
+        .get::<DynamoGraphDeploymentScalingAdapter>()
+        .cloned()
+        .expect("scaling adapters are always watched");
     let ctx = Arc::new(Context::new(
         client,
         config,
@@ -271,7 +273,7 @@ pub async fn run_controllers(
         |adapter, ctx| Box::pin(dgdsa::reconcile(adapter, ctx)),
         dgdsa::error_policy,
         ctx.clone(),
-        stores.adapters,
+        adapters,
         queues.adapters.map(Ok::<_, std::convert::Infallible>),
         settings.clone(),
     )
@@ -298,19 +300,6 @@ async fn log_outcome<T, E: std::error::Error, Q: std::error::Error>(
         // Reconcile errors are logged by the error policies.
         Err(controller::Error::ReconcilerFailed(..)) => {}
         Err(e) => tracing::warn!(error = %e, "controller"),
-    }
-}
-
-/// Whether the API server serves `resource` in `group_version` (discovery needs no RBAC).
-async fn served(client: &Client, group_version: &str, resource: &str) -> bool {
-    match client.list_api_group_resources(group_version).await {
-        Ok(list) => list.resources.iter().any(|r| r.name == resource),
-        Err(e) => {
-            if apply::status_code(&e) != Some(404) {
-                tracing::warn!(%group_version, error = %e, "discovery");
-            }
-            false
-        }
     }
 }
 

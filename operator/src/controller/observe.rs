@@ -7,130 +7,105 @@ use k8s_openapi::api::core::v1::{Container, Pod, PodSpec, PodStatus, ResourceReq
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 use k8s_openapi::jiff::Timestamp;
-use kube::runtime::reflector::Store;
-use kube::{Resource, ResourceExt};
+use kube::ResourceExt;
 
-use super::context::Stores;
-use crate::reconcile::{ObjectKey, ObjectKind, Observed, labels};
+use super::context::{ChildStores, Stores};
+use crate::reconcile::kinds::{Child, KindVisitor, Observe, each_kind};
+use crate::reconcile::{ObjectKey, Observed, labels};
 
 pub fn observe(dgd: &DynamoGraphDeployment, stores: &Stores) -> Observed {
-    let namespace = dgd.namespace().unwrap_or_default();
-    let name = dgd.name_any();
-    let uid = dgd.uid().unwrap_or_default();
-    let in_namespace = |meta: &ObjectMeta| meta.namespace.as_deref() == Some(namespace.as_str());
-    // Only objects the graph controls: a user's object that merely carries our label is
-    // never listed for deletion.
-    let controlled = |meta: &ObjectMeta| {
-        in_namespace(meta)
-            && meta
-                .owner_references
-                .iter()
-                .flatten()
-                .any(|o| o.uid == uid && o.controller == Some(true))
-    };
-
-    // `state_filter` copies only the matches out of the caches.
-    let pods: Vec<Pod> = stores
-        .pods
-        .state_filter(|p| {
-            in_namespace(&p.metadata)
-                && p.labels().get(labels::GRAPH).map(String::as_str) == Some(name.as_str())
-        })
-        .iter()
-        .map(|p| (**p).clone())
-        .collect();
-    let deployments = stores
-        .deployments
-        .state_filter(|d| controlled(&d.metadata))
-        .iter()
-        .map(|d| (**d).clone())
-        .collect();
-
-    let mut owned = Vec::new();
-    keys(
-        &stores.services,
-        ObjectKind::Service,
-        &controlled,
-        &mut owned,
-    );
-    keys(
-        &stores.adapters,
-        ObjectKind::DynamoGraphDeploymentScalingAdapter,
-        &controlled,
-        &mut owned,
-    );
-    keys(
-        &stores.service_accounts,
-        ObjectKind::ServiceAccount,
-        &controlled,
-        &mut owned,
-    );
-    keys(&stores.roles, ObjectKind::Role, &controlled, &mut owned);
-    keys(
-        &stores.role_bindings,
-        ObjectKind::RoleBinding,
-        &controlled,
-        &mut owned,
-    );
-    if let Some(pools) = &stores.inference_pools {
-        keys(pools, ObjectKind::InferencePool, &controlled, &mut owned);
-    }
-    if let Some(routes) = &stores.http_routes {
-        keys(routes, ObjectKind::HTTPRoute, &controlled, &mut owned);
-    }
+    let mut observed = Observed::default();
+    each_kind(&mut Read {
+        stores: &stores.children,
+        namespace: dgd.namespace().unwrap_or_default(),
+        name: dgd.name_any(),
+        uid: dgd.uid().unwrap_or_default(),
+        observed: &mut observed,
+    });
 
     // Nodes and the other workloads' pods matter only for gang placement, and copying
     // them is the dearest part of a pass: only graphs with gangs get them, and of another
     // workload's pod only what placement reads (node, phase, extended resources).
-    let (nodes, other_pods) = if dgd.spec.services.values().any(|s| s.multinode.is_some()) {
-        let ours: HashSet<&str> = pods
-            .iter()
+    if dgd.spec.services.values().any(|s| s.multinode.is_some()) {
+        let ours: HashSet<&str> = (observed.pods.iter())
             .filter_map(|p| p.metadata.uid.as_deref())
             .collect();
-        let other_pods = stores
-            .pods
-            .state_filter(|p| {
-                !p.metadata.uid.as_deref().is_some_and(|u| ours.contains(u))
-                    && p.spec.as_ref().is_some_and(|s| s.node_name.is_some())
+        let other_pods = (stores.children.get::<Pod>().into_iter())
+            .flat_map(|pods| {
+                pods.state_filter(|p| {
+                    !p.metadata.uid.as_deref().is_some_and(|u| ours.contains(u))
+                        && p.spec.as_ref().is_some_and(|s| s.node_name.is_some())
+                })
             })
-            .iter()
-            .filter_map(|p| gpu_holder(p))
+            .filter_map(|p| gpu_holder(&p))
             .collect();
-        let nodes = stores.nodes.state().iter().map(|n| (**n).clone()).collect();
-        (nodes, other_pods)
-    } else {
-        (Vec::new(), Vec::new())
-    };
+        observed.other_pods = other_pods;
+        observed.nodes = stores.nodes.state().iter().map(|n| (**n).clone()).collect();
+    }
+    observed.now = Some(Time(Timestamp::now()));
+    observed
+}
 
-    Observed {
-        pods,
-        deployments,
-        owned,
-        nodes,
-        other_pods,
-        now: Some(Time(Timestamp::now())),
+/// Reads one graph's objects of each watched kind out of the caches, as the table's
+/// [`Observe`] says.
+struct Read<'a> {
+    stores: &'a ChildStores,
+    namespace: String,
+    name: String,
+    uid: String,
+    observed: &'a mut Observed,
+}
+
+impl Read<'_> {
+    fn in_namespace(&self, meta: &ObjectMeta) -> bool {
+        meta.namespace.as_deref() == Some(self.namespace.as_str())
+    }
+
+    /// Only objects the graph controls: a user's object that merely carries our label is
+    /// never listed for deletion.
+    fn controlled(&self, meta: &ObjectMeta) -> bool {
+        self.in_namespace(meta)
+            && (meta.owner_references.iter().flatten())
+                .any(|o| o.uid == self.uid && o.controller == Some(true))
+    }
+
+    fn labeled(&self, meta: &ObjectMeta) -> bool {
+        self.in_namespace(meta)
+            && meta.labels.as_ref().and_then(|l| l.get(labels::GRAPH)) == Some(&self.name)
     }
 }
 
-fn keys<K: Resource + Clone>(
-    store: &Store<K>,
-    kind: ObjectKind,
-    controlled: &impl Fn(&ObjectMeta) -> bool,
-    out: &mut Vec<ObjectKey>,
-) where
-    K::DynamicType: Eq + std::hash::Hash + Clone,
-{
-    out.extend(
-        store
-            .state_filter(|o| controlled(o.meta()))
-            .iter()
-            .map(|o| o.meta())
-            .map(|m| ObjectKey {
-                kind,
-                name: m.name.clone().unwrap_or_default(),
-                uid: m.uid.clone(),
-            }),
-    );
+impl KindVisitor for Read<'_> {
+    type Out = ();
+
+    fn visit<K: Child>(&mut self) {
+        let Some(store) = self.stores.get::<K>() else {
+            return;
+        };
+        // `state_filter` copies only the matches out of the caches.
+        match K::OBSERVE {
+            Observe::Keys => {
+                let keys = store
+                    .state_filter(|o| self.controlled(o.meta()))
+                    .iter()
+                    .map(|o| ObjectKey {
+                        kind: K::KIND,
+                        name: o.meta().name.clone().unwrap_or_default(),
+                        uid: o.meta().uid.clone(),
+                    })
+                    .collect::<Vec<_>>();
+                self.observed.owned.extend(keys);
+            }
+            Observe::Controlled(field) => {
+                let objects = store.state_filter(|o| self.controlled(o.meta()));
+                (field.get_mut)(self.observed).extend(objects.iter().map(|o| (**o).clone()));
+            }
+            Observe::Labeled(field) => {
+                let objects = store.state_filter(|o| self.labeled(o.meta()));
+                (field.get_mut)(self.observed).extend(objects.iter().map(|o| (**o).clone()));
+            }
+        }
+    }
 }
 
 /// The part of a bound pod that holds extended resources (GPUs) that gang placement reads:

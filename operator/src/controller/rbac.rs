@@ -363,6 +363,41 @@ mod tests {
     }
 
     #[test]
+    fn the_operator_may_do_to_every_kind_of_the_table_what_the_table_says() {
+        use crate::reconcile::kinds::{Child, Delete, KindVisitor, Watch, Write, each_kind};
+        struct Needs;
+        impl KindVisitor for Needs {
+            type Out = (String, String, Vec<&'static str>);
+            fn visit<K: Child>(&mut self) -> Self::Out {
+                let mut verbs = match K::WRITE {
+                    // Server-side apply that creates an object needs `create` as well.
+                    Write::Apply => vec!["create", "patch"],
+                    Write::Create => vec!["create"],
+                };
+                if K::WATCH != Watch::No {
+                    verbs.extend(["list", "watch"]);
+                }
+                if K::DELETE != Delete::Never {
+                    verbs.push("delete");
+                }
+                (
+                    K::group(&()).into_owned(),
+                    K::plural(&()).into_owned(),
+                    verbs,
+                )
+            }
+        }
+        for (group, resource, verbs) in each_kind(&mut Needs) {
+            for verb in verbs {
+                assert!(
+                    allows(CLUSTER_RULES, &group, &resource, verb),
+                    "the table has the operator {verb} {resource} ({group:?}); CLUSTER_RULES lack it"
+                );
+            }
+        }
+    }
+
+    #[test]
     fn the_epp_role_grants_nothing_the_operator_lacks() {
         for (group, resource, verbs) in crate::reconcile::EPP_RULES {
             for verb in *verbs {

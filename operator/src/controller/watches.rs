@@ -1,41 +1,80 @@
 //! One watch per kind feeds both a cache (reflector store) the reconcilers read and the
 //! triggers of the two controllers:
 //!
-//! - graph: its own spec/annotation changes, anything it controls (pods, Services,
-//!   Deployments, InferencePools, HTTPRoutes) changing, its scaling adapters vanishing, and
-//!   for graphs with gated gangs, any node capacity change or another workload's GPU pod
-//!   going away;
+//! - graph: its own spec/annotation changes, anything it controls changing (every watched
+//!   kind of the table in `reconcile::kinds`), its scaling adapters vanishing, and for
+//!   graphs with gated gangs, any node capacity change or another workload's GPU pod going
+//!   away;
 //! - scaling adapter: its own changes, and any change of its graph (spec or status);
 //! - request (DGDR): its own spec changes, and any change of the graph it generated.
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::hash::{DefaultHasher, Hash, Hasher};
 
-use dynamo_crds::inference_pool::InferencePool;
 use dynamo_crds::{
     DynamoGraphDeployment, DynamoGraphDeploymentRequest, DynamoGraphDeploymentScalingAdapter,
 };
 use futures::channel::mpsc;
 use futures::stream::{BoxStream, select_all};
 use futures::{Stream, StreamExt};
-use gateway_api::apis::standard::httproutes::HttpRoute;
-use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::core::v1::{Node, Pod, Service, ServiceAccount};
-use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
+use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::Api;
 use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, Resource, ResourceExt};
 use serde::de::DeserializeOwned;
 
-use super::context::Stores;
-use crate::reconcile::{GANG_SCHEDULED, labels};
+use super::context::{ChildStores, Stores};
+use crate::reconcile::kinds::{Child, KindVisitor, Watch, each_kind};
+use crate::reconcile::{GANG_SCHEDULED, ObjectKind, labels};
 
-/// Which optional APIs the cluster serves.
-#[derive(Clone, Copy, Debug)]
+/// The optional APIs (kinds of the table with `OPTIONAL`) the cluster does not serve,
+/// looked for at start-up. The default: every API is served.
+#[derive(Clone, Debug, Default)]
 pub struct OptionalApis {
-    pub inference_pool: bool,
-    pub http_route: bool,
+    pub missing: BTreeSet<ObjectKind>,
+}
+
+impl OptionalApis {
+    /// Asks the API server which optional kinds of the table it serves.
+    pub async fn discover(client: &Client) -> Self {
+        struct Optional;
+        impl KindVisitor for Optional {
+            type Out = Option<(ObjectKind, String, String)>;
+            fn visit<K: Child>(&mut self) -> Self::Out {
+                K::OPTIONAL?;
+                Some((
+                    K::KIND,
+                    K::api_version(&()).into_owned(),
+                    K::plural(&()).into_owned(),
+                ))
+            }
+        }
+        let mut missing = BTreeSet::new();
+        for (kind, group_version, plural) in each_kind(&mut Optional).into_iter().flatten() {
+            if !served(client, &group_version, &plural).await {
+                missing.insert(kind);
+            }
+        }
+        Self { missing }
+    }
+
+    fn serves<K: Child>(&self) -> bool {
+        !self.missing.contains(&K::KIND)
+    }
+}
+
+/// Whether the API server serves `resource` in `group_version` (discovery needs no RBAC).
+async fn served(client: &Client, group_version: &str, resource: &str) -> bool {
+    match client.list_api_group_resources(group_version).await {
+        Ok(list) => list.resources.iter().any(|r| r.name == resource),
+        Err(e) => {
+            if super::apply::status_code(&e) != Some(404) {
+                tracing::warn!(%group_version, error = %e, "discovery");
+            }
+            false
+        }
+    }
 }
 
 type GraphRef = ObjectRef<DynamoGraphDeployment>;
@@ -75,10 +114,6 @@ pub fn start(
             status.images = None;
         }
     });
-    let (deployments, deployment_events) =
-        reflect::<Deployment>(&client, watcher::Config::default(), |_| {});
-    let (services, service_events) =
-        reflect::<Service>(&client, watcher::Config::default(), |_| {});
 
     let mut streams: Vec<BoxStream<'static, Vec<Trigger>>> = Vec::new();
     streams.push(graph_triggers(graph_events, adapters.clone()).boxed());
@@ -98,25 +133,16 @@ pub fn start(
     );
     streams.push(pod_triggers(pod_events, graphs.clone()).boxed());
     streams.push(node_triggers(node_events, graphs.clone()).boxed());
-    streams.push(owner_triggers(deployment_events).boxed());
-    streams.push(owner_triggers(service_events).boxed());
-    // Every namespace has service accounts of its own; only ours are worth caching.
-    let ours = || watcher::Config::default().labels(labels::GRAPH);
-    let (service_accounts, account_events) = reflect::<ServiceAccount>(&client, ours(), |_| {});
-    let (roles, role_events) = reflect::<Role>(&client, ours(), |_| {});
-    let (role_bindings, binding_events) = reflect::<RoleBinding>(&client, ours(), |_| {});
-    streams.push(owner_triggers(account_events).boxed());
-    streams.push(owner_triggers(role_events).boxed());
-    streams.push(owner_triggers(binding_events).boxed());
-    let inference_pools = apis.inference_pool.then(|| {
-        let (store, events) = reflect::<InferencePool>(&client, watcher::Config::default(), |_| {});
-        streams.push(owner_triggers(events).boxed());
-        store
-    });
-    let http_routes = apis.http_route.then(|| {
-        let (store, events) = reflect::<HttpRoute>(&client, watcher::Config::default(), |_| {});
-        streams.push(owner_triggers(events).boxed());
-        store
+    // The kinds of the table watched with triggers of their own (`Watch::Custom`, above),
+    // then every other watched kind.
+    let mut children = ChildStores::default();
+    children.insert(pods);
+    children.insert(adapters);
+    each_kind(&mut WatchChildren {
+        client: &client,
+        apis: &apis,
+        children: &mut children,
+        streams: &mut streams,
     });
 
     let (graph_tx, graph_rx) = mpsc::unbounded();
@@ -141,16 +167,8 @@ pub fn start(
     let stores = Stores {
         graphs,
         requests,
-        adapters,
-        pods,
         nodes,
-        deployments,
-        services,
-        inference_pools,
-        http_routes,
-        service_accounts,
-        roles,
-        role_bindings,
+        children,
     };
     let queues = Queues {
         graphs: graph_rx,
@@ -158,6 +176,34 @@ pub fn start(
         requests: request_rx,
     };
     (stores, queues, drive)
+}
+
+/// Watches a kind of the table ([`Watch::All`], [`Watch::Labeled`]) into a cache whose
+/// changes wake the graph that controls the object; kinds not watched, watched with triggers
+/// of their own ([`Watch::Custom`], above), or of an API the cluster lacks are skipped.
+struct WatchChildren<'a> {
+    client: &'a Client,
+    apis: &'a OptionalApis,
+    children: &'a mut ChildStores,
+    streams: &'a mut Vec<BoxStream<'static, Vec<Trigger>>>,
+}
+
+impl KindVisitor for WatchChildren<'_> {
+    type Out = ();
+
+    fn visit<K: Child>(&mut self) {
+        let config = match K::WATCH {
+            Watch::No | Watch::Custom => return,
+            Watch::All => watcher::Config::default(),
+            Watch::Labeled => watcher::Config::default().labels(labels::GRAPH),
+        };
+        if !self.apis.serves::<K>() {
+            return;
+        }
+        let (store, events) = reflect::<K>(self.client, config, |_| {});
+        self.streams.push(owner_triggers(events).boxed());
+        self.children.insert(store);
+    }
 }
 
 /// An object a watch saw.

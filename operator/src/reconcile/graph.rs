@@ -16,10 +16,11 @@ use crate::wiring::planner::{
 use crate::wiring::{Defaults, EngineService, GraphWiring, WiringError};
 
 use super::batch_scheduler::BatchScheduler;
+use super::kinds::{Child, Delete, KindVisitor, Observe};
 use super::pods::{PLANNER_METRICS_ADDR, PLANNER_PROFILE};
 use super::{
-    Desired, ObjectKey, ObjectKind, Observed, OperatorConfig, ReconcileError, adapters, labels,
-    names, replicas, services, serving, status, volumes,
+    Desired, ObjectKey, ObjectKind, Observed, OperatorConfig, ReconcileError, adapters, kinds,
+    labels, names, replicas, services, serving, status, volumes,
 };
 
 /// The graph and its settings, shared by every builder.
@@ -279,48 +280,74 @@ pub fn reconcile(
     let adapters = adapters::build(&g, observed, &mut desired);
     volumes::build(&g, observed, &mut desired);
 
-    // Objects of ours that nothing above wants any more (a removed service, a graph that
-    // lost its workers or its gateway annotation, a service no longer scaled by an adapter).
-    fn named<K: Resource>(
-        kind: ObjectKind,
-        objects: &[K],
-    ) -> impl Iterator<Item = (ObjectKind, &str)> {
-        objects
-            .iter()
-            .map(move |o| (kind, o.meta().name.as_deref().unwrap_or_default()))
-    }
-    let wanted: BTreeSet<(ObjectKind, &str)> = named(ObjectKind::Service, &desired.services)
-        .chain(named(ObjectKind::Deployment, &desired.deployments))
-        .chain(named(ObjectKind::InferencePool, &desired.inference_pools))
-        .chain(named(ObjectKind::HTTPRoute, &desired.http_routes))
-        .chain(named(ObjectKind::ServiceAccount, &desired.service_accounts))
-        .chain(named(ObjectKind::Role, &desired.roles))
-        .chain(named(ObjectKind::RoleBinding, &desired.role_bindings))
-        .chain(adapters.iter().map(|name| {
+    // Objects of ours that nothing above wants any more, deleted after every write and in
+    // the reverse of the table's order: what depends on another goes first.
+    let kept: BTreeSet<(ObjectKind, &str)> = adapters
+        .iter()
+        .map(|name| {
             (
                 ObjectKind::DynamoGraphDeploymentScalingAdapter,
                 name.as_str(),
             )
-        }))
+        })
         .collect();
-    let observed_deployments = observed.deployments.iter().map(|d| ObjectKey {
-        kind: ObjectKind::Deployment,
-        name: d.metadata.name.clone().unwrap_or_default(),
-        uid: d.metadata.uid.clone(),
+    let stale = kinds::each_kind(&mut Unwanted {
+        desired: &desired,
+        observed,
+        kept: &kept,
     });
-    let mut stale: Vec<ObjectKey> = observed
-        .owned
-        .iter()
-        .cloned()
-        .chain(observed_deployments)
-        // Pods are rolled above; claims stay until the graph goes (see `volumes`).
-        .filter(|k| !matches!(k.kind, ObjectKind::Pod | ObjectKind::PersistentVolumeClaim))
-        .filter(|k| !wanted.contains(&(k.kind, k.name.as_str())))
-        .collect();
-    stale.sort();
-    stale.dedup();
-    desired.deletions.extend(stale);
+    desired.deletions.extend(stale.into_iter().rev().flatten());
 
     desired.status = status::compute(&g, dgd.status.as_ref(), observed, &engines, &serving);
     Ok(desired)
+}
+
+/// The objects of one kind deleted when unwanted ([`Delete::Unwanted`]) that the graph has
+/// and no longer wants, by name.
+struct Unwanted<'a> {
+    desired: &'a Desired,
+    observed: &'a Observed,
+    /// Wanted objects of the kinds created once, which `desired` holds only while missing.
+    kept: &'a BTreeSet<(ObjectKind, &'a str)>,
+}
+
+impl KindVisitor for Unwanted<'_> {
+    type Out = Vec<ObjectKey>;
+
+    fn visit<K: Child>(&mut self) -> Vec<ObjectKey> {
+        if K::DELETE != Delete::Unwanted {
+            return Vec::new();
+        }
+        let wanted: BTreeSet<&str> = K::desired(self.desired)
+            .iter()
+            .map(|o| o.meta().name.as_deref().unwrap_or_default())
+            .chain(
+                self.kept
+                    .iter()
+                    .filter(|(kind, _)| *kind == K::KIND)
+                    .map(|(_, name)| *name),
+            )
+            .collect();
+        let whole: &[K] = match K::OBSERVE {
+            Observe::Keys => &[],
+            Observe::Controlled(field) | Observe::Labeled(field) => (field.get)(self.observed),
+        };
+        let has = whole.iter().map(|o| ObjectKey {
+            kind: K::KIND,
+            name: o.meta().name.clone().unwrap_or_default(),
+            uid: o.meta().uid.clone(),
+        });
+        let mut stale: Vec<ObjectKey> = self
+            .observed
+            .owned
+            .iter()
+            .filter(|k| k.kind == K::KIND)
+            .cloned()
+            .chain(has)
+            .filter(|k| !wanted.contains(k.name.as_str()))
+            .collect();
+        stale.sort();
+        stale.dedup();
+        stale
+    }
 }

@@ -15,6 +15,7 @@ mod adapters;
 mod batch_scheduler;
 mod epp_access;
 mod graph;
+pub mod kinds;
 mod planner_access;
 mod pods;
 mod replicas;
@@ -42,6 +43,7 @@ pub use adapters::{adapter_enabled, pod_selector};
 pub use batch_scheduler::{QUEUE_ANNOTATION, SCHEDULER_ANNOTATION};
 pub use epp_access::EPP_RULES;
 pub use graph::reconcile;
+pub use kinds::ObjectKind;
 pub use planner_access::{PLANNER_RULES, PlannerScope};
 pub use pods::{METRICS_PORT_NAME, is_gated, pinned_domain};
 pub use status::{GANG_SCHEDULED, READY};
@@ -130,21 +132,6 @@ pub struct Observed {
     pub now: Option<Time>,
 }
 
-/// Kinds of object the operator creates.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
-pub enum ObjectKind {
-    Pod,
-    Service,
-    Deployment,
-    InferencePool,
-    HTTPRoute,
-    DynamoGraphDeploymentScalingAdapter,
-    ServiceAccount,
-    Role,
-    RoleBinding,
-    PersistentVolumeClaim,
-}
-
 /// One object, by kind and name (in the graph's namespace).
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
 pub struct ObjectKey {
@@ -172,7 +159,8 @@ pub struct Decision {
     pub message: String,
 }
 
-/// Everything one reconcile pass wants.
+/// Everything one reconcile pass wants: the objects of each kind of the table
+/// ([`kinds`], which names the field of each kind), deletions, status and Events.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Desired {
     pub pods: Vec<Pod>,
@@ -198,26 +186,45 @@ pub struct Desired {
 
 impl Desired {
     /// All objects to apply as one multi-document YAML (pods, services, deployments,
-    /// pools, routes, the EPP's access, adapters, in that order), followed by a document with deletions, status and
-    /// decisions. Deterministic, so it serves as a golden file.
+    /// pools, routes, the EPP's access, adapters, claims, in that order), followed by a
+    /// document with deletions, status and decisions. Deterministic, so it serves as a
+    /// golden file.
     pub fn to_yaml(&self) -> String {
         fn doc<T: Serialize>(out: &mut String, value: &T) {
             out.push_str("---\n");
             out.push_str(&serde_saphyr::to_string(value).expect("objects serialize to YAML"));
         }
+        fn docs<T: Serialize>(out: &mut String, objects: &[T]) {
+            objects.iter().for_each(|o| doc(out, o));
+        }
+        // The golden files' order, older than the table's: every field is named, so a new
+        // kind's field cannot be left out.
+        let Desired {
+            pods,
+            services,
+            deployments,
+            inference_pools,
+            http_routes,
+            service_accounts,
+            roles,
+            role_bindings,
+            scaling_adapters,
+            persistent_volume_claims,
+            deletions,
+            status,
+            decisions,
+        } = self;
         let mut out = String::new();
-        self.pods.iter().for_each(|o| doc(&mut out, o));
-        self.services.iter().for_each(|o| doc(&mut out, o));
-        self.deployments.iter().for_each(|o| doc(&mut out, o));
-        self.inference_pools.iter().for_each(|o| doc(&mut out, o));
-        self.http_routes.iter().for_each(|o| doc(&mut out, o));
-        self.service_accounts.iter().for_each(|o| doc(&mut out, o));
-        self.roles.iter().for_each(|o| doc(&mut out, o));
-        self.role_bindings.iter().for_each(|o| doc(&mut out, o));
-        self.scaling_adapters.iter().for_each(|o| doc(&mut out, o));
-        self.persistent_volume_claims
-            .iter()
-            .for_each(|o| doc(&mut out, o));
+        docs(&mut out, pods);
+        docs(&mut out, services);
+        docs(&mut out, deployments);
+        docs(&mut out, inference_pools);
+        docs(&mut out, http_routes);
+        docs(&mut out, service_accounts);
+        docs(&mut out, roles);
+        docs(&mut out, role_bindings);
+        docs(&mut out, scaling_adapters);
+        docs(&mut out, persistent_volume_claims);
         #[derive(Serialize)]
         struct Outcome<'a> {
             deletions: &'a [ObjectKey],
@@ -227,9 +234,9 @@ impl Desired {
         doc(
             &mut out,
             &Outcome {
-                deletions: &self.deletions,
-                status: &self.status,
-                decisions: &self.decisions,
+                deletions,
+                status,
+                decisions,
             },
         );
         out

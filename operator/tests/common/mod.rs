@@ -174,35 +174,42 @@ pub fn events(requests: &[api::Recorded]) -> Vec<String> {
         .collect()
 }
 
-/// Watch caches filled with what the fake API server holds, as the reflectors would.
+/// Watch caches filled with what the fake API server holds, as the reflectors would: one
+/// per watched kind of the table.
 pub fn caches(api: &api::FakeApi) -> dynamo_operator::controller::Stores {
-    fn store_of<K>(objects: Vec<K>) -> kube::runtime::reflector::Store<K>
-    where
-        K: kube::Resource<DynamicType = ()> + Clone + 'static,
-    {
-        use kube::runtime::watcher::Event;
-        let (store, mut writer) = kube::runtime::reflector::store();
-        writer.apply_watcher_event(&Event::Init);
-        for o in objects {
-            writer.apply_watcher_event(&Event::InitApply(o));
+    use dynamo_operator::controller::ChildStores;
+    use dynamo_operator::reconcile::kinds::{Child, KindVisitor, Watch, each_kind};
+    struct Fill<'a>(&'a api::FakeApi, ChildStores);
+    impl KindVisitor for Fill<'_> {
+        type Out = ();
+        fn visit<K: Child>(&mut self) {
+            if K::WATCH != Watch::No {
+                self.1.insert(store_of::<K>(self.0.objects_of()));
+            }
         }
-        writer.apply_watcher_event(&Event::InitDone);
-        store
     }
+    let mut fill = Fill(api, ChildStores::default());
+    each_kind(&mut fill);
     dynamo_operator::controller::Stores {
         graphs: store_of(api.objects_of()),
         requests: store_of(api.objects_of()),
-        adapters: store_of(api.objects_of()),
-        pods: store_of(api.objects_of()),
         nodes: store_of(api.objects_of()),
-        deployments: store_of(api.objects_of()),
-        services: store_of(api.objects_of()),
-        inference_pools: Some(store_of(api.objects_of())),
-        http_routes: Some(store_of(api.objects_of())),
-        service_accounts: store_of(api.objects_of()),
-        roles: store_of(api.objects_of()),
-        role_bindings: store_of(api.objects_of()),
+        children: fill.1,
     }
+}
+
+fn store_of<K>(objects: Vec<K>) -> kube::runtime::reflector::Store<K>
+where
+    K: kube::Resource<DynamicType = ()> + Clone + 'static,
+{
+    use kube::runtime::watcher::Event;
+    let (store, mut writer) = kube::runtime::reflector::store();
+    writer.apply_watcher_event(&Event::Init);
+    for o in objects {
+        writer.apply_watcher_event(&Event::InitApply(o));
+    }
+    writer.apply_watcher_event(&Event::InitDone);
+    store
 }
 
 /// The documents `helm template` renders with `--set` values `sets`.

@@ -20,16 +20,18 @@ use dynamo_planner::decide::{Limits, LoadTarget, SlaTargets};
 use dynamo_planner::predict::PredictorConfig;
 use dynamo_planner::profile::Profile;
 
-use crate::arrivals::{self, Arrivals, RateSchedule};
-use crate::client::{Api, Target, Words};
+use dynamo_loadgen::arrivals::{self, Arrivals, RateSchedule};
+use dynamo_loadgen::bench;
+use dynamo_loadgen::client::{Api, Target, Words};
+use dynamo_loadgen::launch::{self, Launched};
+use dynamo_loadgen::report::{self, Attainment, Report};
+use dynamo_loadgen::workload::{Sessions, SharedPrefix, Workload};
+
 use crate::disagg::{self, Topology};
 use crate::graph_watch::GraphWatch;
-use crate::launch::{self, Launched};
 use crate::overhead::{self, Delivery};
 use crate::planner_replay::{self, PlannerMode, PlannerRun, PlannerSetup};
-use crate::report::{self, Attainment, Report};
-use crate::workload::{Sessions, SharedPrefix, Workload};
-use crate::{bench, replay};
+use crate::{replay, transfers};
 
 #[derive(Parser, Debug)]
 #[command(
@@ -1282,15 +1284,16 @@ async fn run_bench(args: BenchArgs) -> anyhow::Result<()> {
                             )
                             .await?;
                         let target = target(&http, &args, &url, words.clone()).await?;
-                        let before = bench::scrape_transfers(&http, &url).await;
+                        let before = transfers::scrape_transfers(&http, &url).await;
                         let mut run =
                             measure(&http, &args, &target, workload.clone(), plan, mode).await?;
-                        let after = bench::scrape_transfers(&http, &url).await;
+                        let after = transfers::scrape_transfers(&http, &url).await;
                         run.request_rate = *rate;
                         // A mode named as a graph (`agg4`, `2p2d`): its engines and KV
                         // transfers, as the picker counted them.
                         if let Ok(topology) = Topology::parse(mode) {
-                            run.disagg = Some(bench::live_disagg(&run, topology, before, after));
+                            run.disagg =
+                                Some(transfers::live_disagg(&run, topology, before, after));
                         }
                         anyhow::Ok(run)
                     };

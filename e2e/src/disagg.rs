@@ -37,12 +37,12 @@ use std::fmt;
 use std::time::Instant;
 
 use dynamo_kvcache::{RequestId, SeqHash};
+use dynamo_loadgen::report::{DisaggStats, Report};
+use dynamo_loadgen::workload::Workload;
 use dynamo_mocker::replay::{Collector, Percentiles, ReplayReport, Router, StepFeed};
 use dynamo_mocker::{Clock, Engine, EngineConfig, Request};
 
 use crate::replay::{KvRouter, RouterSetup, Side, check_arrivals, furthest_behind};
-use crate::report::{DisaggStats, Report};
-use crate::workload::Workload;
 
 /// The picker's ids of a request's two legs: the decode request is the request's
 /// index, its prefill leg the same with the top bit set.
@@ -447,12 +447,12 @@ pub fn simulate(
 #[cfg(test)]
 mod tests {
     use dynamo_kvcache::{ApproxConfig, RouterMode, SchedulerConfig};
+    use dynamo_loadgen::arrivals;
+    use dynamo_loadgen::workload::SharedPrefix;
     use dynamo_mocker::TimingModel;
     use dynamo_mocker::replay::TraceRecord;
 
     use super::*;
-    use crate::arrivals;
-    use crate::workload::SharedPrefix;
 
     /// Qwen2.5-0.5B's KV of a 16-token block: 24 layers x 2 KV heads x 64 x bf16, K and V.
     const BLOCK_BYTES: u64 = 2 * 24 * 2 * 64 * 2 * 16;

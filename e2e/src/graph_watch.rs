@@ -3,11 +3,10 @@
 
 use std::time::{Duration, Instant};
 
+use dynamo_loadgen::report::ReplicaTimeline;
 use serde::Deserialize;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
-
-use crate::report::ReplicaTimeline;
 
 /// Between two reads of the graph.
 const EVERY: Duration = Duration::from_secs(1);

@@ -20,14 +20,13 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use dynamo_kvcache::RouterMode;
+use dynamo_loadgen::client::{Api, RequestRecord, Target, Words, send, send_whole};
+use dynamo_loadgen::launch::{Launched, free_port};
+use dynamo_loadgen::workload::{PROMPT_VOCAB, WorkItem};
 use dynamo_mocker::replay::Percentiles;
 use dynamo_mocker::tokens::{stream_key, token_at};
 use serde::Serialize;
 use tokio::task::JoinSet;
-
-use crate::client::{Api, RequestRecord, Target, Words, send, send_whole};
-use crate::launch::{Launched, free_port};
-use crate::workload::{PROMPT_VOCAB, WorkItem};
 
 /// How long a process gets to stop after SIGTERM.
 const STOP_GRACE: Duration = Duration::from_secs(10);

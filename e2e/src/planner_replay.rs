@@ -55,6 +55,9 @@ use std::fmt;
 use std::time::Instant;
 
 use dynamo_kvcache::{BlockHasher, RequestId};
+use dynamo_loadgen::arrivals::RateSchedule;
+use dynamo_loadgen::report::Attainment;
+use dynamo_loadgen::workload::{WorkItem, Workload};
 use dynamo_mocker::replay::{Collector, Percentiles, Router, StepFeed};
 use dynamo_mocker::{Clock, Engine, EngineConfig, SimClock};
 use dynamo_planner::decide::{
@@ -65,10 +68,7 @@ use dynamo_planner::predict::{LoadPredictor, Predictor, PredictorConfig};
 use dynamo_planner::profile::Profile;
 use serde::Serialize;
 
-use crate::arrivals::RateSchedule;
 use crate::replay::{KvRouter, RouterSetup, Side, check_arrivals, furthest_behind};
-use crate::report::Attainment;
-use crate::workload::{WorkItem, Workload};
 
 /// Who sets the replicas.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]

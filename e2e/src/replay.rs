@@ -18,6 +18,8 @@ use std::ops::Range;
 use std::time::{Duration, Instant};
 
 use dynamo_kvblocks::placement::{Action, Offered, Placement, PlacementConfig};
+use dynamo_loadgen::report::{Report, TierStats, TurnSample, turn_stats};
+use dynamo_loadgen::workload::{Sessions, Workload};
 
 pub use dynamo_kvcache::Side;
 use dynamo_kvcache::vllm_events::KvEvent as EngineEvent;
@@ -31,9 +33,6 @@ use dynamo_mocker::replay::{
 use dynamo_mocker::{
     Clock, Engine, EngineConfig, KvBlocksConfig, OffloadBlock, OffloadMode, Request, StepOutcome,
 };
-
-use crate::report::{Report, TierStats, TurnSample, turn_stats};
-use crate::workload::{Sessions, Workload};
 
 /// How the simulated router is set up.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -814,9 +813,9 @@ pub fn run_closed_loop(
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
-    use crate::arrivals;
-    use crate::workload::SharedPrefix;
     use dynamo_kvblocks::placement::TierLimits;
+    use dynamo_loadgen::arrivals;
+    use dynamo_loadgen::workload::SharedPrefix;
 
     /// 4 engines too small to hold every prefix: 16 prefixes of 8 blocks (128 blocks in
     /// all), 64 blocks per engine.

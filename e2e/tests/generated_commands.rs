@@ -64,8 +64,7 @@ fn parse(argv: &[String], context: &str) -> Option<&'static str> {
             Some(EPP_BINARY)
         }
         MOCKER_BINARY => {
-            dynamo_mocker::server::Args::try_parse_from(argv)
-                .unwrap_or_else(|e| fail(context, argv, e));
+            dynamo_mocker::Args::try_parse_from(argv).unwrap_or_else(|e| fail(context, argv, e));
             Some(MOCKER_BINARY)
         }
         // Our binary runs the planner only: `dynamo planner ...`.
@@ -131,7 +130,7 @@ fn profile_paths(planner: &[String], mocker: &[String]) -> (Option<PathBuf>, Opt
     let reads = dynamo_operator::wiring::planner::parse(&planner[1..])
         .unwrap()
         .profile;
-    let writes = dynamo_mocker::server::Args::try_parse_from(mocker)
+    let writes = dynamo_mocker::Args::try_parse_from(mocker)
         .unwrap()
         .planner_profile_out;
     (reads, writes)
@@ -189,7 +188,7 @@ fn the_planner_samples_pod_measures_the_profile_its_planner_reads() {
     let dir = std::env::temp_dir().join(format!("planner-sample-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let out = dir.join("profile.json");
-    let mut mocker = dynamo_mocker::server::Args::try_parse_from(&measure).unwrap();
+    let mut mocker = dynamo_mocker::Args::try_parse_from(&measure).unwrap();
     mocker.planner_profile_out = Some(out.clone());
     assert!(mocker.write_planner_profile().unwrap(), "measured and done");
     let mut args = dynamo_operator::wiring::planner::parse(&planner[1..]).unwrap();

@@ -17,8 +17,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use dynamo_e2e::client::{Api, Target, send};
-use dynamo_e2e::workload::WorkItem;
+use dynamo_loadgen::client::{Api, Target, send};
+use dynamo_loadgen::workload::WorkItem;
 use rustix::process::{Pid, Signal, kill_process};
 use support::{LocalGraph, get_text, metric_sum};
 use tokio::task::JoinHandle;

@@ -9,13 +9,13 @@
 //! takes it from 1 replica to 3, each rate well inside its band (not at a rounding edge,
 //! where a window's Poisson noise would flip it).
 
-use dynamo_e2e::arrivals::{RateSchedule, poisson_schedule};
 use dynamo_e2e::planner_replay::{
     PlannerMode, PlannerRun, PlannerSetup, compare, simulate, timeline_csv,
 };
 use dynamo_e2e::replay::RouterSetup;
-use dynamo_e2e::workload::{SharedPrefix, Workload};
 use dynamo_kvcache::{ApproxConfig, RouterMode, SchedulerConfig};
+use dynamo_loadgen::arrivals::{RateSchedule, poisson_schedule};
+use dynamo_loadgen::workload::{SharedPrefix, Workload};
 use dynamo_mocker::EngineConfig;
 use dynamo_mocker::profile::{ProfileSweep, planner_profile};
 use dynamo_planner::decide::{Limits, LoadTarget, SlaTargets};

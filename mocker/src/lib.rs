@@ -1,9 +1,13 @@
 //! Engine core of the mock engine: a CPU-only stand-in for vLLM with a real KV block
 //! pool (prefix caching, LRU eviction, KV events), vLLM's continuous-batching scheduler
-//! (chunked prefill, preemption) and a timing model, on simulated or real time.
-//! No I/O here: the HTTP server, the ZMQ socket and the metrics endpoint sit on top.
-//! See `docs/mocker.md`.
+//! (chunked prefill, preemption) and a timing model, on simulated or real time; and
+//! [`args`], the engine's command line, which also configures it for whoever writes its
+//! flags (the profiler, `dynamo profile --verify`).
+//! No I/O here but the files the flags name: the HTTP server, the ZMQ socket and the
+//! metrics endpoint sit on top, in `server` (feature `server`, on by default: the
+//! `dynamo-mocker` binary). See `docs/mocker.md`.
 
+pub mod args;
 pub mod block_pool;
 pub mod clock;
 pub mod config;
@@ -12,10 +16,12 @@ pub mod kv_blocks;
 pub mod profile;
 pub mod replay;
 pub mod scheduler;
+#[cfg(feature = "server")]
 pub mod server;
 pub mod timing;
 pub mod tokens;
 
+pub use args::Args;
 pub use block_pool::{BlockId, BlockPool, OffloadBlock, OutOfBlocks, PinCounters};
 pub use clock::{Clock, RealClock, SimClock};
 pub use config::{ConfigError, EngineConfig};

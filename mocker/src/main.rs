@@ -2,7 +2,8 @@
 //! events with a real KV block pool and modelled timing.
 
 use clap::Parser;
-use dynamo_mocker::server::{Args, start};
+use dynamo_mocker::Args;
+use dynamo_mocker::server::{ServerConfig, start};
 use dynamo_server::{init_logging, shutdown_signal};
 
 #[tokio::main]
@@ -13,7 +14,7 @@ async fn main() -> anyhow::Result<()> {
     if args.write_planner_profile()? {
         return Ok(());
     }
-    let config = args.into_config().await?;
+    let config = ServerConfig::from_args(args).await?;
     let server = start(config, shutdown_signal()).await?;
     tracing::info!(
         model = %server.model_name,

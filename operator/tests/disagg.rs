@@ -20,8 +20,8 @@ fn sidecar(argv: &[String]) -> dynamo_sidecar::Config {
     dynamo_sidecar::Config::try_parse_from(argv).unwrap_or_else(|e| panic!("{argv:?}: {e}"))
 }
 
-fn mocker(argv: &[String]) -> dynamo_mocker::server::Args {
-    dynamo_mocker::server::Args::try_parse_from(argv).unwrap_or_else(|e| panic!("{argv:?}: {e}"))
+fn mocker(argv: &[String]) -> dynamo_mocker::Args {
+    dynamo_mocker::Args::try_parse_from(argv).unwrap_or_else(|e| panic!("{argv:?}: {e}"))
 }
 
 fn container<'a>(pod: &'a Pod, name: &str) -> &'a Container {

@@ -65,7 +65,7 @@ fn the_generated_graph_passes_the_crd_schema_and_its_mock_engines_are_the_simula
     for (name, argv) in commands {
         assert_eq!(argv[0], "dynamo-mocker", "{name}: {argv:?}");
         // The mock engine's own parser reads the flags into the engine the sweep ran.
-        let parsed = dynamo_mocker::server::Args::try_parse_from(
+        let parsed = dynamo_mocker::Args::try_parse_from(
             argv.iter()
                 .cloned()
                 .chain(["--model-path".into(), "/no/such/dir".into()]),
@@ -451,7 +451,7 @@ fn less_vram_than_the_datasheet_is_a_smaller_share_of_its_memory() {
             .iter()
             .cloned()
             .chain(["--model-path".into(), "/no/such/dir".into()]);
-        let parsed = dynamo_mocker::server::Args::try_parse_from(args).unwrap();
+        let parsed = dynamo_mocker::Args::try_parse_from(args).unwrap();
         parsed.engine_config().unwrap().num_gpu_blocks
     };
     let full: Vec<String> = [&argv[..i], &argv[i + 2..]].concat();

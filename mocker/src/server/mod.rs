@@ -2,7 +2,6 @@
 //! engine core, on wall-clock time.
 
 mod answer;
-mod args;
 mod disagg;
 mod engine_loop;
 mod http;
@@ -23,9 +22,8 @@ use dynamo_server::{Server, ServerLimits};
 use tokio::net::TcpListener;
 use tokio::sync::mpsc;
 
-use crate::{Engine, EngineConfig, KvGeometry, RealClock};
+use crate::{Args, Engine, EngineConfig, KvGeometry, RealClock};
 
-pub use args::{Args, PerfModel};
 pub use engine_loop::{EngineHandle, GenEvent, SubmitError};
 pub use model_output::ModelBehaviour;
 
@@ -43,6 +41,31 @@ pub struct ServerConfig {
     pub behaviour: ModelBehaviour,
     /// Timeouts and connection budget of the HTTP server.
     pub server: ServerLimits,
+}
+
+impl ServerConfig {
+    /// The server configuration `args` ask for (reads the timing table, resolves the
+    /// host).
+    pub async fn from_args(args: Args) -> anyhow::Result<Self> {
+        let engine = args.engine_config()?;
+        let listen: SocketAddr = tokio::net::lookup_host((args.host.as_str(), args.port))
+            .await?
+            .next()
+            .ok_or_else(|| anyhow::anyhow!("cannot resolve {}", args.host))?;
+        Ok(Self {
+            model_path: args.model_path,
+            model_name: args.model_name,
+            listen,
+            kv_events_endpoint: (args.kv_events_endpoint != "none")
+                .then_some(args.kv_events_endpoint),
+            engine,
+            behaviour: ModelBehaviour {
+                reasoning: args.reasoning,
+                tool_calls: args.tool_call_format,
+            },
+            server: args.server,
+        })
+    }
 }
 
 /// A started server.

@@ -10,7 +10,7 @@
 //!   but two cores cannot copy hundreds of MB a request over loopback.
 //! - Run as `dynamo run` runs it (this binary, on free loopback ports), until every
 //!   replica is ready.
-//! - The load (`dynamo-e2e`'s client): the request's ISL and OSL, prompts of unique
+//! - The load (`dynamo-loadgen`'s client): the request's ISL and OSL, prompts of unique
 //!   tokens (the profiler counts no prefix cache hits); Poisson arrivals at
 //!   `requestRate`, or `concurrency` clients each sending its next request when its last
 //!   one ends, started spread over one predicted request's time as the simulation's are.
@@ -34,12 +34,12 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, bail};
 use clap::Parser as _;
 use dynamo_crds::{BackendFramework, DynamoGraphDeployment, EngineRole, ServiceRole};
-use dynamo_e2e::arrivals::exponential_gap_ms;
-use dynamo_e2e::bench::http_client;
-use dynamo_e2e::client::{Api, RequestRecord, Target, send};
-use dynamo_e2e::launch::{Launched, Stopped, free_port};
-use dynamo_e2e::report::Report;
-use dynamo_e2e::workload::{PROMPT_VOCAB, WorkItem};
+use dynamo_loadgen::arrivals::exponential_gap_ms;
+use dynamo_loadgen::bench::http_client;
+use dynamo_loadgen::client::{Api, RequestRecord, Target, send};
+use dynamo_loadgen::launch::{Launched, Stopped, free_port};
+use dynamo_loadgen::report::Report;
+use dynamo_loadgen::workload::{PROMPT_VOCAB, WorkItem};
 use dynamo_mocker::TimingModel;
 use dynamo_mocker::tokens::{stream_key, token_at};
 use dynamo_operator::local::GraphStatus;
@@ -155,7 +155,7 @@ fn check_engine_model(req: &Request, layout: Layout, model_path: &Path) -> anyho
         .chain(args.into_iter().map(OsString::from))
         .collect();
     let refused = "the mock engine refuses the generated flags";
-    let config = dynamo_mocker::server::Args::try_parse_from(&argv)
+    let config = dynamo_mocker::Args::try_parse_from(&argv)
         .context(refused)?
         .engine_config()
         .context(refused)?;

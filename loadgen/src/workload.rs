@@ -6,7 +6,7 @@
 //!   seed, so each prefix comes back over the whole run.
 //! - Multi-turn conversations ([`Sessions`]): each turn's prompt is the previous
 //!   turn's prompt, a stand-in for its answer and a new message; turns of a session are
-//!   sent one after the other (see `bench` and `replay`).
+//!   sent one after the other (see [`bench`](crate::bench), and `dynamo-e2e`'s replay).
 //! - Mooncake trace: one JSON line per request (`timestamp` ms, `input_length`,
 //!   `output_length`, `hash_ids` of 512-token blocks); the mocker's
 //!   [`synthesize_prompt`] turns equal hash ids into equal tokens.
@@ -532,7 +532,7 @@ mod tests {
     fn write_trace(text: &str) -> TraceFile {
         static N: AtomicU32 = AtomicU32::new(0);
         let path = std::env::temp_dir().join(format!(
-            "dynamo-e2e-trace-{}-{}.jsonl",
+            "dynamo-loadgen-trace-{}-{}.jsonl",
             std::process::id(),
             N.fetch_add(1, Ordering::Relaxed)
         ));

@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
-use dynamo_e2e::launch::{Launched, Stopped, expand, free_port};
+use dynamo_loadgen::launch::{Launched, Stopped, expand, free_port};
 
 /// Serves `GET /health` (200) and `GET /mode` (the mode it was started with); on
 /// SIGTERM writes "term" to the marker file and exits 0.
@@ -30,7 +30,7 @@ http.server.HTTPServer(("127.0.0.1", port), Handler).serve_forever()
 fn scratch(name: &str) -> PathBuf {
     static N: AtomicU32 = AtomicU32::new(0);
     std::env::temp_dir().join(format!(
-        "dynamo-e2e-launch-{}-{}-{name}",
+        "dynamo-loadgen-launch-{}-{}-{name}",
         std::process::id(),
         N.fetch_add(1, Ordering::Relaxed)
     ))

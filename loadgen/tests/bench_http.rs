@@ -5,11 +5,11 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use dynamo_e2e::arrivals::{self, Arrivals};
-use dynamo_e2e::bench;
-use dynamo_e2e::client::{Api, Target, Words};
-use dynamo_e2e::workload::{Sessions, SharedPrefix, Workload};
 use dynamo_llm::ModelDir;
+use dynamo_loadgen::arrivals::{self, Arrivals};
+use dynamo_loadgen::bench;
+use dynamo_loadgen::client::{Api, Target, Words};
+use dynamo_loadgen::workload::{Sessions, SharedPrefix, Workload};
 use dynamo_mocker::EngineConfig;
 use dynamo_mocker::server::{RunningServer, ServerConfig, start};
 
@@ -125,7 +125,7 @@ async fn chat_prompts_are_one_token_per_word() {
     let text = t.words.as_ref().unwrap().text(&item.token_ids);
     assert_eq!(model.encode(&text).len(), 288, "each word is one token");
     let http = http();
-    let record = dynamo_e2e::client::send(&http, &t, &item, std::time::Instant::now()).await;
+    let record = dynamo_loadgen::client::send(&http, &t, &item, std::time::Instant::now()).await;
     assert_eq!(record.error, None);
     assert_eq!(record.output_tokens, 8);
     // The chat template adds a few tokens around the 288 of the message.

@@ -1,6 +1,8 @@
-//! The mock engine's command line: the binary's flags, turned into a [`ServerConfig`].
+//! The mock engine's command line: the binary's flags, turned into an [`EngineConfig`].
+//! Outside `server`, so that whoever writes a mock engine's flags (the profiler,
+//! `dynamo profile --verify`, tests) reads them with the engine's own parser without
+//! linking the server.
 
-use std::net::SocketAddr;
 use std::path::PathBuf;
 
 use anyhow::{Context, anyhow};
@@ -9,7 +11,6 @@ use dynamo_llm::parsers::ToolCallParser;
 use dynamo_perfmodel::{Dtype, Estimator, GpuSpec, ModelArch};
 use dynamo_server::ServerLimits;
 
-use super::{ModelBehaviour, ServerConfig};
 use crate::kv_blocks::{
     DEFAULT_DISK_BANDWIDTH_GBPS, DEFAULT_HOST_BANDWIDTH_GBPS, DEFAULT_LINK_BANDWIDTH_GBPS,
     DEFAULT_OBJECT_BANDWIDTH_GBPS, DEFAULT_TIMEOUT_MS,
@@ -270,29 +271,6 @@ impl Args {
             .with_context(|| format!("writing the planner profile to {}", path.display()))?;
         Ok(true)
     }
-
-    /// The server configuration these flags ask for (reads the timing table, resolves
-    /// the host).
-    pub async fn into_config(self) -> anyhow::Result<ServerConfig> {
-        let engine = self.engine_config()?;
-        let listen: SocketAddr = tokio::net::lookup_host((self.host.as_str(), self.port))
-            .await?
-            .next()
-            .ok_or_else(|| anyhow::anyhow!("cannot resolve {}", self.host))?;
-        Ok(ServerConfig {
-            model_path: self.model_path,
-            model_name: self.model_name,
-            listen,
-            kv_events_endpoint: (self.kv_events_endpoint != "none")
-                .then_some(self.kv_events_endpoint),
-            engine,
-            behaviour: ModelBehaviour {
-                reasoning: self.reasoning,
-                tool_calls: self.tool_call_format,
-            },
-            server: self.server,
-        })
-    }
 }
 
 #[cfg(test)]
@@ -300,18 +278,14 @@ mod tests {
     use super::*;
     use dynamo_planner::profile::Profile;
 
-    async fn config(extra: &[&str]) -> ServerConfig {
+    fn config(extra: &[&str]) -> EngineConfig {
         let argv = ["dynamo-mocker", "--model-path", "/m"].iter().chain(extra);
-        Args::try_parse_from(argv)
-            .unwrap()
-            .into_config()
-            .await
-            .unwrap()
+        Args::try_parse_from(argv).unwrap().engine_config().unwrap()
     }
 
-    #[tokio::test]
-    async fn the_block_api_is_on_with_a_url_and_takes_its_defaults() {
-        assert_eq!(config(&[]).await.engine.kv_blocks, None);
+    #[test]
+    fn the_block_api_is_on_with_a_url_and_takes_its_defaults() {
+        assert_eq!(config(&[]).kv_blocks, None);
         let on = config(&[
             "--kv-blocks-url",
             "http://127.0.0.1:9100",
@@ -319,10 +293,9 @@ mod tests {
             "all",
             "--kv-bytes-scale",
             "0.01",
-        ])
-        .await;
+        ]);
         assert_eq!(
-            on.engine.kv_blocks,
+            on.kv_blocks,
             Some(KvBlocksConfig {
                 url: "http://127.0.0.1:9100".into(),
                 offload: OffloadMode::All,
@@ -332,8 +305,8 @@ mod tests {
         );
     }
 
-    #[tokio::test]
-    async fn a_disaggregated_engine_takes_no_tiers_its_link_and_its_id() {
+    #[test]
+    fn a_disaggregated_engine_takes_no_tiers_its_link_and_its_id() {
         let kv = config(&[
             "--kv-blocks-url",
             "http://127.0.0.1:9100",
@@ -344,8 +317,6 @@ mod tests {
             "--engine-id",
             "prefill-0",
         ])
-        .await
-        .engine
         .kv_blocks
         .unwrap();
         assert_eq!(kv.offload, OffloadMode::None);

@@ -1,5 +1,5 @@
 //! Rust types of Dynamo's custom resources (group `nvidia.com`), their CRD manifests, the
-//! API reference, and a validator that checks a manifest the way the API server would.
+//! API reference, and (feature `validate`) a validator that checks a manifest the way the API server would.
 //!
 //! - [`DynamoGraphDeployment`] (`dgd`, v1alpha1, stored) and
 //!   [`dgd_v1beta1::DynamoGraphDeployment`] (v1beta1): a graph of services (components),
@@ -17,6 +17,7 @@ pub mod dgdsa;
 pub mod inference_pool;
 pub mod manifests;
 pub mod role;
+#[cfg(feature = "validate")]
 pub mod validate;
 
 pub use api_doc::api_reference_markdown;
@@ -34,4 +35,5 @@ pub use dgdsa::{
 };
 pub use manifests::{GENERATED_CRD_DIRS, crd_manifests, crds, generated_files};
 pub use role::{EngineRole, ServiceRole};
+#[cfg(feature = "validate")]
 pub use validate::{DynamoObject, Problem, Validated, ValidationError, validate_manifest};

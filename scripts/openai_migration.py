@@ -7,16 +7,22 @@ Streams start one after another (each once the previous one has its first token)
 round-robin puts about half of them on each worker (exactly half unless a pod failed a
 request before answering, which the picker then avoids for a while). Once every stream
 has MIN_PIECES tokens, the engine ENGINE_PID (serving at ENGINE_URL) is asked how many
-requests it is running, then gets SIGKILL. Every request carries a seed, and the mock
+requests it is running, then frozen with SIGSTOP: from then on none of its answers can
+end. The streams it had answered whole still end (their bytes are on the way); those on
+the other worker run to their end. What is left unfinished and silent for SETTLE seconds
+is what the frozen engine holds, and exactly what the SIGKILL that follows cuts. (Reading
+the engine's count and killing at once would race a stream that ends in between: under
+load the first streams are near their end by the time the last one starts.) Every request carries a seed, and the mock
 engine's seeded answers are deterministic, so each stream's text is then compared with
 the same request asked again, whole, afterwards.
 
-Prints a JSON object: on_killed_engine (the requests the killed engine was running) and
+Prints a JSON object: on_killed_engine (the streams the kill cut), running (the
+engine's own count of its requests just before it was frozen, an upper bound), and
 streams, a list of one object per stream: kind (raw, chat, completion), error (null,
 or the exception's type and message), text, expected, pieces (chunks with text), usage,
 ids (distinct chunk ids), roles (chunks carrying a role), finish, the last two data
 payloads (raw streams), and the largest and the median gap between pieces (max_gap_ms,
-itl_ms).
+itl_ms; the time the engine stood frozen is not counted in a gap).
 
 Usage: python openai_migration.py BASE_URL MODEL ENGINE_PID ENGINE_URL STREAMS MAX_TOKENS
 """
@@ -36,6 +42,9 @@ base_url, model = sys.argv[1], sys.argv[2]
 pid, engine_url = int(sys.argv[3]), sys.argv[4]
 streams, max_tokens = int(sys.argv[5]), int(sys.argv[6])
 MIN_PIECES = 30
+# Silence that marks a stream as held by the frozen engine: over a hundred times the mock
+# engine's inter-token latency.
+SETTLE = 1.0
 client = OpenAI(base_url=base_url, api_key="unused", max_retries=0)
 
 
@@ -58,7 +67,7 @@ def request(k):
 
 results = [
     dict(kind=kind(k), error=None, pieces=0, times=[], text="", usage=None, ids=set(),
-         roles=0, finish=None, last=[])
+         roles=0, finish=None, last=[], ended=False)
     for k in range(streams)
 ]
 
@@ -110,6 +119,7 @@ def run(k):
         (stream_raw if r["kind"] == "raw" else stream_openai)(r, request(k))
     except Exception as e:  # noqa: BLE001 - the test asserts on what was raised
         r["error"] = dict(type=type(e).__name__, message=str(e))
+    r["ended"] = True
 
 
 def running_on(engine):
@@ -135,7 +145,20 @@ for k in range(streams):
     wait_for(lambda: results[k]["pieces"] or results[k]["error"], f"stream {k} to start")
 wait_for(lambda: all(r["pieces"] >= MIN_PIECES or r["error"] for r in results),
          f"{MIN_PIECES} tokens on every stream")
-on_killed_engine = running_on(engine_url)
+running = running_on(engine_url)
+os.kill(pid, signal.SIGSTOP)
+stopped = time.monotonic()
+
+
+def held(r):
+    """Unfinished and silent for SETTLE seconds: a stream of the frozen engine."""
+    last = r["times"][-1] if r["times"] else stopped
+    return not r["ended"] and time.monotonic() - max(last, stopped) >= SETTLE
+
+
+wait_for(lambda: all(r["ended"] or held(r) for r in results), "the streams to settle")
+on_killed_engine = sum(not r["ended"] for r in results)
+killed = time.monotonic()
 os.kill(pid, signal.SIGKILL)
 for t in threads:
     t.join(timeout=120)
@@ -147,8 +170,9 @@ for k, r in enumerate(results):
     else:
         r["expected"] = client.completions.create(**body).choices[0].text
     times = r.pop("times")
-    gaps = [b - a for a, b in zip(times, times[1:])]
+    gaps = [b - a - (killed - max(a, stopped) if a < killed < b else 0)
+            for a, b in zip(times, times[1:])]
     r["max_gap_ms"] = max(gaps) * 1000 if gaps else None
     r["itl_ms"] = statistics.median(gaps) * 1000 if gaps else None
     r["ids"] = len(r["ids"])
-print(json.dumps(dict(on_killed_engine=on_killed_engine, streams=results)))
+print(json.dumps(dict(on_killed_engine=on_killed_engine, running=running, streams=results)))

@@ -3,8 +3,9 @@
 //! streams, eight of them through the official `openai` Python client and two raw SSE,
 //! are mid-answer when one engine gets SIGKILL (`scripts/openai_migration.py`).
 //!
-//! With migration on, the streams of the dead engine (about half: the script asks it how
-//! many it runs just before the kill) continue on the other worker: every client gets
+//! With migration on, the streams of the dead engine (about half: the script freezes the
+//! engine before the kill and counts the streams left unfinished, so that none can end
+//! between the count and the kill) continue on the other worker: every client gets
 //! the whole answer, token for token the one the same seeded request gets alone (the mock
 //! engine continues a seeded answer exactly), as one stream (one chunk id, one role) with
 //! usage counting it all. With migration off, exactly those end with an error event and
@@ -46,7 +47,7 @@ async fn both_workers_routable(graph: &LocalGraph) {
 /// What the clients saw when the first worker's engine was killed mid-answer.
 struct Killed {
     streams: Vec<Value>,
-    /// How many of them that engine was running when it was killed.
+    /// How many of them the kill cut: unfinished on that engine when it was killed.
     on_killed_engine: usize,
 }
 
@@ -68,6 +69,13 @@ async fn kill_mid_stream(graph: &LocalGraph) -> Killed {
     let stdout = graph.run_script("openai_migration.py", args).await;
     let out: Value = serde_json::from_str(&stdout).expect("the script prints its results");
     let on_killed_engine = out["on_killed_engine"].as_f64().expect("a count") as usize;
+    let running = out["running"].as_f64().expect("the engine's count") as usize;
+    // The engine ran at least the streams its kill cut (a stream of its count may have
+    // ended before it froze).
+    assert!(
+        on_killed_engine <= running,
+        "{on_killed_engine} streams cut, {running} running on the engine just before"
+    );
     // Round-robin over two workers gives each about half; none on the killed engine
     // would leave nothing to test.
     assert!(

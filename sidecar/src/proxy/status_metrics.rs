@@ -63,6 +63,7 @@ where
             let class = match &answered {
                 Ok(response) => status_class(response.status()),
                 Err(ProxyError::ClientAborted) => "client_aborted",
+                // The status the error map answers it with.
                 Err(e) => status_class(e.api_error().status),
             };
             requests.get_or_create(&[("status", class)]).inc();

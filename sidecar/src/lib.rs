@@ -43,8 +43,7 @@ use disagg::peers::PrefillPeers;
 use disagg::transfer::Transfer;
 use health::Health;
 use metrics::Metrics;
-use proxy::{PathAllowlist, Proxy};
-use tower::Layer;
+use proxy::PathAllowlist;
 
 /// A started sidecar. Dropping it stops everything at once (in-flight proxied requests
 /// are left to finish on their own); [`Sidecar::shutdown`] lets them finish first.
@@ -113,14 +112,13 @@ impl Sidecar {
             prefill_timeout: config.disagg.prefill_timeout,
             metrics: hop_metrics,
         });
-        let proxy_app = Proxy::new(
+        let proxy_app = proxy::router(
             &config.engine_url,
             PathAllowlist::new(&config.proxy_paths),
-            metrics.clone(),
+            &metrics,
+            hop,
         )
-        .map_err(|e| anyhow::anyhow!("--engine-url: {e}"))?
-        .router();
-        let proxy_app = axum::Router::new().fallback_service(hop.layer(proxy_app));
+        .map_err(|e| anyhow::anyhow!("--engine-url: {e}"))?;
         let proxy = {
             let (server, stop) = (server.clone(), stop_accepting.clone());
             AbortOnDropHandle::new(tokio::spawn(async move {

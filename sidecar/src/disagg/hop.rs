@@ -483,3 +483,138 @@ async fn read_limited(answer: reqwest::Response, limit: usize) -> Result<Bytes, 
     }
     Ok(Bytes::from(out))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::blocks::lease::LeaseMetrics;
+    use crate::metrics::Metrics;
+    use std::sync::Mutex;
+    use tower::ServiceExt;
+
+    /// The hop with `peers` as its prefill pods, and its metrics.
+    fn layer(peers: &[String]) -> (PrefillHopLayer, Arc<Hop>) {
+        let mut metrics = Metrics::new();
+        let hop = Hop {
+            client: reqwest::Client::new(),
+            peers: PrefillPeers::parse(peers).unwrap(),
+            transfer: Transfer::new(Duration::from_secs(1)),
+            leases: Leases::new(
+                Duration::from_secs(1),
+                1 << 20,
+                LeaseMetrics::register(&mut metrics),
+            ),
+            grpc_port: 0,
+            prefill_timeout: Duration::from_secs(5),
+            metrics: HopMetrics::register(&mut metrics),
+        };
+        let layer = PrefillHopLayer::new(hop);
+        let hop = layer.0.clone();
+        (layer, hop)
+    }
+
+    /// An engine that answers 200 and keeps the requests it was sent (headers, body).
+    #[derive(Clone, Default)]
+    struct Engine(Arc<Mutex<Vec<(HeaderMap, Bytes)>>>);
+
+    impl Engine {
+        fn service(
+            &self,
+        ) -> impl Service<
+            Request,
+            Response = Response,
+            Error = Infallible,
+            Future = impl Future<Output = Result<Response, Infallible>> + Send,
+        > + Clone
+        + Send
+        + 'static {
+            let seen = self.0.clone();
+            tower::service_fn(move |request: Request| {
+                let seen = seen.clone();
+                async move {
+                    let (parts, body) = request.into_parts();
+                    let body = read_body(body).await.unwrap();
+                    seen.lock().unwrap().push((parts.headers, body));
+                    Ok(Response::new(Body::from("engine")))
+                }
+            })
+        }
+
+        fn seen(&self) -> Vec<(HeaderMap, Bytes)> {
+            self.0.lock().unwrap().clone()
+        }
+    }
+
+    fn completion(prefiller: Option<&str>) -> Request {
+        let mut request = axum::http::Request::post("/v1/completions");
+        if let Some(prefiller) = prefiller {
+            request = request.header(PREFILLER_HEADER, prefiller);
+        }
+        let body = r#"{"model":"m","prompt":"hi","kv_transfer_params":{"do_remote_prefill":true}}"#;
+        request.body(Body::from(body)).unwrap()
+    }
+
+    #[tokio::test]
+    async fn a_request_no_prefill_pod_was_named_for_goes_straight_to_the_engine() {
+        let (layer, hop) = layer(&[]);
+        let engine = Engine::default();
+        let response = layer.layer(engine.service()).oneshot(completion(None));
+        let response = response.await.unwrap();
+        assert_eq!(response.status(), StatusCode::OK);
+        assert!(!response.headers().contains_key(PREFILL_HOP_HEADER));
+        let seen = engine.seen();
+        assert_eq!(seen.len(), 1);
+        assert!(seen[0].1.starts_with(br#"{"model":"m""#));
+        assert!(HopOutcome::ALL.iter().all(|o| hop.metrics.hops(*o) == 0));
+    }
+
+    #[tokio::test]
+    async fn a_prefill_pod_outside_the_pool_is_refused_before_the_engine() {
+        let (layer, hop) = layer(&["10.0.0.1:8000".to_owned()]);
+        let engine = Engine::default();
+        let request = completion(Some("10.0.0.2:8000"));
+        let response = layer
+            .layer(engine.service())
+            .oneshot(request)
+            .await
+            .unwrap();
+        assert_eq!(response.status(), StatusCode::FORBIDDEN);
+        assert_eq!(response.headers()[PREFILL_HOP_HEADER], "refused");
+        let body = axum::body::to_bytes(response.into_body(), 1 << 16)
+            .await
+            .unwrap();
+        let body: Value = serde_json::from_slice(&body).unwrap();
+        assert_eq!(body["error"]["code"], "prefill_pod_refused");
+        assert!(engine.seen().is_empty());
+        assert_eq!(hop.metrics.hops(HopOutcome::Refused), 1);
+    }
+
+    #[tokio::test]
+    async fn a_prefill_pod_that_cannot_be_reached_leaves_the_prefill_to_the_engine() {
+        let closed = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let pod = closed.local_addr().unwrap().to_string();
+        drop(closed);
+        let (layer, hop) = layer(std::slice::from_ref(&pod));
+        let engine = Engine::default();
+        let request = completion(Some(&pod));
+        let response = layer
+            .layer(engine.service())
+            .oneshot(request)
+            .await
+            .unwrap();
+        assert_eq!(response.status(), StatusCode::OK);
+        assert_eq!(
+            response.headers()[PREFILL_HOP_HEADER],
+            "fallback_prefill_failed"
+        );
+        let seen = engine.seen();
+        assert_eq!(seen.len(), 1);
+        let (headers, body) = &seen[0];
+        assert!(!headers.contains_key(PREFILLER_HEADER));
+        assert_eq!(headers["x-request-id"].len(), 32);
+        // The client's own transfer parameters never reach the engine.
+        let body: Value = serde_json::from_slice(body).unwrap();
+        assert_eq!(body, serde_json::json!({"model": "m", "prompt": "hi"}));
+        assert_eq!(hop.metrics.hops(HopOutcome::FallbackPrefillFailed), 1);
+    }
+}

@@ -98,6 +98,9 @@ async fn shutdown_lets_requests_in_flight_finish_and_closes_idle_connections() {
     let mut running = serve(&Server::new(&limits(60_000, 60_000, 60_000, 16))).await;
     let mut idle = TcpStream::connect(running.addr).await.unwrap();
     assert!(request(&mut idle, "/").await.starts_with("HTTP/1.1 200"));
+    // One that never sent a byte has nothing to finish: it does not hold the shutdown
+    // for its (minute-long) timeouts.
+    let mut silent = TcpStream::connect(running.addr).await.unwrap();
     let mut busy = TcpStream::connect(running.addr).await.unwrap();
     busy.write_all(b"GET /slow HTTP/1.1\r\nhost: x\r\n\r\n")
         .await
@@ -109,6 +112,7 @@ async fn shutdown_lets_requests_in_flight_finish_and_closes_idle_connections() {
     assert!(answer.starts_with(b"HTTP/1.1 200"), "{answer:?}");
     assert!(answer.ends_with(b"done"));
     closed_by_server(&mut idle).await;
+    closed_by_server(&mut silent).await;
     tokio::time::timeout(WAIT, running.served)
         .await
         .expect("serving ends once every connection closed")

@@ -7,11 +7,13 @@
 //! when to close it:
 //! - requests in flight: no deadline (the body timeout and the handlers take over);
 //! - none, and an HTTP/1 head has begun to arrive: `header_timeout` after its first byte;
-//! - none otherwise: `idle_timeout` after the last request ended (or the connection opened).
+//! - none otherwise: `idle_timeout` after the last request ended (or the connection
+//!   opened), shorter while the connection budget is nearly used (`Budget::idle_timeout`).
 
 use std::pin::Pin;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::{Context, Poll};
+use std::time::Duration;
 
 use axum::body::Body;
 use http_body::{Body as HttpBody, Frame, SizeHint};
@@ -19,10 +21,25 @@ use hyper::{Request, Response};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::time::Instant;
 
-use crate::ServerLimits;
-
 /// The client preface every HTTP/2 connection opens with (RFC 9113 section 3.4).
 const HTTP2_PREFACE_START: &[u8] = b"PRI * HTTP/2.0";
+
+/// When a connection without requests in flight is closed, and what it waits for.
+#[derive(Debug, PartialEq)]
+pub struct Deadline {
+    pub at: Instant,
+    pub waiting_for: Waiting,
+}
+
+#[derive(Debug, PartialEq)]
+pub enum Waiting {
+    /// Its first bytes: nothing was ever read.
+    Silent,
+    /// The rest of a request head.
+    Head,
+    /// The next request, after one or more were served.
+    Idle,
+}
 
 #[derive(Debug)]
 pub struct Activity {
@@ -62,16 +79,32 @@ impl Activity {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// When the connection should be closed, if nothing changes before then.
-    pub fn deadline(&self, limits: &ServerLimits) -> Option<Instant> {
+    /// When the connection should be closed, if nothing changes before then; `idle_timeout`:
+    /// the one that applies now.
+    pub fn deadline(&self, header_timeout: Duration, idle_timeout: Duration) -> Option<Deadline> {
         let state = self.state();
         if state.in_flight > 0 {
             return None;
         }
-        Some(match state.head_started {
-            Some(start) => start + limits.header_timeout,
-            None => state.idle_since + limits.idle_timeout,
+        if let Some(start) = state.head_started {
+            return Some(Deadline {
+                at: start + header_timeout,
+                waiting_for: Waiting::Head,
+            });
+        }
+        let silent = state.protocol == Protocol::Unknown(Vec::new());
+        Some(Deadline {
+            at: state.idle_since + idle_timeout,
+            waiting_for: if silent {
+                Waiting::Silent
+            } else {
+                Waiting::Idle
+            },
         })
+    }
+
+    pub fn in_flight(&self) -> bool {
+        self.state().in_flight > 0
     }
 
     fn on_read(&self, bytes: &[u8]) {
@@ -231,14 +264,14 @@ impl HttpBody for Guarded {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::time::Duration;
 
-    fn limits() -> ServerLimits {
-        ServerLimits {
-            header_timeout: Duration::from_secs(1),
-            idle_timeout: Duration::from_secs(10),
-            ..ServerLimits::default()
-        }
+    const HEADER: Duration = Duration::from_secs(1);
+    const IDLE: Duration = Duration::from_secs(10);
+    /// An idle timeout shortened for room.
+    const SHORT: Duration = Duration::from_millis(500);
+
+    fn deadline(at: Instant, waiting_for: Waiting) -> Option<Deadline> {
+        Some(Deadline { at, waiting_for })
     }
 
     #[tokio::test(start_paused = true)]
@@ -246,33 +279,39 @@ mod tests {
         let activity = Activity::new();
         let opened = Instant::now();
         assert_eq!(
-            activity.deadline(&limits()),
-            Some(opened + limits().idle_timeout)
+            activity.deadline(HEADER, IDLE),
+            deadline(opened + IDLE, Waiting::Silent)
         );
 
         tokio::time::advance(Duration::from_secs(3)).await;
         activity.on_read(b"GET / HT");
         let head = Instant::now();
         assert_eq!(
-            activity.deadline(&limits()),
-            Some(head + limits().header_timeout)
+            activity.deadline(HEADER, IDLE),
+            deadline(head + HEADER, Waiting::Head)
         );
         activity.on_read(b"TP/1.1\r\n");
+        // A shorter idle timeout does not shorten a head's time.
         assert_eq!(
-            activity.deadline(&limits()),
-            Some(head + limits().header_timeout)
+            activity.deadline(HEADER, SHORT),
+            deadline(head + HEADER, Waiting::Head)
         );
 
         let guard = activity.request_started();
-        assert_eq!(activity.deadline(&limits()), None);
+        assert_eq!(activity.deadline(HEADER, IDLE), None);
+        assert_eq!(activity.deadline(HEADER, SHORT), None);
         tokio::time::advance(Duration::from_secs(60)).await;
         // Bytes read during a request (its body) start no head.
         activity.on_read(b"body");
         drop(guard);
         let ended = Instant::now();
         assert_eq!(
-            activity.deadline(&limits()),
-            Some(ended + limits().idle_timeout)
+            activity.deadline(HEADER, IDLE),
+            deadline(ended + IDLE, Waiting::Idle)
+        );
+        assert_eq!(
+            activity.deadline(HEADER, SHORT),
+            deadline(ended + SHORT, Waiting::Idle)
         );
     }
 
@@ -285,8 +324,8 @@ mod tests {
         tokio::time::advance(Duration::from_secs(1)).await;
         activity.on_read(b"\x00\x00\x08\x06\x00ping");
         assert_eq!(
-            activity.deadline(&limits()),
-            Some(opened + limits().idle_timeout)
+            activity.deadline(HEADER, IDLE),
+            deadline(opened + IDLE, Waiting::Idle)
         );
     }
 }

@@ -9,23 +9,25 @@ use std::task::{Context, Poll};
 use futures::Stream;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{OwnedSemaphorePermit, mpsc};
+use tokio::sync::mpsc;
+use tokio::time::Instant;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::transport::server::{Connected, TcpConnectInfo};
 
 use crate::Server;
+use crate::budget::Slot;
 
 /// An accepted connection holding its share of the connection budget.
 pub struct GrpcConnection {
     tcp: TcpStream,
-    _permit: OwnedSemaphorePermit,
+    _slot: Slot,
 }
 
 impl Server {
     /// The connections of `listener` for `Server::serve_with_incoming*`: each holds one
     /// unit of the process's connection budget while open, and one whose client sends
-    /// nothing within the header timeout is dropped before tonic sees it. Accepting
-    /// stops when tonic drops the stream.
+    /// nothing within the header timeout (1 s while the budget is nearly used) is dropped
+    /// before tonic sees it. Accepting stops when tonic drops the stream.
     pub fn grpc_incoming(
         &self,
         listener: TcpListener,
@@ -34,28 +36,39 @@ impl Server {
         let server = self.clone();
         tokio::spawn(async move {
             loop {
-                let (tcp, permit) = tokio::select! {
+                let (tcp, slot) = tokio::select! {
                     () = ready.closed() => return,
                     accepted = server.accept(&listener) => accepted,
                 };
-                let (ready, wait) = (ready.clone(), server.limits.header_timeout);
+                let (ready, server) = (ready.clone(), server.clone());
                 tokio::spawn(async move {
-                    let mut first = [0u8; 1];
-                    match tokio::time::timeout(wait, tcp.peek(&mut first)).await {
-                        Ok(Ok(n)) if n > 0 => {
-                            let _ = ready
-                                .send(Ok(GrpcConnection {
-                                    tcp,
-                                    _permit: permit,
-                                }))
-                                .await;
-                        }
-                        _ => tracing::debug!("dropping a gRPC connection that sent nothing"),
+                    if server.first_bytes(&tcp).await {
+                        let _ = ready.send(Ok(GrpcConnection { tcp, _slot: slot })).await;
+                    } else {
+                        tracing::debug!("dropping a gRPC connection that sent nothing");
                     }
                 });
             }
         });
         ReceiverStream::new(incoming)
+    }
+
+    /// Whether `tcp` sends its first bytes within the header timeout (the idle timeout
+    /// under pressure, if shorter: `Budget::idle_timeout`).
+    async fn first_bytes(&self, tcp: &TcpStream) -> bool {
+        let opened = Instant::now();
+        let mut first = [0u8; 1];
+        loop {
+            let rise = self.budget.pressure_rises();
+            let mut rise = std::pin::pin!(rise);
+            rise.as_mut().enable();
+            let wait = self.budget.idle_timeout(self.limits.header_timeout);
+            tokio::select! {
+                peeked = tcp.peek(&mut first) => return matches!(peeked, Ok(n) if n > 0),
+                () = tokio::time::sleep_until(opened + wait) => return false,
+                () = rise => {}
+            }
+        }
     }
 }
 

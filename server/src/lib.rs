@@ -7,6 +7,7 @@
 //! - [`shutdown_signal`] and [`init_logging`]: what every binary's `main` does;
 //! - [`on_every_worker`]: per-thread set-up done before serving.
 
+mod budget;
 mod connection;
 pub mod endpoints_file;
 #[cfg(feature = "grpc")]
@@ -20,8 +21,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
+use budget::{Budget, Slot};
+
+pub use budget::PRESSURE_IDLE_TIMEOUT;
 #[cfg(feature = "grpc")]
 pub use grpc::GrpcConnection;
 pub use limits::{ServerLimits, parse_duration};
@@ -33,14 +36,14 @@ pub use workers::on_every_worker;
 #[derive(Clone, Debug)]
 pub struct Server {
     limits: Arc<ServerLimits>,
-    connections: Arc<Semaphore>,
+    budget: Arc<Budget>,
 }
 
 impl Server {
     pub fn new(limits: &ServerLimits) -> Self {
         Self {
             limits: Arc::new(limits.clone()),
-            connections: Arc::new(Semaphore::new(limits.max_connections)),
+            budget: Budget::new(limits.max_connections),
         }
     }
 
@@ -53,7 +56,7 @@ impl Server {
     /// connection beyond the budget and an idle listener none of it. A failed accept (out
     /// of file descriptors, a connection reset before it was accepted) is logged and
     /// tried again a moment later rather than in a spin.
-    async fn accept(&self, listener: &TcpListener) -> (TcpStream, OwnedSemaphorePermit) {
+    async fn accept(&self, listener: &TcpListener) -> (TcpStream, Slot) {
         let tcp = loop {
             match listener.accept().await {
                 Ok((tcp, _)) => break tcp,
@@ -63,15 +66,10 @@ impl Server {
                 }
             }
         };
-        let permit = self
-            .connections
-            .clone()
-            .acquire_owned()
-            .await
-            .expect("the connection budget is never closed");
+        let slot = self.budget.take().await;
         // Streamed tokens are small writes: without TCP_NODELAY, Nagle's algorithm holds
         // them back waiting for ACKs.
         let _ = tcp.set_nodelay(true);
-        (tcp, permit)
+        (tcp, slot)
     }
 }

@@ -8,8 +8,9 @@ use clap::builder::TypedValueParser;
 /// Timeouts and the connection budget of a process's servers.
 #[derive(clap::Args, Clone, Debug, PartialEq)]
 pub struct ServerLimits {
-    /// Longest a client may take to send a request's head (request line and headers)
-    /// once it has started sending it [default: hyper's own default].
+    /// Longest a client may take to send a request's head (request line and headers),
+    /// counted from its first byte; past it the connection is dropped, within a fifth of
+    /// the timeout. gRPC connections must send their first bytes within it.
     #[arg(
         long,
         env = "DYNAMO_HTTP_HEADER_TIMEOUT",
@@ -20,7 +21,9 @@ pub struct ServerLimits {
     /// A connection with no request in flight is closed after this long: idle
     /// keep-alive connections, and connections that never send anything. Above the
     /// 90 s a reqwest client keeps idle connections, so our own clients never send on a
-    /// connection the server is closing.
+    /// connection the server is closing. While fewer than a tenth of --max-connections
+    /// are free, such connections are closed after 1 s (or this, if shorter) instead,
+    /// oldest first, to make room; requests in flight are never closed for room.
     #[arg(
         long,
         env = "DYNAMO_HTTP_IDLE_TIMEOUT",
@@ -37,7 +40,8 @@ pub struct ServerLimits {
     )]
     pub body_timeout: Duration,
     /// Connections served at once over all of the process's listeners; further ones
-    /// wait in the kernel's accept queue until one closes.
+    /// wait in the kernel's accept queue until one closes. While fewer than a tenth are
+    /// free, idle and silent connections get a shorter idle timeout (--idle-timeout).
     #[arg(
         long,
         env = "DYNAMO_MAX_CONNECTIONS",

@@ -5,10 +5,11 @@ mod common;
 use std::time::Duration;
 
 use common::*;
-use dynamo_server::Server;
+use dynamo_server::{PRESSURE_IDLE_TIMEOUT, Server};
 use futures::StreamExt;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
+use tokio::time::Instant;
 
 #[tokio::test]
 async fn grpc_connections_share_the_budget_and_silent_ones_are_dropped() {
@@ -42,4 +43,26 @@ async fn grpc_connections_share_the_budget_and_silent_ones_are_dropped() {
         .expect("served once the gRPC connection closed")
         .unwrap();
     assert!(got[..n].starts_with(b"HTTP/1.1 200"));
+}
+
+#[tokio::test]
+async fn silent_grpc_connections_make_room_when_the_budget_is_nearly_used() {
+    let server = Server::new(&limits(60_000, 60_000, 60_000, 10));
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let _incoming = Box::pin(server.grpc_incoming(listener));
+    let started = Instant::now();
+    let mut silent = Vec::new();
+    for _ in 0..10 {
+        silent.push(TcpStream::connect(addr).await.unwrap());
+    }
+    for tcp in &mut silent {
+        closed_by_server(tcp).await;
+    }
+    let waited = started.elapsed();
+    let bound = PRESSURE_IDLE_TIMEOUT.mul_f64(1.2);
+    assert!(
+        waited <= bound,
+        "dropped after {waited:?}, more than {bound:?}"
+    );
 }

@@ -71,7 +71,7 @@ fuzz: model ## Run each fuzz target for FUZZ_SECONDS seconds (installs cargo-fuz
 	done
 
 crds: ## Regenerate CRD YAML (crds/manifests, the chart's crds/) and docs/api.md from the Rust types
-	$(CARGO) run --quiet --locked -p dynamo-operator --bin dynamo -- crds --root .
+	$(CARGO) run --quiet --locked -p dynamo-cli --bin dynamo -- crds --root .
 
 model: $(MODEL_DIR)/tokenizer.json ## Build the local model directory (tokenizer.json, chat template) in $(MODEL_DIR)
 
@@ -89,8 +89,8 @@ pyenv: .cache/venv/.ready ## Python tools the tests use as real peers (the offic
 	touch $@
 
 run: model ## Serve config/samples/agg-mocker.yaml locally (OpenAI API on localhost:8000)
-	$(CARGO) build --locked -p dynamo-operator -p dynamo-mocker -p dynamo-sidecar -p dynamo-epp --bins
-	$(CARGO) run --locked --quiet -p dynamo-operator --bin dynamo -- run -f config/samples/agg-mocker.yaml --model-path $(MODEL_DIR)
+	$(CARGO) build --locked -p dynamo-cli -p dynamo-mocker -p dynamo-sidecar -p dynamo-epp --bins
+	$(CARGO) run --locked --quiet -p dynamo-cli --bin dynamo -- run -f config/samples/agg-mocker.yaml --model-path $(MODEL_DIR)
 
 k8s: $(KUBEBUILDER_ASSETS)/kube-apiserver ## Unpack the control plane the tests run (KUBEBUILDER_ASSETS, default .cache/k8s)
 
@@ -193,7 +193,7 @@ bench:
 DYNREF ?= /root/dynref
 .PHONY: side-by-side
 side-by-side: model ## Workload B (PROBE=overhead: small requests) beside NVIDIA Dynamo 1.6.1, PAIRS pairs alternately (needs its kit in DYNREF)
-	$(CARGO) build --release --locked -p dynamo-operator -p dynamo-mocker -p dynamo-sidecar -p dynamo-epp --bins
+	$(CARGO) build --release --locked -p dynamo-cli -p dynamo-mocker -p dynamo-sidecar -p dynamo-epp --bins
 	DYNREF=$(DYNREF) BIN_DIR=$${CARGO_TARGET_DIR:-target}/release scripts/side_by_side.sh
 
 clean:

@@ -9,9 +9,9 @@ use std::path::{Path, PathBuf};
 use clap::Parser;
 use dynamo_crds::{BackendFramework, DynamoGraphDeployment, EngineRole};
 use dynamo_e2e::disagg::Topology;
-use dynamo_operator::local::plan::{Caps, Graph, ReplicaPorts, RunOptions};
+use dynamo_local::plan::{Caps, Graph, ReplicaPorts, RunOptions};
 use dynamo_operator::reconcile::{Observed, OperatorConfig, reconcile};
-use dynamo_operator::wiring::{DYNAMO_BINARY, EPP_BINARY, MOCKER_BINARY, SIDECAR_BINARY};
+use dynamo_wiring::{DYNAMO_BINARY, EPP_BINARY, MOCKER_BINARY, SIDECAR_BINARY};
 
 /// The sample graphs, and the graphs benchmarks run (`e2e/configs/`).
 fn samples() -> Vec<(PathBuf, DynamoGraphDeployment)> {
@@ -69,8 +69,7 @@ fn parse(argv: &[String], context: &str) -> Option<&'static str> {
         }
         // Our binary runs the planner only: `dynamo planner ...`.
         DYNAMO_BINARY => {
-            dynamo_operator::wiring::planner::parse(&argv[1..])
-                .unwrap_or_else(|e| fail(context, argv, e));
+            dynamo_wiring::planner::parse(&argv[1..]).unwrap_or_else(|e| fail(context, argv, e));
             Some(DYNAMO_BINARY)
         }
         _ => None,
@@ -127,7 +126,7 @@ const TIER_FLAGS: [&str; 4] = [
 /// The profile a planner command reads (`--profile`) and the one a mock engine's
 /// command writes (`--planner-profile-out`), each as its own binary's parser reads it.
 fn profile_paths(planner: &[String], mocker: &[String]) -> (Option<PathBuf>, Option<PathBuf>) {
-    let reads = dynamo_operator::wiring::planner::parse(&planner[1..])
+    let reads = dynamo_wiring::planner::parse(&planner[1..])
         .unwrap()
         .profile;
     let writes = dynamo_mocker::Args::try_parse_from(mocker)
@@ -191,9 +190,9 @@ fn the_planner_samples_pod_measures_the_profile_its_planner_reads() {
     let mut mocker = dynamo_mocker::Args::try_parse_from(&measure).unwrap();
     mocker.planner_profile_out = Some(out.clone());
     assert!(mocker.write_planner_profile().unwrap(), "measured and done");
-    let mut args = dynamo_operator::wiring::planner::parse(&planner[1..]).unwrap();
+    let mut args = dynamo_wiring::planner::parse(&planner[1..]).unwrap();
     args.profile = Some(out);
-    let settings = args.settings();
+    let settings = dynamo_planner_service::settings(&args);
     std::fs::remove_dir_all(&dir).unwrap();
     settings.unwrap_or_else(|e| panic!("the planner refuses the measured profile: {e:#}"));
 }
@@ -231,7 +230,7 @@ fn every_process_the_local_runner_starts_parses() {
         };
         let context = path.display().to_string();
         let epp = graph.epp_command(("127.0.0.1", 8000), 9002, Path::new("/tmp/e.json"));
-        let argv = |c: dynamo_operator::local::plan::CommandSpec| {
+        let argv = |c: dynamo_local::plan::CommandSpec| {
             std::iter::once(c.program).chain(c.args).collect::<Vec<_>>()
         };
         assert_eq!(parse(&argv(epp), &context), Some(EPP_BINARY));
@@ -298,7 +297,7 @@ fn the_disaggregation_benchmark_graphs_are_the_topologies_they_are_named_after()
             processes: 64,
         },
     };
-    let argv = |c: dynamo_operator::local::plan::CommandSpec| {
+    let argv = |c: dynamo_local::plan::CommandSpec| {
         std::iter::once(c.program).chain(c.args).collect::<Vec<_>>()
     };
     let mut found = Vec::new();

@@ -43,7 +43,7 @@ struct Family {
 }
 
 const EPP: &str = "epp/src/metrics.rs";
-const PLANNER: &str = "operator/src/planner/metrics.rs";
+const PLANNER: &str = "planner-service/src/metrics.rs";
 
 const fn epp(name: &'static str, kind: Kind) -> Family {
     Family {

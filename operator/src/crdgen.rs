@@ -10,7 +10,7 @@ use anyhow::Context;
 /// removed resource left behind in the generated folders.
 pub fn write_all(root: &Path) -> anyhow::Result<ExitCode> {
     let mut files = dynamo_crds::generated_files();
-    files.extend(dynamo_operator::controller::rbac::generated_files());
+    files.extend(crate::controller::rbac::generated_files());
     for dir in dynamo_crds::GENERATED_CRD_DIRS {
         let dir = root.join(dir);
         std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;

@@ -5,7 +5,7 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use dynamo_operator::reconcile::names::validate_manifest;
+use crate::reconcile::names::validate_manifest;
 
 pub fn run(files: &[PathBuf]) -> anyhow::Result<ExitCode> {
     let mut failed = false;

@@ -10,8 +10,8 @@ use std::path::Path;
 
 use clap::Parser;
 use common::{cluster, observed, run, sample};
+use dynamo_local::plan::{Caps, CommandSpec, Graph, ReplicaPorts, RunOptions};
 use dynamo_mocker::OffloadMode;
-use dynamo_operator::local::plan::{Caps, CommandSpec, Graph, ReplicaPorts, RunOptions};
 use dynamo_operator::reconcile::labels;
 use k8s_openapi::api::core::v1::{Container, Pod};
 use serde_json::json;

@@ -2,7 +2,8 @@
 
 use std::sync::Arc;
 
-use dynamo_operator::controller::metrics::{Metrics, serve};
+use dynamo_operator::controller::metrics::Metrics;
+use dynamo_server::metrics_endpoint::serve;
 use tokio::net::TcpListener;
 
 #[tokio::test]

@@ -27,7 +27,7 @@ pub fn planner_reads_profile(req: &Request) -> bool {
     req.planner && req.backend != BackendFramework::Mocker
 }
 
-/// The mock engine's program in a generated graph (`operator/src/wiring`'s).
+/// The mock engine's program in a generated graph (`dynamo-wiring`'s, `wiring/`).
 const MOCKER: &str = "dynamo-mocker";
 
 /// The engine command of one engine of `tp` GPUs for `req`: the container's `command`

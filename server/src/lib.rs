@@ -5,7 +5,8 @@
 //! - [`Server`]: the accept loops that apply them, for axum apps ([`Server::serve_http`])
 //!   and, with the `grpc` feature, tonic servers ([`Server::grpc_incoming`]);
 //! - [`shutdown_signal`] and [`init_logging`]: what every binary's `main` does;
-//! - [`on_every_worker`]: per-thread set-up done before serving.
+//! - [`on_every_worker`]: per-thread set-up done before serving;
+//! - [`metrics_endpoint`]: `/metrics` and `/healthz` on one port.
 
 mod budget;
 mod connection;
@@ -14,6 +15,7 @@ pub mod endpoints_file;
 mod grpc;
 mod http;
 mod limits;
+pub mod metrics_endpoint;
 mod process;
 mod workers;
 
@@ -28,7 +30,7 @@ pub use budget::PRESSURE_IDLE_TIMEOUT;
 #[cfg(feature = "grpc")]
 pub use grpc::GrpcConnection;
 pub use limits::{ServerLimits, parse_duration};
-pub use process::{init_logging, shutdown_signal};
+pub use process::{init_logging, logged_shutdown_signal, shutdown_signal};
 pub use workers::on_every_worker;
 
 /// One process's serving policy: its [`ServerLimits`] and the connection budget every

@@ -10,6 +10,13 @@ pub async fn shutdown_signal() {
     }
 }
 
+/// [`shutdown_signal`], then a log line saying so: what the operator, the planner and the
+/// local runner wait on.
+pub async fn logged_shutdown_signal() {
+    shutdown_signal().await;
+    tracing::info!("shutting down");
+}
+
 /// Logs to stderr, filtered by `RUST_LOG` (default `info`).
 pub fn init_logging() {
     tracing_subscriber::fmt()

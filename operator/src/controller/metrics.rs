@@ -1,11 +1,9 @@
-//! `/metrics` (Prometheus text format) and `/healthz` on the operator's HTTP port.
+//! The operator's metrics, served (Prometheus text format) with `/healthz` on its HTTP
+//! port by [`dynamo_server::metrics_endpoint`].
 
 use std::sync::atomic::AtomicI64;
 use std::time::Duration;
 
-use axum::Router;
-use axum::http::header;
-use axum::routing::get;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::encoding::text::encode;
 use prometheus_client::metrics::counter::Counter;
@@ -13,7 +11,6 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
-use tokio::net::TcpListener;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ControllerLabel {
@@ -101,31 +98,4 @@ impl Metrics {
         encode(&mut out, &self.registry).expect("writing to a String cannot fail");
         out
     }
-}
-
-/// Where [`serve`] answers health checks (the planner pods' probes use it).
-pub const HEALTH_PATH: &str = "/healthz";
-
-/// Serves `/metrics` (what `text` encodes at each scrape) and `/healthz` until the task
-/// is dropped: the controller's and the planner's.
-pub async fn serve<F>(listener: TcpListener, text: F) -> std::io::Result<()>
-where
-    F: Fn() -> String + Clone + Send + Sync + 'static,
-{
-    let metrics = move || {
-        let body = text();
-        async move {
-            (
-                [(
-                    header::CONTENT_TYPE,
-                    "application/openmetrics-text; version=1.0.0; charset=utf-8",
-                )],
-                body,
-            )
-        }
-    };
-    let app = Router::new()
-        .route("/metrics", get(metrics))
-        .route(HEALTH_PATH, get(|| async { "ok\n" }));
-    axum::serve(listener, app).await
 }

@@ -163,7 +163,10 @@ async fn serve(args: OperatorArgs) -> anyhow::Result<()> {
         .await
         .with_context(|| format!("binding port {}", args.port))?;
     let scraped = metrics.clone();
-    tokio::spawn(metrics::serve(listener, move || scraped.encode()));
+    tokio::spawn(dynamo_server::metrics_endpoint::serve(
+        listener,
+        move || scraped.encode(),
+    ));
 
     let client = Client::try_default()
         .await
@@ -207,7 +210,7 @@ async fn serve(args: OperatorArgs) -> anyhow::Result<()> {
         &identity,
     );
 
-    let shutdown = crate::shutdown_signal();
+    let shutdown = dynamo_server::logged_shutdown_signal();
     tokio::pin!(shutdown);
     if !args.leader_elect {
         metrics.set_leader(true);

@@ -9,11 +9,11 @@ use dynamo_crds::{
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 use kube::Resource;
 
-use crate::planner::PROMETHEUS_ENV;
-use crate::wiring::planner::{
+use dynamo_wiring::planner::PROMETHEUS_ENV;
+use dynamo_wiring::planner::{
     PlannerInputs, PlannerTarget, PlannerWiringError, planner_args, profile_source,
 };
-use crate::wiring::{Defaults, EngineService, GraphWiring, WiringError};
+use dynamo_wiring::{Defaults, EngineService, GraphWiring, WiringError};
 
 use super::batch_scheduler::BatchScheduler;
 use super::kinds::{Child, Delete, KindVisitor, Observe};

@@ -251,9 +251,9 @@ pub enum ReconcileError {
     /// A generated name the API server would refuse (see [`names::problems`]).
     #[error(transparent)]
     InvalidName(#[from] names::NameProblem),
-    /// Engines whose commands the wiring plan cannot write (see [`crate::wiring`]).
+    /// Engines whose commands the wiring plan cannot write (see [`dynamo_wiring`]).
     #[error(transparent)]
-    Wiring(#[from] crate::wiring::WiringError),
+    Wiring(#[from] dynamo_wiring::WiringError),
     #[error("{path}: unknown pack domain {domain:?}; known: {known}")]
     UnknownPackDomain {
         /// The field that names it: the service's `topologyConstraint` or the graph's.

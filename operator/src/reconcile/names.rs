@@ -14,7 +14,7 @@ use dynamo_crds::{DynamoGraphDeploymentSpec, DynamoObject, Validated, Validation
 use dynamo_crds::{EngineRole, ServiceRole};
 
 use super::labels;
-use crate::wiring::{self, kvbm};
+use dynamo_wiring::kvbm;
 
 /// Service names are compared case-insensitively (Dynamo uses `VllmDecodeWorker`); object
 /// names use the lower-cased form.
@@ -176,7 +176,7 @@ pub fn problems(dgd: &str, spec: &DynamoGraphDeploymentSpec) -> Vec<NameProblem>
         if !matches!(kind, ServiceRole::Engine(_)) || found.0.len() > before {
             continue;
         }
-        if wiring::engine_role(component) == Some(EngineRole::Prefill) {
+        if dynamo_wiring::engine_role(component) == Some(EngineRole::Prefill) {
             found.check(
                 &path,
                 "the prefill peers' headless Service name",

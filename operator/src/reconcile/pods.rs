@@ -25,8 +25,8 @@ use dynamo_crds::EngineRole;
 
 use super::graph::Graph;
 use super::{labels, names, services};
-use crate::wiring::kvbm::{self, DiskTier};
-use crate::wiring::{Addresses, EngineService, EnvValue, HF_HOME, SIDECAR_BINARY};
+use dynamo_wiring::kvbm::{self, DiskTier};
+use dynamo_wiring::{Addresses, EngineService, EnvValue, HF_HOME, SIDECAR_BINARY};
 
 /// Sidecar inference port; Services and the InferencePool target it.
 pub const HTTP_PORT: i32 = Addresses::POD.sidecar_http as i32;

@@ -12,7 +12,7 @@ use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use super::graph::Graph;
 use super::pods::HTTP_PORT;
 use super::{Desired, labels, names};
-use crate::wiring::{Addresses, PrefillPeers};
+use dynamo_wiring::{Addresses, PrefillPeers};
 
 pub(crate) fn build(g: &Graph, desired: &mut Desired) {
     for (service, spec, role) in g.engine_services() {

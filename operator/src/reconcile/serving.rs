@@ -34,9 +34,9 @@ use super::graph::Graph;
 use super::pods::{self, HTTP_PORT, METRICS_PORT, METRICS_PORT_NAME, PLANNER_PROFILE};
 use super::services::http_service;
 use super::{Desired, Observed, labels, names};
-use crate::controller::metrics::HEALTH_PATH;
-use crate::planner::{GRAPH_ENV, NAMESPACE_ENV};
-use crate::wiring::{self, Addresses, DYNAMO_BINARY, EPP_BINARY, Picker, PickerPods};
+use dynamo_server::metrics_endpoint::HEALTH_PATH;
+use dynamo_wiring::planner::{GRAPH_ENV, NAMESPACE_ENV};
+use dynamo_wiring::{Addresses, DYNAMO_BINARY, EPP_BINARY, Picker, PickerPods};
 
 /// EPP ext_proc (gRPC) port, the Inference Extension's default.
 pub const EPP_GRPC_PORT: i32 = 9002;
@@ -165,7 +165,7 @@ fn epp_deployment(
         ext_proc_port: EPP_GRPC_PORT as u16,
         metrics_port: Some(Addresses::POD.sidecar_metrics),
         model_path: None,
-        router_mode: wiring::router_mode(g.spec)
+        router_mode: dynamo_wiring::router_mode(g.spec)
             .unwrap_or_else(|| g.config.default_router_mode.clone()),
         pods: PickerPods::Pool {
             name: names::inference_pool(g.name),
@@ -625,9 +625,9 @@ mod tests {
 
     use super::super::{OperatorConfig, ReconcileError, reconcile};
     use super::*;
-    use crate::planner::{ModeArg, PlannerArgs};
-    use crate::wiring::WiringError;
-    use crate::wiring::planner::PlannerWiringError;
+    use dynamo_wiring::WiringError;
+    use dynamo_wiring::planner::PlannerWiringError;
+    use dynamo_wiring::planner::{ModeArg, PlannerArgs};
 
     /// The `dynamo` binary's command line, as its own parser reads it.
     #[derive(Parser)]

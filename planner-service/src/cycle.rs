@@ -279,7 +279,7 @@ mod tests {
     use dynamo_planner::predict::PredictorKind;
 
     use super::*;
-    use crate::planner::target::ServiceView;
+    use crate::target::ServiceView;
 
     /// One engine prefills 10,000 tokens/s and decodes 1,000 tokens/s within any ITL.
     fn profile() -> Profile {

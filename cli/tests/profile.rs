@@ -1,9 +1,11 @@
 //! `dynamo profile` as a user runs it: the sample request's generated graph and tables
 //! (golden), the graph reconciled by the operator as it would be on apply, and bad
 //! requests refused with what is wrong.
-//! Regenerate the golden files with `UPDATE_GOLDEN=1 cargo nextest run -p dynamo-operator
-//! --test profile`.
+//! Regenerate the golden files (beside the operator's, in operator/tests/golden) with
+//! `UPDATE_GOLDEN=1 cargo nextest run -p dynamo-cli --test profile`.
 
+// The operator's test fixtures, one home for both crates' tests.
+#[path = "../../operator/tests/common/mod.rs"]
 mod common;
 
 use std::path::{Path, PathBuf};
@@ -31,9 +33,7 @@ fn scratch(name: &str, text: &str) -> PathBuf {
 
 /// Compares `actual` with the golden file `name`, or rewrites it under `UPDATE_GOLDEN`.
 fn golden(name: &str, actual: &str) {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/golden")
-        .join(name);
+    let path = common::repo_root().join("operator/tests/golden").join(name);
     if std::env::var_os("UPDATE_GOLDEN").is_some() {
         std::fs::write(&path, actual).expect("write golden");
         return;
@@ -42,7 +42,7 @@ fn golden(name: &str, actual: &str) {
     assert!(
         expected == actual,
         "{} differs from what `dynamo profile` prints; if the change is intended, run \
-         `UPDATE_GOLDEN=1 cargo nextest run -p dynamo-operator --test profile` and review the \
+         `UPDATE_GOLDEN=1 cargo nextest run -p dynamo-cli --test profile` and review the \
          diff:\n{actual}",
         path.display()
     );

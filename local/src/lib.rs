@@ -20,7 +20,7 @@ use anyhow::{Context, bail};
 use dynamo_crds::BackendFramework;
 use dynamo_server::endpoints_file::{EndpointEntry, EndpointsFile};
 use dynamo_server::parse_duration;
-use serde::{Deserialize, Serialize};
+use dynamo_wiring::admin::{GraphStatus, PlannerStatus, ProcessStatus, ReplicaStatus};
 use tokio::sync::Mutex;
 
 use admin::Admin;
@@ -127,7 +127,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
 async fn run_async(args: RunArgs) -> anyhow::Result<()> {
     let yaml = std::fs::read_to_string(&args.file)
         .with_context(|| format!("cannot read {}", args.file.display()))?;
-    let validated = crate::reconcile::names::validate_manifest(&yaml)
+    let validated = dynamo_operator::reconcile::names::validate_manifest(&yaml)
         .with_context(|| format!("{} is not a valid manifest", args.file.display()))?;
     let mut graphs = validated.graph_deployments();
     let (Some(dgd), None) = (graphs.next(), graphs.next()) else {
@@ -241,7 +241,7 @@ async fn serve(
     let probes = tokio::spawn(probe_readiness(runner.clone()));
     let ready = tokio::spawn(announce_ready(args.host.clone(), args.port));
     let planner = planner.map(|p| tokio::spawn(start_planner(runner.clone(), p)));
-    crate::shutdown_signal().await;
+    dynamo_server::logged_shutdown_signal().await;
     admin.abort();
     probes.abort();
     ready.abort();
@@ -397,61 +397,6 @@ pub(crate) enum ScaleError {
     OverCap(PlanError),
     #[error(transparent)]
     Start(#[from] anyhow::Error),
-}
-
-/// What `GET /graph` answers; the planner's local target reads it back.
-#[derive(Serialize, Deserialize)]
-pub struct GraphStatus {
-    pub name: String,
-    pub model: String,
-    /// The endpoint picker's process id, 0 while it restarts.
-    pub epp_pid: u32,
-    /// Each worker service's role (`EngineRole::as_str`), also for a service scaled to 0.
-    pub roles: BTreeMap<String, String>,
-    pub services: BTreeMap<String, Vec<ReplicaStatus>>,
-    /// The Prometheus the planner reads, for a graph with a planner.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub prometheus: Option<ProcessStatus>,
-    /// The graph's planner.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub planner: Option<PlannerStatus>,
-}
-
-#[derive(Serialize, Deserialize)]
-pub struct ProcessStatus {
-    /// Its base URL.
-    pub url: String,
-    /// Its process id, 0 while it restarts.
-    pub pid: u32,
-    pub restarts: u32,
-}
-
-#[derive(Serialize, Deserialize)]
-pub struct PlannerStatus {
-    pub service: String,
-    /// Its `/metrics`.
-    pub metrics: String,
-    /// Its process id, 0 until it starts (once the graph is up and Prometheus ready) and
-    /// while it restarts.
-    pub pid: u32,
-    pub restarts: u32,
-}
-
-#[derive(Serialize, Deserialize)]
-pub struct ReplicaStatus {
-    pub index: u32,
-    pub role: String,
-    pub engine: String,
-    pub sidecar: String,
-    pub kv_events: String,
-    /// Where Prometheus scrapes each process of the replica.
-    pub engine_metrics: String,
-    pub sidecar_metrics: String,
-    /// Whether the sidecar answered `/ready` at the last probe (and so takes traffic).
-    pub ready: bool,
-    pub engine_pid: u32,
-    pub sidecar_pid: u32,
-    pub restarts: u32,
 }
 
 impl Runner {

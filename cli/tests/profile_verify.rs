@@ -4,6 +4,8 @@
 //! stopped. The request is one a mock engine on 2 cores reproduces well: steps of tens of
 //! ms (Qwen3-8B on an L40S), a few requests a second.
 
+// The operator's test fixtures, one home for both crates' tests.
+#[path = "../../operator/tests/common/mod.rs"]
 mod common;
 
 use std::path::{Path, PathBuf};

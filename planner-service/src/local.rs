@@ -7,7 +7,7 @@ use dynamo_crds::EngineRole;
 use reqwest::StatusCode;
 
 use super::target::{GraphView, ScaleError, ServiceView, planner_role};
-use crate::local::GraphStatus;
+use dynamo_wiring::admin::GraphStatus;
 
 pub struct LocalTarget {
     client: reqwest::Client,

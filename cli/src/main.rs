@@ -1,12 +1,7 @@
-//! `dynamo`: the operator binary and its companion commands.
-//!
-//! Today it generates the CRDs from the Rust types and validates manifests with the same
-//! schema and CEL rules the API server enforces; the controllers (`dynamo operator`) and
-//! the local runner (`dynamo run`) join as their issues land.
-
-mod crdgen;
-mod profile;
-mod validate;
+//! `dynamo`: one binary, each subcommand from the library that owns it: the controllers
+//! and the offline CRD and manifest commands (`dynamo-operator`), the local runner
+//! (`dynamo-local`), the planner service (`dynamo-planner-service`) and the DGDR profiler
+//! (`dynamo-profiler-cli`).
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -40,28 +35,28 @@ enum Command {
     },
     /// Run a DynamoGraphDeployment on this machine as processes (engines, sidecars, the
     /// endpoint picker with its OpenAI frontend).
-    Run(dynamo_operator::local::RunArgs),
+    Run(dynamo_local::RunArgs),
     /// Run the Kubernetes controllers (DynamoGraphDeployment, scaling adapters).
     Operator(dynamo_operator::controller::OperatorArgs),
     /// Run the SLA planner: replicas from Prometheus' traffic and latencies, written to the
     /// graph's scaling adapters (or a local graph's admin API).
-    Planner(dynamo_operator::planner::PlannerArgs),
+    Planner(dynamo_wiring::planner::PlannerArgs),
     /// Profile a DynamoGraphDeploymentRequest offline: the generated graph on stdout, the
     /// predictions and the Pareto table on stderr.
-    Profile(profile::ProfileArgs),
+    Profile(dynamo_profiler_cli::ProfileArgs),
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
-        Command::Crds { root } => crdgen::write_all(&root),
-        Command::Validate { files } => validate::run(&files),
-        Command::Run(args) => dynamo_operator::local::run(args).map(|()| ExitCode::SUCCESS),
+        Command::Crds { root } => dynamo_operator::crdgen::write_all(&root),
+        Command::Validate { files } => dynamo_operator::validate::run(&files),
+        Command::Run(args) => dynamo_local::run(args).map(|()| ExitCode::SUCCESS),
         Command::Operator(args) => {
             dynamo_operator::controller::run(args).map(|()| ExitCode::SUCCESS)
         }
-        Command::Planner(args) => dynamo_operator::planner::run(args).map(|()| ExitCode::SUCCESS),
-        Command::Profile(args) => profile::run(&args).map(|()| ExitCode::SUCCESS),
+        Command::Planner(args) => dynamo_planner_service::run(args).map(|()| ExitCode::SUCCESS),
+        Command::Profile(args) => dynamo_profiler_cli::run(&args).map(|()| ExitCode::SUCCESS),
     };
     match result {
         Ok(code) => code,

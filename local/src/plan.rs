@@ -1,7 +1,7 @@
 //! What a local run starts, decided from the DGD alone (no processes, no sockets): one
 //! endpoint picker with its OpenAI frontend, per worker replica an engine and its
 //! sidecar, and the graph's planner. The commands are the wiring plan's
-//! ([`crate::wiring`]), the same the operator puts in pods, rendered on loopback ports
+//! ([`dynamo_wiring`]), the same the operator puts in pods, rendered on loopback ports
 //! chosen at run time.
 
 use std::collections::BTreeMap;
@@ -12,12 +12,12 @@ use dynamo_crds::{
     BackendFramework, ComponentSpec, DynamoGraphDeployment, EngineRole, ServiceRole,
 };
 
-use crate::wiring::planner::{
+use dynamo_wiring::planner::{
     PlannerInputs, PlannerTarget, PlannerWiringError, planner_args, profile_source,
 };
-use crate::wiring::{
-    self, Addresses, DYNAMO_BINARY, Defaults, EPP_BINARY, EngineService, EnvValue, GraphWiring,
-    HF_HOME, Picker, PickerPods, PrefillPeers, SIDECAR_BINARY, WiringError, kvbm,
+use dynamo_wiring::{
+    Addresses, DYNAMO_BINARY, Defaults, EPP_BINARY, EngineService, EnvValue, GraphWiring, HF_HOME,
+    Picker, PickerPods, PrefillPeers, SIDECAR_BINARY, WiringError, kvbm,
 };
 
 /// How the user asked to run the graph.
@@ -256,7 +256,7 @@ impl Graph {
         let router_mode = options
             .router_mode
             .clone()
-            .or_else(|| wiring::router_mode(spec))
+            .or_else(|| dynamo_wiring::router_mode(spec))
             .unwrap_or_else(|| "kv".into());
         let picker_service = spec
             .services
@@ -520,7 +520,7 @@ fn path_arg(path: &Path) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::planner::ModeArg;
+    use dynamo_wiring::planner::ModeArg;
 
     fn sample(name: &str) -> DynamoGraphDeployment {
         let path = format!("{}/../config/samples/{name}", env!("CARGO_MANIFEST_DIR"));
@@ -879,7 +879,7 @@ mod tests {
             .unwrap()
             .unwrap();
         assert_eq!(command.program, "dynamo");
-        let parsed = wiring::planner::parse(&command.args).unwrap();
+        let parsed = dynamo_wiring::planner::parse(&command.args).unwrap();
         assert_eq!(parsed.admin_url.as_deref(), Some("http://127.0.0.1:7000"));
         assert_eq!(parsed.prometheus, "http://127.0.0.1:9090");
         assert_eq!(parsed.metrics_addr, "127.0.0.1:9300".parse().unwrap());
@@ -955,7 +955,7 @@ mod tests {
             )
             .unwrap()
             .unwrap();
-        let parsed = wiring::planner::parse(&command.args).unwrap();
+        let parsed = dynamo_wiring::planner::parse(&command.args).unwrap();
         assert_eq!(parsed.interval, Some(std::time::Duration::from_secs(60)));
         assert_eq!(parsed.mode, ModeArg::Throughput);
         // On vLLM there is no profile to measure: it plans on load.
@@ -966,7 +966,7 @@ mod tests {
             .unwrap()
             .unwrap();
         assert_eq!(
-            wiring::planner::parse(&command.args).unwrap().mode,
+            dynamo_wiring::planner::parse(&command.args).unwrap().mode,
             ModeArg::Load
         );
 

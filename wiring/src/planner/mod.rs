@@ -13,9 +13,12 @@ use dynamo_crds::ComponentSpec;
 use dynamo_crds::role::{PLANNER_PROGRAMS, launched_program};
 use dynamo_planner::predict::PredictorConfig;
 
-use super::argv::{self, Arity};
-use super::{EngineService, GraphWiring};
-use crate::planner::{ModeArg, PlannerArgs};
+mod args;
+
+pub use args::{GRAPH_ENV, LoadTargetArg, ModeArg, NAMESPACE_ENV, PROMETHEUS_ENV, PlannerArgs};
+
+use crate::argv::{self, Arity};
+use crate::{EngineService, GraphWiring};
 
 /// The subcommand of our binary that runs the planner.
 pub const SUBCOMMAND: &str = "planner";
@@ -163,7 +166,7 @@ fn render(
     let mut launcher = false;
     let user = match launched_program(&words) {
         None if words.is_empty() => Vec::new(),
-        Some(super::DYNAMO_BINARY) if words.get(1) == Some(&SUBCOMMAND) => command[2..].to_vec(),
+        Some(crate::DYNAMO_BINARY) if words.get(1) == Some(&SUBCOMMAND) => command[2..].to_vec(),
         Some(program) if PLANNER_PROGRAMS.contains(&program) => {
             launcher = true;
             let module = words.iter().position(|w| *w == "-m").map_or(1, |m| m + 2);
@@ -452,7 +455,7 @@ extraPodSpec:
             )
         );
         let parsed = parse(&out).unwrap();
-        assert_eq!(parsed.mode, crate::planner::ModeArg::Load);
+        assert_eq!(parsed.mode, ModeArg::Load);
         assert_eq!(parsed.interval, Some(Duration::from_secs(60)));
         assert_eq!((parsed.ttft_ms, parsed.itl_ms), (200.0, 20.5));
         assert_eq!((parsed.prefill_gpus, parsed.decode_gpus), (2, 4));
@@ -484,10 +487,7 @@ extraPodSpec:
             ..inputs(PlannerTarget::Graph("g"))
         };
         let out = args(yaml, &with_profile).unwrap();
-        assert_eq!(
-            parse(&out).unwrap().mode,
-            crate::planner::ModeArg::Throughput
-        );
+        assert_eq!(parse(&out).unwrap().mode, ModeArg::Throughput);
     }
 
     #[test]

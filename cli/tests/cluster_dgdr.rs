@@ -26,7 +26,7 @@ use cluster::{
     COMPONENT_TYPE_LABEL, ControlPlane, GRAPH_LABEL, Process, apply_samples, diagnostics,
     eventually, free_port, graph, platform, poll, running_pods, wait_ready,
 };
-use dynamo_operator::local::prometheus::{LocalPrometheus, ScrapeTarget};
+use dynamo_local::prometheus::{LocalPrometheus, ScrapeTarget};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{Container, Pod};
 use kube::api::{Api, ListParams};

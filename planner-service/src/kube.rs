@@ -9,7 +9,7 @@ use kube::api::{Patch, PatchParams};
 use kube::{Api, Client};
 
 use super::target::{GraphView, ScaleError, ServiceView, planner_role};
-use crate::reconcile::names;
+use dynamo_operator::reconcile::names;
 
 pub struct KubeTarget {
     graphs: Api<DynamoGraphDeployment>,

@@ -4,8 +4,8 @@
 //! the KV block tiers its env asks for, `kvbm`, and a decode pod's prefill peers), and the
 //! endpoint picker's flags.
 //!
-//! The operator's pods ([`crate::reconcile`]) and the local runner's processes
-//! ([`crate::local`]) are two renderings of it: they differ only in [`Addresses`] (the
+//! The operator's pods (`dynamo-operator`'s `reconcile`) and the local runner's processes
+//! (`dynamo-local`) are two renderings of it: they differ only in [`Addresses`] (the
 //! fixed pod ports of `DESIGN.md` "Pod anatomy" or free loopback ports), in where decode
 //! sidecars find the prefill pods ([`PrefillPeers`]: a headless Service or the runner's
 //! endpoints file) and in how the picker finds its pods and its model.
@@ -14,7 +14,13 @@
 //! engines' own servers, Dynamo's worker wrappers, the mock engine): Dynamo's wrappers
 //! become the engine's OpenAI server with the flags that carry over (`engines.rs`). A
 //! command we do not know runs as written; it must then keep the pod's contract itself.
+//!
+//! It also holds the contracts between our programs that the plan writes or that sit
+//! beside it: the planner's flags and environment ([`planner::PlannerArgs`], which parses
+//! every planner command line written here) and the local runner's `GET /graph` answer
+//! ([`admin::GraphStatus`]). It depends on no crate of ours above it.
 
+pub mod admin;
 mod argv;
 mod engines;
 pub mod kvbm;

@@ -1,12 +1,12 @@
-//! What each service of a graph is, and which engine a graph's workers run: decided here
-//! once, for the operator's pods and the local runner alike.
+//! What each service of a graph is: decided here once, for the operator's pods and the
+//! local runner alike (which engine a graph's workers run is the wiring plan's
+//! `engines`, which knows every backend's launchers).
 //!
-//! Dynamo's own manifests often say neither: `componentType` may be absent (Dynamo's
-//! "default" component) and `backendFramework` is optional, the worker's command
-//! (`python3 -m dynamo.vllm`, say) telling its operator which engine runs. So both fall
-//! back to the main container's command.
+//! Dynamo's own manifests often do not say: `componentType` may be absent (Dynamo's
+//! "default" component), the worker's command (`python3 -m dynamo.vllm`, say) telling its
+//! operator what runs. So the role falls back to the main container's command.
 
-use crate::{BackendFramework, ComponentSpec, ComponentType, DynamoGraphDeploymentSpec};
+use crate::{ComponentSpec, ComponentType};
 
 /// The role of a service.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -53,20 +53,6 @@ pub const PLANNER_PROGRAMS: [&str; 3] = [
     "dynamo.planner.planner_sla",
 ];
 
-/// Engine launchers and the backend each starts: Dynamo's worker modules and the
-/// engines' own servers.
-const ENGINE_PROGRAMS: [(&str, BackendFramework); 9] = [
-    ("dynamo.vllm", BackendFramework::Vllm),
-    ("vllm", BackendFramework::Vllm),
-    ("vllm.entrypoints.openai.api_server", BackendFramework::Vllm),
-    ("dynamo.sglang", BackendFramework::Sglang),
-    ("sglang.launch_server", BackendFramework::Sglang),
-    ("dynamo.trtllm", BackendFramework::Trtllm),
-    ("trtllm-serve", BackendFramework::Trtllm),
-    ("dynamo.mocker", BackendFramework::Mocker),
-    ("dynamo-mocker", BackendFramework::Mocker),
-];
-
 impl ComponentSpec {
     /// The service's role: its `componentType` (with `subComponentType` for a worker);
     /// without one, what its main container runs (a Dynamo frontend or planner module),
@@ -95,15 +81,6 @@ impl ComponentSpec {
                 }
             }
         }
-    }
-
-    /// The engine the main container's command starts, when it names one.
-    pub fn launched_backend(&self) -> Option<BackendFramework> {
-        let program = self.launched_program()?;
-        ENGINE_PROGRAMS
-            .iter()
-            .find(|(p, _)| *p == program)
-            .map(|(_, backend)| *backend)
     }
 
     /// The main container's command and args, in order.
@@ -141,19 +118,6 @@ pub fn launched_program<'a>(argv: &[&'a str]) -> Option<&'a str> {
         return argv.get(module + 1).copied();
     }
     Some(file)
-}
-
-impl DynamoGraphDeploymentSpec {
-    /// The engine the workers run: `backendFramework`, else the one the engine services'
-    /// commands start (Dynamo infers it the same way), else `None`.
-    pub fn backend(&self) -> Option<BackendFramework> {
-        self.backend_framework.or_else(|| {
-            self.services
-                .values()
-                .filter(|s| matches!(s.role(), ServiceRole::Engine(_)))
-                .find_map(ComponentSpec::launched_backend)
-        })
-    }
 }
 
 #[cfg(test)]
@@ -199,29 +163,5 @@ mod tests {
         for (yaml, role) in cases {
             assert_eq!(service(yaml).role(), role, "{yaml}");
         }
-    }
-
-    #[test]
-    fn the_backend_is_the_field_else_what_the_workers_run() {
-        let graph =
-            |yaml: &str| -> DynamoGraphDeploymentSpec { serde_saphyr::from_str(yaml).unwrap() };
-        let dynamo = graph(
-            "{services: {
-               Frontend: {componentType: frontend, extraPodSpec: {mainContainer: {command: [python3, -m, dynamo.frontend]}}},
-               worker: {componentType: worker, extraPodSpec: {mainContainer: {command: [python3, -m, dynamo.sglang]}}}}}",
-        );
-        assert_eq!(dynamo.backend(), Some(BackendFramework::Sglang));
-        let own = graph(
-            "{services: {w: {extraPodSpec: {mainContainer: {command: [/usr/local/bin/vllm], args: [serve, m]}}}}}",
-        );
-        assert_eq!(own.backend(), Some(BackendFramework::Vllm));
-        let explicit = graph(
-            "{backendFramework: mocker,
-              services: {w: {extraPodSpec: {mainContainer: {command: [python3, -m, dynamo.vllm]}}}}}",
-        );
-        assert_eq!(explicit.backend(), Some(BackendFramework::Mocker));
-        let unknown =
-            graph("{services: {w: {extraPodSpec: {mainContainer: {command: [my-engine]}}}}}");
-        assert_eq!(unknown.backend(), None);
     }
 }

@@ -72,11 +72,11 @@ impl Addresses {
     /// The engine's KV side channel port here, if it has one.
     fn kv_side_channel(&self, backend: BackendFramework) -> Option<u16> {
         self.kv_side_channel
-            .or_else(|| engines::kv_side_channel_port(backend))
+            .or_else(|| engines::engine(backend).kv_side_channel_port)
     }
 }
 
-const LOOPBACK: &str = "127.0.0.1";
+pub(crate) const LOOPBACK: &str = "127.0.0.1";
 
 /// Our binaries, as the image (`Dockerfile`, `/usr/local/bin`) and the local runner
 /// (`target/`) hold them; `dynamo` runs the planner ([`planner`]).
@@ -93,9 +93,9 @@ pub const HF_HOME: &str = "HF_HOME";
 #[derive(Debug, Clone, thiserror::Error, PartialEq, Eq)]
 pub enum WiringError {
     #[error(
-        "spec.backendFramework is not set and no worker's command names an engine \
-         (dynamo.vllm, vllm, dynamo.sglang, sglang.launch_server, dynamo.trtllm, trtllm-serve, \
-         dynamo-mocker): set spec.backendFramework"
+        "spec.backendFramework is not set and no worker's command names an engine ({}): \
+         set spec.backendFramework",
+        engines::launcher_names()
     )]
     NoBackend,
     #[error(
@@ -186,15 +186,15 @@ impl EngineService {
         kvbm: Option<Kvbm>,
     ) -> Result<Self, WiringError> {
         let command = spec.main_command();
-        let launched = spec.launched_backend();
-        let positional = positional_model(&command).cloned();
+        let launched = engines::launched_backend(spec);
+        let positional = engines::positional_model(&command).cloned();
         let user_args = match launched {
             // After `vllm serve MODEL` or `trtllm-serve MODEL`, the flags.
             Some(_) => launcher_args(&command)[usize::from(positional.is_some())..].to_vec(),
             // No command: the plan starts the graph's engine with no flags of the user's.
             None if command.is_empty() => Vec::new(),
             None => {
-                let (_, default_block) = engines::block_size(backend);
+                let default_block = engines::engine(backend).default_block_size;
                 return Ok(Self {
                     role,
                     backend,
@@ -217,7 +217,7 @@ impl EngineService {
         let source = launched.unwrap_or(backend);
         let mut model = model_of(source, &user_args).or(positional);
         let mut served = served_of(source, &user_args).or_else(|| model.clone());
-        let (_, default_block) = engines::block_size(backend);
+        let default_block = engines::engine(backend).default_block_size;
         let block_size = block_size_of(source, &user_args).unwrap_or(default_block);
         let mut args = if backend == BackendFramework::Mocker && source != backend {
             engines::for_mocker(&args)
@@ -231,13 +231,15 @@ impl EngineService {
             served = argv::value(&user_args, "--model-name").or(served);
             model = path;
         }
-        for flag in engines::model_flags(source)
+        let source_engine = engines::engine(source);
+        for flag in source_engine
+            .model_flags
             .iter()
-            .chain(engines::served_name_flag(source).as_ref())
+            .chain(source_engine.served_name_flag.as_ref())
         {
             args = argv::remove(&args, flag, Arity::One);
         }
-        for (flag, arity) in engines::owned_flags(backend) {
+        for (flag, arity) in engines::engine(backend).owned_flags {
             args = argv::remove(&args, flag, *arity);
         }
         if backend != BackendFramework::Mocker && model.is_none() {
@@ -255,7 +257,7 @@ impl EngineService {
     }
 
     pub fn publishes_kv_events(&self) -> bool {
-        engines::publishes_kv_events(self.backend)
+        engines::engine(self.backend).publishes_kv_events
     }
 
     /// Whether it runs the mock engine, which can measure its own planner profile.
@@ -287,33 +289,19 @@ impl EngineService {
             Launch::Owned { args } => args,
         };
         let model = self.model.clone().unwrap_or_default();
-        let mut out: Vec<String> = match self.backend {
-            BackendFramework::Vllm => vec!["vllm".into(), "serve".into(), model],
-            BackendFramework::Sglang => vec![
-                "python3".into(),
-                "-m".into(),
-                "sglang.launch_server".into(),
-                "--model-path".into(),
-                model,
-            ],
-            BackendFramework::Trtllm => vec!["trtllm-serve".into(), model],
-            BackendFramework::Mocker => {
-                let mut mocker = vec![MOCKER_BINARY.into()];
-                if !model.is_empty() {
-                    mocker.extend(["--model-path".into(), model]);
-                }
-                mocker
-            }
-        };
-        if let (Some(flag), Some(served)) =
-            (engines::served_name_flag(self.backend), &self.served_model)
-        {
+        let engine = engines::engine(self.backend);
+        let mut out: Vec<String> = engine.server.iter().map(|w| (*w).to_owned()).collect();
+        // Every backend but the mock engine needs a model (`WiringError::NoModel`).
+        if !model.is_empty() {
+            out.extend(engine.server_model_flag.map(str::to_owned));
+            out.push(model);
+        }
+        if let (Some(flag), Some(served)) = (engine.served_name_flag, &self.served_model) {
             out.extend([flag.into(), served.clone()]);
         }
         out.extend(args.iter().cloned());
-        let (block_flag, default_block) = engines::block_size(self.backend);
-        if let Some(flag) = block_flag
-            && self.block_size != default_block
+        if let Some(flag) = engine.block_size_flag
+            && self.block_size != engine.default_block_size
             && !argv::has(&out, flag)
         {
             out.extend([flag.into(), self.block_size.to_string()]);
@@ -324,87 +312,14 @@ impl EngineService {
             "--port".into(),
             at.engine.to_string(),
         ]);
-        match self.backend {
-            BackendFramework::Mocker => {
-                out.extend([
-                    "--kv-events-endpoint".into(),
-                    format!("tcp://{LOOPBACK}:{}", at.kv_events),
-                ]);
-                // The mock engine offloads evicted blocks to its sidecar's tiers and
-                // onboards them back; disaggregated, it lends its prompt blocks to its
-                // sidecar and takes fetched ones from it (leases). Real engines would
-                // need a connector to the block API (vLLM's `kv_connector`), which does
-                // not exist yet: their sidecars hold only what a client offloads through
-                // the API.
-                if self.kvbm.is_some() || self.role != EngineRole::Aggregated {
-                    out.extend([
-                        "--kv-blocks-url".into(),
-                        format!("http://{LOOPBACK}:{}", at.sidecar_grpc),
-                    ]);
-                }
-            }
-            // vllm/config/kv_events.py `KVEventsConfig`; SGLang takes the same JSON.
-            BackendFramework::Vllm | BackendFramework::Sglang => {
-                let mut config = serde_json::json!({
-                    "enable_kv_cache_events": true,
-                    "publisher": "zmq",
-                    "endpoint": format!("tcp://{LOOPBACK}:{}", at.kv_events),
-                });
-                if engines::replays_kv_events(self.backend) {
-                    config["replay_endpoint"] = format!("tcp://{LOOPBACK}:{}", at.kv_replay).into();
-                }
-                out.extend(["--kv-events-config".into(), config.to_string()]);
-            }
-            BackendFramework::Trtllm => {}
-        }
-        self.disaggregation_flags(at, &mut out);
+        (engine.write_flags)(self, at, &mut out);
         out
-    }
-
-    /// The flags that make a prefill or decode worker one, unless the user set their own.
-    fn disaggregation_flags(&self, at: &Addresses, out: &mut Vec<String>) {
-        if self.role == EngineRole::Aggregated {
-            return;
-        }
-        match self.backend {
-            // vLLM's NixlConnector moves the blocks itself; both sides are `kv_both`
-            // (vllm docs/features/nixl_connector_usage.md). Its side channel is in the
-            // environment ([`Self::engine_env`]).
-            BackendFramework::Vllm if !argv::has(out, "--kv-transfer-config") => out.extend([
-                "--kv-transfer-config".into(),
-                r#"{"kv_connector":"NixlConnector","kv_role":"kv_both"}"#.into(),
-            ]),
-            BackendFramework::Sglang => {
-                if !argv::has(out, "--disaggregation-mode") {
-                    out.extend(["--disaggregation-mode".into(), self.role.as_str().into()]);
-                }
-                if let Some(port) = at.kv_side_channel(self.backend)
-                    && !argv::has(out, engines::SGLANG_BOOTSTRAP_PORT)
-                {
-                    out.extend([engines::SGLANG_BOOTSTRAP_PORT.into(), port.to_string()]);
-                }
-            }
-            // Without tiers its sidecar only holds the leases: nothing to offload to.
-            BackendFramework::Mocker if self.kvbm.is_none() && !argv::has(out, "--kv-offload") => {
-                out.extend(["--kv-offload".into(), "none".into()])
-            }
-            _ => {}
-        }
     }
 
     /// Variables the engine needs in its environment at `at` (each unless the user set
     /// it): a disaggregated vLLM's NIXL side channel, on an address decode pods reach.
     pub fn engine_env(&self, at: &Addresses) -> Vec<(&'static str, EnvValue)> {
-        match (self.backend, at.kv_side_channel(self.backend)) {
-            (BackendFramework::Vllm, Some(port)) if self.role != EngineRole::Aggregated => vec![
-                (engines::VLLM_SIDE_CHANNEL_HOST, EnvValue::PodIp),
-                (
-                    engines::VLLM_SIDE_CHANNEL_PORT,
-                    EnvValue::Literal(port.to_string()),
-                ),
-            ],
-            _ => Vec::new(),
-        }
+        (engines::engine(self.backend).env)(self, at)
     }
 
     /// The sidecar's flags, beside this engine at `at`; `hf_home` is the engine's
@@ -421,7 +336,7 @@ impl EngineService {
             true => format!("tcp://{LOOPBACK}:{}", at.kv_events),
             false => "none".into(),
         };
-        let kv_replay = match engines::replays_kv_events(self.backend) {
+        let kv_replay = match engines::engine(self.backend).replays_kv_events {
             true => format!("tcp://{LOOPBACK}:{}", at.kv_replay),
             false => "none".into(),
         };
@@ -468,7 +383,7 @@ pub fn engine_role(spec: &ComponentSpec) -> Option<EngineRole> {
         return None;
     };
     let command = spec.main_command();
-    if spec.launched_backend().is_none() || !is_dynamo_wrapper(&command) {
+    if engines::launched_backend(spec).is_none() || !is_dynamo_wrapper(&command) {
         return Some(role);
     }
     Some(engines::dynamo_role(&launcher_args(&command)).unwrap_or(role))
@@ -493,30 +408,21 @@ fn launcher_args(command: &[String]) -> Vec<String> {
         .unwrap_or_default()
 }
 
-/// `vllm serve MODEL` and `trtllm-serve MODEL` name the model positionally.
-fn positional_model(command: &[String]) -> Option<&String> {
-    let program = command.first()?.rsplit('/').next()?;
-    let at = match program {
-        "vllm" if command.get(1).is_some_and(|w| w == "serve") => 2,
-        "trtllm-serve" => 1,
-        _ => return None,
-    };
-    command.get(at).filter(|w| !w.starts_with('-'))
-}
-
 fn model_of(backend: BackendFramework, args: &[String]) -> Option<String> {
-    engines::model_flags(backend)
+    engines::engine(backend)
+        .model_flags
         .iter()
         .find_map(|flag| argv::value(args, flag))
 }
 
 fn served_of(backend: BackendFramework, args: &[String]) -> Option<String> {
-    argv::value(args, engines::served_name_flag(backend)?)
+    argv::value(args, engines::engine(backend).served_name_flag?)
 }
 
 fn block_size_of(backend: BackendFramework, args: &[String]) -> Option<u32> {
-    let (flag, _) = engines::block_size(backend);
-    argv::value(args, flag?)?.parse().ok()
+    argv::value(args, engines::engine(backend).block_size_flag?)?
+        .parse()
+        .ok()
 }
 
 /// Every engine service of a graph, and what the picker needs of them.
@@ -544,7 +450,7 @@ impl GraphWiring {
         if engine_services.is_empty() {
             return Ok(None);
         }
-        let backend = spec.backend().ok_or(WiringError::NoBackend)?;
+        let backend = engines::graph_backend(spec).ok_or(WiringError::NoBackend)?;
         let mut engines = BTreeMap::new();
         for (name, service, role) in engine_services {
             let kvbm = Kvbm::of(name, spec.envs.as_deref(), service)?;

@@ -27,11 +27,7 @@ pub(super) const ENGINE: Engine = Engine {
         // Its sidecar's gRPC address, set when the service has KV block tiers.
         ("--kv-blocks-url", Arity::One),
     ],
-    dynamo_renamed: &[
-        ("--dyn-tool-call-parser", "--tool-call-parser"),
-        ("--dyn-reasoning-parser", "--reasoning-parser"),
-        ("--custom-jinja-template", "--chat-template"),
-    ],
+    dynamo_renamed: super::PARSER_FLAGS,
     write_flags,
     env: no_env,
 };

@@ -58,6 +58,14 @@ pub(super) struct Engine {
     pub env: fn(&EngineService, &Addresses) -> Vec<(&'static str, EnvValue)>,
 }
 
+/// Dynamo's parser and template flags, which vLLM, SGLang and the mock engine spell without
+/// the `dyn-`: (Dynamo's, the engine's).
+const PARSER_FLAGS: &[(&str, &str)] = &[
+    ("--dyn-tool-call-parser", "--tool-call-parser"),
+    ("--dyn-reasoning-parser", "--reasoning-parser"),
+    ("--custom-jinja-template", "--chat-template"),
+];
+
 /// Every backend the plan knows.
 pub(super) const ENGINES: [&Engine; 4] = [
     &vllm::ENGINE,

@@ -33,11 +33,7 @@ pub(super) const ENGINE: Engine = Engine {
         // our picker sends the OpenAI request itself, which the engine must tokenize.
         ("--skip-tokenizer-init", Arity::None),
     ],
-    dynamo_renamed: &[
-        ("--dyn-tool-call-parser", "--tool-call-parser"),
-        ("--dyn-reasoning-parser", "--reasoning-parser"),
-        ("--custom-jinja-template", "--chat-template"),
-    ],
+    dynamo_renamed: super::PARSER_FLAGS,
     write_flags,
     env: no_env,
 };

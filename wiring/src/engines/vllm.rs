@@ -34,11 +34,7 @@ pub(super) const ENGINE: Engine = Engine {
         ("--port", Arity::One),
         ("--kv-events-config", Arity::One),
     ],
-    dynamo_renamed: &[
-        ("--dyn-tool-call-parser", "--tool-call-parser"),
-        ("--dyn-reasoning-parser", "--reasoning-parser"),
-        ("--custom-jinja-template", "--chat-template"),
-    ],
+    dynamo_renamed: super::PARSER_FLAGS,
     write_flags,
     env,
 };

@@ -381,13 +381,7 @@ impl Session {
         let route = Api::from_path(&self.path).map_or("other", Api::path);
         self.shared
             .metrics
-            .requests
-            .get_or_create(&vec![
-                ("model", self.shared.model.name().to_owned()),
-                ("route", route.to_owned()),
-                ("status", status.to_owned()),
-            ])
-            .inc();
+            .request(self.shared.model.name(), route, status);
     }
 
     /// Collects a 503's body (up to [`ERROR_BODY_BYTES`]); at its end, a sidecar's

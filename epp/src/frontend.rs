@@ -259,13 +259,7 @@ impl Frontend {
             Err(e) => e.into_response(),
         };
         self.metrics
-            .requests
-            .get_or_create(&vec![
-                ("model", self.model.name().to_owned()),
-                ("route", api.path().to_owned()),
-                ("status", response.status().as_u16().to_string()),
-            ])
-            .inc();
+            .request(self.model.name(), api.path(), response.status().as_str());
         response
     }
 

@@ -105,6 +105,15 @@ pub async fn start(config: Config) -> anyhow::Result<Epp> {
         ),
     };
     let metrics = Arc::new(Metrics::new());
+    // The InferencePool the picker serves names the Inference Extension's pool gauges;
+    // without one (static or file discovery), the model does.
+    metrics.set_pool_name(
+        match &config.discovery {
+            config::DiscoveryConfig::Kubernetes(k) => k.pool_name.as_deref(),
+            _ => None,
+        }
+        .unwrap_or(model.name()),
+    );
     let router = Arc::new(Router::new(
         config.router.clone(),
         model.name(),

@@ -59,6 +59,7 @@ impl ResponseMeter {
         started: Instant,
         sent: Instant,
     ) -> Self {
+        metrics.objective_started(model, prompt_tokens);
         let model = vec![("model", model.to_owned())];
         metrics
             .isl
@@ -83,6 +84,10 @@ impl ResponseMeter {
             usage_tokens: None,
             failed: false,
         }
+    }
+
+    fn model_name(&self) -> &str {
+        &self.model[0].1
     }
 
     /// Whether the answer is an event stream (from its `content-type`).
@@ -171,15 +176,16 @@ impl ResponseMeter {
         let osl = self.usage_tokens.unwrap_or(self.token_frames);
         let m = &self.metrics;
         m.osl.get_or_create(&self.model).observe(osl as f64);
-        m.duration
-            .get_or_create(&self.model)
-            .observe(self.started.elapsed().as_secs_f64());
+        let seconds = self.started.elapsed().as_secs_f64();
+        m.duration.get_or_create(&self.model).observe(seconds);
+        m.objective_finished(self.model_name(), seconds, osl);
     }
 }
 
 impl Drop for ResponseMeter {
     fn drop(&mut self) {
         self.metrics.inflight.get_or_create(&self.model).dec();
+        self.metrics.objective_ended(self.model_name());
     }
 }
 

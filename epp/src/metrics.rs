@@ -3,11 +3,17 @@
 //! `dynamo_frontend_*` describe requests as a client sees them (both through the HTTP
 //! frontend and through the gateway's ext_proc stream); the names are those of Dynamo's
 //! frontend, which the planner reads (request rate, ISL, OSL, TTFT, ITL).
-//! `dynamo_epp_*` describe the routing itself. prometheus-client appends `_total` to
-//! counters.
+//! `dynamo_epp_*` describe the routing itself. `inference_objective_*` and
+//! `inference_pool_*` are the Gateway API Inference Extension's EPP metrics, which its
+//! dashboards read: names, labels, meanings and buckets from its
+//! `pkg/epp/metrics/metrics.go` (kubernetes-sigs/gateway-api-inference-extension) and
+//! `site-src/guides/metrics.md`. prometheus-client appends `_total` to counters.
 
+use std::collections::BTreeMap;
 use std::sync::atomic::AtomicU64;
+use std::sync::{Mutex, OnceLock, PoisonError};
 
+use dynamo_kvcache::EngineMetrics;
 use dynamo_llm::agent_hints::AgentHints;
 use dynamo_llm::disagg::{HopOutcome, KV_TRANSFER_MS_HEADER, PREFILL_HOP_HEADER};
 use prometheus_client::encoding::text::encode;
@@ -17,8 +23,31 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 
+use crate::discovery::Role;
+
 type Labels = Vec<(&'static str, String)>;
 type Histograms = Family<Labels, Histogram, fn() -> Histogram>;
+type Ratios = Family<Labels, Gauge<f64, AtomicU64>>;
+
+/// The Inference Extension's buckets (`metrics.go`): request latency, 5 ms to 1 h.
+const OBJECTIVE_LATENCY_BUCKETS: [f64; 35] = [
+    0.005, 0.025, 0.05, 0.1, 0.2, 0.4, 0.6, 0.8, 1.0, 1.25, 1.5, 2.0, 3.0, 4.0, 5.0, 6.0, 8.0,
+    10.0, 15.0, 20.0, 30.0, 45.0, 60.0, 120.0, 180.0, 240.0, 300.0, 360.0, 480.0, 600.0, 900.0,
+    1200.0, 1800.0, 2700.0, 3600.0,
+];
+/// Prompt tokens, 1 to 1 M (32778, not 32768, is the source's).
+const OBJECTIVE_INPUT_BUCKETS: [f64; 19] = [
+    1.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0, 2048.0, 4096.0, 8192.0, 16384.0,
+    32778.0, 65536.0, 131072.0, 262144.0, 524288.0, 1048576.0,
+];
+/// Output tokens, 1 to 8 k.
+const OBJECTIVE_OUTPUT_BUCKETS: [f64; 12] = [
+    1.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0, 2048.0, 4096.0, 8192.0,
+];
+/// Seconds per output token, 1 ms to 10 s.
+const OBJECTIVE_NTPOT_BUCKETS: [f64; 13] = [
+    0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0,
+];
 
 /// Seconds, 1 ms to 4 min: TTFT and request duration.
 const LATENCY_BUCKETS: [f64; 20] = [
@@ -59,6 +88,38 @@ fn itl() -> Histogram {
 }
 fn tokens() -> Histogram {
     Histogram::new(TOKEN_BUCKETS)
+}
+fn objective_latency() -> Histogram {
+    Histogram::new(OBJECTIVE_LATENCY_BUCKETS)
+}
+fn objective_input() -> Histogram {
+    Histogram::new(OBJECTIVE_INPUT_BUCKETS)
+}
+fn objective_output() -> Histogram {
+    Histogram::new(OBJECTIVE_OUTPUT_BUCKETS)
+}
+fn objective_ntpot() -> Histogram {
+    Histogram::new(OBJECTIVE_NTPOT_BUCKETS)
+}
+
+/// The Inference Extension's `model_name` and `target_model_name`: the picker serves one
+/// model and rewrites none, so both are its name.
+fn objective(model: &str) -> Labels {
+    vec![
+        ("model_name", model.to_owned()),
+        ("target_model_name", model.to_owned()),
+    ]
+}
+
+/// The Inference Extension's `error_code` (its `errutil` codes) for a refused HTTP
+/// status: 429 is its `InferencePoolResourceExhausted`.
+fn error_code(status: u16) -> &'static str {
+    match status {
+        429 => "InferencePoolResourceExhausted",
+        503 => "ServiceUnavailable",
+        400..=499 => "BadRequest",
+        _ => "Internal",
+    }
 }
 
 /// A request waiting for a pod, until dropped.
@@ -133,6 +194,23 @@ pub struct Metrics {
     // The model, as Dynamo's frontend names it.
     pub model_block_size: Family<Labels, Gauge>,
     pub model_context_length: Family<Labels, Gauge>,
+    // The Inference Extension's, per model (`model_name`, `target_model_name`).
+    pub objective_requests: Family<Labels, Counter>,
+    pub objective_errors: Family<Labels, Counter>,
+    pub objective_duration: Histograms,
+    pub objective_input_tokens: Histograms,
+    pub objective_output_tokens: Histograms,
+    pub objective_ntpot: Histograms,
+    /// By `model_name` alone, as the source labels it.
+    pub objective_running: Family<Labels, Gauge>,
+    // The Inference Extension's, per pool (`name`), computed on each scrape.
+    pub pool_kv_usage: Ratios,
+    pub pool_queue: Ratios,
+    pub pool_ready: Family<Labels, Gauge>,
+    /// The pool the `inference_pool_*` gauges name; they are absent until it is set.
+    pool_name: OnceLock<String>,
+    /// Each pod's last engine report, the pool averages' input.
+    engine_reports: Mutex<BTreeMap<String, EngineMetrics>>,
 }
 
 /// `migration_type` of [`Metrics::migrations`]: the pod failed before answering, or
@@ -269,6 +347,18 @@ impl Metrics {
             worker_decode_blocks: Family::default(),
             model_block_size: Family::default(),
             model_context_length: Family::default(),
+            objective_requests: Family::default(),
+            objective_errors: Family::default(),
+            objective_duration: Family::new_with_constructor(objective_latency),
+            objective_input_tokens: Family::new_with_constructor(objective_input),
+            objective_output_tokens: Family::new_with_constructor(objective_output),
+            objective_ntpot: Family::new_with_constructor(objective_ntpot),
+            objective_running: Family::default(),
+            pool_kv_usage: Family::default(),
+            pool_queue: Family::default(),
+            pool_ready: Family::default(),
+            pool_name: OnceLock::new(),
+            engine_reports: Mutex::default(),
             registry: Registry::default(),
         };
         r.register(
@@ -462,15 +552,163 @@ impl Metrics {
             "Prompt plus output tokens the model accepts (once the picker has loaded it)",
             m.model_context_length.clone(),
         );
+        r.register(
+            "inference_objective_request",
+            "Counter of inference objective requests broken out for each model and target model",
+            m.objective_requests.clone(),
+        );
+        r.register(
+            "inference_objective_request_error",
+            "Counter of inference objective requests errors broken out for each model and target model",
+            m.objective_errors.clone(),
+        );
+        r.register(
+            "inference_objective_request_duration_seconds",
+            "Inference objective response latency distribution in seconds for each model and target model",
+            m.objective_duration.clone(),
+        );
+        r.register(
+            "inference_objective_input_tokens",
+            "Inference objective input token count distribution for requests in each model",
+            m.objective_input_tokens.clone(),
+        );
+        r.register(
+            "inference_objective_output_tokens",
+            "Inference objective output token count distribution for requests in each model",
+            m.objective_output_tokens.clone(),
+        );
+        r.register(
+            "inference_objective_normalized_time_per_output_token_seconds",
+            "Inference objective latency divided by number of output tokens in seconds for each model and target model",
+            m.objective_ntpot.clone(),
+        );
+        r.register(
+            "inference_objective_running_requests",
+            "Inference objective number of running requests in each model",
+            m.objective_running.clone(),
+        );
+        r.register(
+            "inference_pool_average_kv_cache_utilization",
+            "The average kv cache utilization for an inference server pool",
+            m.pool_kv_usage.clone(),
+        );
+        r.register(
+            "inference_pool_average_queue_size",
+            "The average number of requests pending in the model server queue",
+            m.pool_queue.clone(),
+        );
+        r.register(
+            "inference_pool_ready_pods",
+            "The number of ready pods in the inference server pool",
+            m.pool_ready.clone(),
+        );
         Self { registry: r, ..m }
+    }
+
+    /// Names the pool of the `inference_pool_*` gauges (the first name set stays).
+    pub fn set_pool_name(&self, name: &str) {
+        let _ = self.pool_name.set(name.to_owned());
+    }
+
+    /// Counts a request of `model` on `route` that was answered with HTTP `status`
+    /// (Dynamo's count, and the Inference Extension's with its errors).
+    pub fn request(&self, model: &str, route: &str, status: &str) {
+        self.requests
+            .get_or_create(&vec![
+                ("model", model.to_owned()),
+                ("route", route.to_owned()),
+                ("status", status.to_owned()),
+            ])
+            .inc();
+        let labels = objective(model);
+        self.objective_requests.get_or_create(&labels).inc();
+        let code = status.parse::<u16>().unwrap_or(500);
+        if code >= 400 {
+            let mut labels = labels;
+            labels.push(("error_code", error_code(code).to_owned()));
+            self.objective_errors.get_or_create(&labels).inc();
+        }
+    }
+
+    /// A request of `model` with `prompt_tokens` went to a pod and is running until
+    /// [`Metrics::objective_ended`].
+    pub fn objective_started(&self, model: &str, prompt_tokens: usize) {
+        self.objective_input_tokens
+            .get_or_create(&objective(model))
+            .observe(prompt_tokens as f64);
+        self.objective_running
+            .get_or_create(&vec![("model_name", model.to_owned())])
+            .inc();
+    }
+
+    /// A request of `model` answered in full: `seconds` from arrival, `output_tokens`.
+    pub fn objective_finished(&self, model: &str, seconds: f64, output_tokens: u64) {
+        let labels = objective(model);
+        self.objective_duration
+            .get_or_create(&labels)
+            .observe(seconds);
+        self.objective_output_tokens
+            .get_or_create(&labels)
+            .observe(output_tokens as f64);
+        if output_tokens > 0 {
+            self.objective_ntpot
+                .get_or_create(&labels)
+                .observe(seconds / output_tokens as f64);
+        }
+    }
+
+    /// A request of `model` is no longer running (answered, failed or abandoned).
+    pub fn objective_ended(&self, model: &str) {
+        self.objective_running
+            .get_or_create(&vec![("model_name", model.to_owned())])
+            .dec();
+    }
+
+    /// Sets the `inference_pool_*` gauges: ready pods from [`Metrics::endpoints`], the
+    /// averages over the pods whose engine has reported.
+    fn publish_pool(&self) {
+        let Some(name) = self.pool_name.get() else {
+            return;
+        };
+        let labels = vec![("name", name.clone())];
+        let ready: i64 = [Role::Worker, Role::Prefill, Role::Decode]
+            .iter()
+            .filter_map(|role| {
+                self.endpoints
+                    .get(&vec![
+                        ("role", role.as_str().to_owned()),
+                        ("state", "ready".to_owned()),
+                    ])
+                    .map(|g| g.get())
+            })
+            .sum();
+        self.pool_ready.get_or_create(&labels).set(ready);
+        let reports = self
+            .engine_reports
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        let n = reports.len().max(1) as f64;
+        let usage: f64 = reports.values().map(|m| m.kv_cache_usage_perc).sum();
+        let queue: f64 = reports
+            .values()
+            .map(|m| m.num_requests_waiting as f64)
+            .sum();
+        self.pool_kv_usage.get_or_create(&labels).set(usage / n);
+        self.pool_queue.get_or_create(&labels).set(queue / n);
     }
 
     /// Sets `pod`'s engine gauges from its latest report; the KV cache size is absent
     /// while the engine does not say it.
-    pub fn engine(&self, pod: &str, usage: f64, kv_blocks: Option<u64>) {
+    pub fn engine(&self, pod: &str, report: &EngineMetrics) {
         let labels = vec![("pod", pod.to_owned())];
-        self.engine_kv_usage.get_or_create(&labels).set(usage);
-        match kv_blocks {
+        self.engine_kv_usage
+            .get_or_create(&labels)
+            .set(report.kv_cache_usage_perc);
+        self.engine_reports
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(pod.to_owned(), *report);
+        match report.num_gpu_blocks {
             Some(n) => {
                 self.engine_kv_blocks
                     .get_or_create(&labels)
@@ -506,6 +744,10 @@ impl Metrics {
     /// Drops every series of a pod that left.
     pub fn remove_pod(&self, pod: &str) {
         let labels = vec![("pod", pod.to_owned())];
+        self.engine_reports
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .remove(pod);
         self.engine_kv_usage.remove(&labels);
         self.engine_kv_blocks.remove(&labels);
         self.model_card_mismatch.remove(&labels);
@@ -535,6 +777,7 @@ impl Metrics {
 
     /// The OpenMetrics text of every metric.
     pub fn encode(&self) -> String {
+        self.publish_pool();
         let mut out = String::new();
         encode(&mut out, &self.registry).expect("writing to a String cannot fail");
         out
@@ -559,7 +802,12 @@ mod tests {
     #[test]
     fn engine_and_model_gauges_are_absent_until_known_and_leave_with_the_pod() {
         let m = Metrics::new();
-        m.engine("10.0.0.1:8000", 0.25, None);
+        let report = |usage, blocks| EngineMetrics {
+            num_requests_waiting: 0,
+            kv_cache_usage_perc: usage,
+            num_gpu_blocks: blocks,
+        };
+        m.engine("10.0.0.1:8000", &report(0.25, None));
         m.model("m", 16, None);
         let text = m.encode();
         assert!(text.contains(r#"dynamo_epp_engine_kv_usage{pod="10.0.0.1:8000"} 0.25"#));
@@ -569,7 +817,7 @@ mod tests {
             !text.contains("dynamo_frontend_model_context_length{"),
             "{text}"
         );
-        m.engine("10.0.0.1:8000", 0.5, Some(1024));
+        m.engine("10.0.0.1:8000", &report(0.5, Some(1024)));
         m.model("m", 16, Some(32768));
         m.worker_load("10.0.0.1:8000", "decode", 64, 7);
         let text = m.encode();
@@ -583,6 +831,60 @@ mod tests {
         }
         m.remove_pod("10.0.0.1:8000");
         assert!(!m.encode().contains("10.0.0.1:8000"));
+    }
+
+    #[test]
+    fn pool_gauges_average_the_engines_reports_and_count_ready_pods() {
+        let m = Metrics::new();
+        let report = |waiting, usage| EngineMetrics {
+            num_requests_waiting: waiting,
+            kv_cache_usage_perc: usage,
+            num_gpu_blocks: None,
+        };
+        m.engine("a", &report(3, 0.25));
+        assert!(!m.encode().contains("inference_pool_ready_pods{"));
+        m.set_pool_name("pool");
+        for (role, n) in [("worker", 2), ("decode", 1)] {
+            let labels = vec![("role", role.to_owned()), ("state", "ready".to_owned())];
+            m.endpoints.get_or_create(&labels).set(n);
+        }
+        m.engine("b", &report(1, 0.75));
+        let text = m.encode();
+        for line in [
+            r#"inference_pool_ready_pods{name="pool"} 3"#,
+            r#"inference_pool_average_queue_size{name="pool"} 2.0"#,
+            r#"inference_pool_average_kv_cache_utilization{name="pool"} 0.5"#,
+        ] {
+            assert!(text.contains(line), "{line} missing:\n{text}");
+        }
+        m.remove_pod("b");
+        let text = m.encode();
+        assert!(text.contains(r#"inference_pool_average_queue_size{name="pool"} 3.0"#));
+        assert!(text.contains(r#"inference_pool_average_kv_cache_utilization{name="pool"} 0.25"#));
+    }
+
+    #[test]
+    fn refused_requests_count_as_the_inference_extensions_errors() {
+        let m = Metrics::new();
+        for status in ["200", "429", "503", "404", "502"] {
+            m.request("m", "/v1/chat/completions", status);
+        }
+        let text = m.encode();
+        let objective = r#"model_name="m",target_model_name="m""#;
+        assert!(text.contains(&format!(
+            "inference_objective_request_total{{{objective}}} 5"
+        )));
+        for code in [
+            "InferencePoolResourceExhausted",
+            "ServiceUnavailable",
+            "BadRequest",
+            "Internal",
+        ] {
+            let line = format!(
+                r#"inference_objective_request_error_total{{{objective},error_code="{code}"}} 1"#
+            );
+            assert!(text.contains(&line), "{line} missing:\n{text}");
+        }
     }
 
     #[test]

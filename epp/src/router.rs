@@ -945,7 +945,7 @@ mod tests {
             num_gpu_blocks: Some(100),
         };
         r.observe_engine(WorkerId(2), engine);
-        r.metrics().engine("127.0.0.1:8002", 0.5, Some(100));
+        r.metrics().engine("127.0.0.1:8002", &engine);
         assert_eq!(g(DECODE_BLOCKS, 8002, "decode"), Some(50));
         drop(a);
         assert_eq!(g(DECODE_BLOCKS, 8002, "decode"), Some(47));

@@ -25,9 +25,9 @@
 //! it finishes; KV events of prefill engines feed the index (decode engines' overlap is
 //! never credited).
 //!
-//! Engines are stepped as in the conversation replay (`replay::run_sessions`): always
-//! the busy engine furthest behind, until every busy engine has passed the next known
-//! event (an arrival, a prefill's end, a transfer's end); a prefill that ends meanwhile
+//! A driver of the simulated cluster (`dynamo_mocker::cluster`), as every replay is:
+//! the busy engine furthest behind steps until every busy engine has passed the next
+//! known event (an arrival, a prefill's end, a transfer's end); a prefill that ends meanwhile
 //! becomes an event, so transfers take the links in time order whatever order engines
 //! were stepped in. An engine may overshoot an event by part of one step; the request
 //! then joins at its next step, as in vLLM.
@@ -36,13 +36,13 @@ use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 use std::time::Instant;
 
-use dynamo_kvcache::{RequestId, SeqHash};
+use dynamo_kvcache::{BlockHasher, RequestId, SeqHash};
 use dynamo_loadgen::report::{DisaggStats, Report};
 use dynamo_loadgen::workload::Workload;
-use dynamo_mocker::replay::{Collector, Percentiles, ReplayReport, Router, StepFeed};
-use dynamo_mocker::{Clock, Engine, EngineConfig, Request};
+use dynamo_mocker::replay::{Collector, Percentiles, ReplayReport, Router};
+use dynamo_mocker::{Driver, Engine, EngineConfig, Request, SimCluster, StepOutcome};
 
-use crate::replay::{KvRouter, RouterSetup, Side, check_arrivals, furthest_behind};
+use crate::replay::{KvRouter, RouterSetup, check_arrivals};
 
 /// The picker's ids of a request's two legs: the decode request is the request's
 /// index, its prefill leg the same with the top bit set.
@@ -238,140 +238,166 @@ pub fn simulate(
         "the link bandwidth must be positive"
     );
     let roles = topology.roles();
-    let of_role = |r: Role| -> Vec<usize> { (0..roles.len()).filter(|&k| roles[k] == r).collect() };
-    let (aggregated, prefill, decode) = (
-        of_role(Role::Aggregated),
-        of_role(Role::Prefill),
-        of_role(Role::Decode),
-    );
+    let of_role = |r: &[Role]| -> Vec<usize> {
+        (0..roles.len())
+            .filter(|&k| r.contains(&roles[k]))
+            .collect()
+    };
     // The index holds what engines that take prompts have cached.
-    let indexed = aggregated.len() + prefill.len();
-    let mut router = KvRouter::new(setup, indexed * config.num_gpu_blocks);
+    let indexed = of_role(&[Role::Aggregated, Role::Prefill]).len();
+    let router = KvRouter::new(setup, indexed * config.num_gpu_blocks);
     let mut engines = Vec::with_capacity(roles.len());
     for &role in &roles {
         let mut e = Engine::simulated(config.clone())?;
         e.set_emit_kv_events(router.reads_kv_events() && role != Role::Decode);
         engines.push(e);
     }
-    let hasher = engines[0].hasher().clone();
-    let speedup = config.speedup_ratio;
-    let block_size = config.block_size;
+    let mut sim = Graph {
+        workload,
+        arrivals_ms,
+        link,
+        speedup: config.speedup_ratio,
+        block_size: config.block_size,
+        hasher: engines[0].hasher().clone(),
+        cluster: SimCluster::new(engines),
+        prefill: of_role(&[Role::Prefill]),
+        serving: of_role(&[Role::Aggregated, Role::Decode]),
+        link_free_ms: vec![0.0; roles.len()],
+        roles,
+        router,
+        collector: Collector::default(),
+        rejected: 0,
+        next_arrival: 0,
+        legs: HashMap::new(),
+        ended: BTreeMap::new(),
+        transfers: BTreeMap::new(),
+        transfer_ms: Vec::new(),
+        kv_bytes_moved: 0,
+    };
+    sim.run()?;
+    anyhow::ensure!(
+        sim.legs.is_empty(),
+        "{} prefill legs never ended",
+        sim.legs.len()
+    );
+    let first_ms = arrivals_ms.first().copied().unwrap_or(0.0);
+    let engines = sim.cluster.into_engines();
+    let mut report = sim
+        .collector
+        .report(&engines, workload.len(), sim.rejected, first_ms);
+    if !sim.prefill.is_empty() {
+        // Prompts are looked up in the prefill engines' caches; a decode engine's
+        // lookups find its onboarded blocks, which are no prefix cache hits.
+        let (queries, hits) = sim.prefill.iter().fold((0u64, 0u64), |(q, h), &k| {
+            let m = engines[k].metrics().counters;
+            (q + m.prefix_cache_queries, h + m.prefix_cache_hits)
+        });
+        report.prefix_cache_hit_rate = if queries > 0 {
+            hits as f64 / queries as f64
+        } else {
+            0.0
+        };
+    }
+    Ok(Simulated {
+        report,
+        engines,
+        transfer_ms: sim.transfer_ms,
+        kv_bytes_moved: sim.kv_bytes_moved,
+    })
+}
 
-    let mut c = Collector::default();
-    // What the engines did, shown to the router once each step has ended.
-    let mut feed = StepFeed::default();
-    let mut rejected = 0;
-    let mut next_arrival = 0;
-    let mut legs: HashMap<usize, Leg> = HashMap::new();
+/// [`simulate`] as a driver of the simulated cluster: the events are arrivals, prefill
+/// legs that ended (each then takes the links, in time order) and KV transfers landing.
+struct Graph<'a> {
+    cluster: SimCluster,
+    workload: &'a Workload,
+    arrivals_ms: &'a [f64],
+    link: &'a Link,
+    speedup: f64,
+    block_size: usize,
+    hasher: BlockHasher,
+    /// Each engine's role, and the engines of each pick.
+    roles: Vec<Role>,
+    prefill: Vec<usize>,
+    /// Aggregated or decode engines.
+    serving: Vec<usize>,
+    router: KvRouter,
+    collector: Collector,
+    rejected: usize,
+    next_arrival: usize,
+    legs: HashMap<usize, Leg>,
     // Events by (time, request index); a non-negative f64's bits sort as the f64 does.
-    // Prefill legs that ended, with their engine: each takes the links in time order.
-    let mut ended: BTreeMap<(u64, usize), (usize, Leg)> = BTreeMap::new();
-    // Transfers by the time their KV has arrived.
-    let mut transfers: BTreeMap<(u64, usize), Transfer> = BTreeMap::new();
-    // When each engine's link is free again.
-    let mut link_free_ms = vec![0.0f64; roles.len()];
-    let mut transfer_ms = Vec::new();
-    let mut kv_bytes_moved = 0u64;
-    loop {
-        // Step engines (the one furthest behind first) until all that have work are
-        // past the next event; prefills that end meanwhile are new events.
-        loop {
-            let arrival = arrivals_ms
-                .get(next_arrival)
-                .copied()
-                .unwrap_or(f64::INFINITY);
-            let next_ms = arrival.min(first_ms(&ended)).min(first_ms(&transfers));
-            let Some(k) = furthest_behind(&engines, next_ms) else {
-                break;
-            };
-            let o = engines[k].step();
-            match roles[k] {
-                Role::Aggregated | Role::Decode => c.take(&o),
-                Role::Prefill => {
-                    for f in &o.finished {
-                        let i = f.id as usize;
-                        let leg = legs.remove(&i).expect("a prefill leg of ours");
-                        ended.insert((f.finished_ms.to_bits(), i), (k, leg));
-                    }
-                }
-            }
-            let stuck = o.duration_ms == 0.0;
-            feed.push(o.ended_ms(), k, o);
-            if stuck {
-                // Nothing could be scheduled (cannot happen with admitted requests).
-                anyhow::ensure!(next_ms.is_finite(), "engine {k} is stuck");
-                engines[k].clock_mut().advance_to(next_ms);
-            }
+    /// Prefill legs that ended, with their engine.
+    ended: BTreeMap<(u64, usize), (usize, Leg)>,
+    /// Transfers by the time their KV has arrived.
+    transfers: BTreeMap<(u64, usize), Transfer>,
+    /// When each engine's link is free again.
+    link_free_ms: Vec<f64>,
+    transfer_ms: Vec<f64>,
+    kv_bytes_moved: u64,
+}
+
+impl Graph<'_> {
+    /// A prefill leg ended at `now`: its KV crosses to the decode engine.
+    fn transfer(&mut self, now: f64) {
+        let ((_, i), (p, leg)) = self.ended.pop_first().expect("an ended prefill is due");
+        // The prefill lends its prompt's full blocks short of the last token (always
+        // computed); those the decode engine does not cache cross the link, as vLLM
+        // reads only what it lacks.
+        let blocks = leg.token_ids.len().saturating_sub(1) / self.block_size;
+        let d = leg.decode;
+        let cached = self.cluster.engines()[d].cached_prefix_blocks(&leg.hashes[..blocks]);
+        let bytes = (blocks - cached) as u64 * self.link.block_bytes;
+        // Each link carries one prompt at a time, in the order prefills end: the prefill
+        // engine's sends when it is free, the decode engine's takes it in when it is
+        // free; each is busy for the wire time alone (no link sits reserved while the
+        // other end is busy).
+        let wire = self.link.ms(bytes) / self.speedup;
+        let sent = now.max(self.link_free_ms[p]);
+        let end = sent.max(self.link_free_ms[d]) + wire;
+        if bytes > 0 {
+            self.link_free_ms[p] = sent + wire;
+            self.link_free_ms[d] = end;
         }
-        // The earliest event; at equal times a prefill's end, then a landing, then an
-        // arrival.
-        let arrival = arrivals_ms
-            .get(next_arrival)
-            .copied()
-            .unwrap_or(f64::INFINITY);
-        let now = arrival.min(first_ms(&ended)).min(first_ms(&transfers));
-        if now == f64::INFINITY {
-            break;
+        self.transfer_ms.push(end - now);
+        self.kv_bytes_moved += bytes;
+        let request = Request {
+            id: i as u64,
+            token_ids: leg.token_ids,
+            max_tokens: leg.max_tokens,
+            seed: None,
+            pin_ttl: None,
+        };
+        let t = Transfer {
+            decode: d,
+            request,
+            arrival_ms: leg.arrival_ms,
+            blocks,
+        };
+        self.transfers.insert((end.to_bits(), i), t);
+    }
+
+    /// A transfer landed: the decode engine queues the request with its KV onboarded.
+    fn land(&mut self) {
+        let (_, t) = self.transfers.pop_first().expect("a landing is due");
+        let i = t.request.id as usize;
+        let engine = self.cluster.engine_mut(t.decode);
+        if engine
+            .submit_onboarded(t.request, t.arrival_ms, 0..t.blocks)
+            .is_err()
+        {
+            self.rejected += 1;
+            self.router.finished(decode_leg(i));
+            self.router.finished(prefill_leg(i));
         }
-        for e in &mut engines {
-            e.clock_mut().advance_to(now);
-        }
-        if first_ms(&ended) == now {
-            let ((_, i), (p, leg)) = ended.pop_first().expect("checked");
-            // The prefill lends its prompt's full blocks short of the last token
-            // (always computed); those the decode engine does not cache cross the link,
-            // as vLLM reads only what it lacks.
-            let blocks = leg.token_ids.len().saturating_sub(1) / block_size;
-            let d = leg.decode;
-            let cached = engines[d].cached_prefix_blocks(&leg.hashes[..blocks]);
-            let bytes = (blocks - cached) as u64 * link.block_bytes;
-            // Each link carries one prompt at a time, in the order prefills end: the
-            // prefill engine's sends when it is free, the decode engine's takes it in
-            // when it is free; each is busy for the wire time alone (no link sits
-            // reserved while the other end is busy).
-            let wire = link.ms(bytes) / speedup;
-            let sent = now.max(link_free_ms[p]);
-            let end = sent.max(link_free_ms[d]) + wire;
-            if bytes > 0 {
-                link_free_ms[p] = sent + wire;
-                link_free_ms[d] = end;
-            }
-            transfer_ms.push(end - now);
-            kv_bytes_moved += bytes;
-            let request = Request {
-                id: i as u64,
-                token_ids: leg.token_ids,
-                max_tokens: leg.max_tokens,
-                seed: None,
-                pin_ttl: None,
-            };
-            let t = Transfer {
-                decode: d,
-                request,
-                arrival_ms: leg.arrival_ms,
-                blocks,
-            };
-            transfers.insert((end.to_bits(), i), t);
-            continue;
-        }
-        if first_ms(&transfers) == now {
-            let (_, t) = transfers.pop_first().expect("checked");
-            let i = t.request.id as usize;
-            if engines[t.decode]
-                .submit_onboarded(t.request, t.arrival_ms, 0..t.blocks)
-                .is_err()
-            {
-                rejected += 1;
-                router.finished(decode_leg(i));
-                router.finished(prefill_leg(i));
-            }
-            continue;
-        }
-        let (i, at) = (next_arrival, now);
-        next_arrival += 1;
-        let item = workload.request(i);
-        let hashes = hasher.seq_hashes(&item.token_ids);
-        feed.release(at, |k, o| match roles[k] {
+    }
+
+    /// Request `i` arrives at `at`: routed as the picker does.
+    fn arrive(&mut self, i: usize, at: f64) {
+        let item = self.workload.request(i);
+        let hashes = self.hasher.seq_hashes(&item.token_ids);
+        let (roles, router) = (&self.roles, &mut self.router);
+        self.cluster.release(at, |k, o| match roles[k] {
             Role::Aggregated => router.observe(k, &o),
             Role::Prefill => router.observe_kv_events(k, &o.kv_events),
             Role::Decode => {
@@ -385,17 +411,17 @@ pub fn simulate(
                 }
             }
         });
-        router.observe_metrics(engines.iter().enumerate());
-        if decode.is_empty() {
-            let k = router.pick(Side::Aggregated, &aggregated, decode_leg(i), &hashes, at);
-            if engines[k].submit_at(item.into_request(i), at).is_err() {
-                rejected += 1;
-                router.finished(decode_leg(i));
+        router.observe_metrics(self.cluster.engines().iter().enumerate());
+        let legs = (!self.prefill.is_empty()).then(|| (&self.prefill[..], prefill_leg(i)));
+        let (p, d) = router.pick(&self.serving, decode_leg(i), legs, &hashes, at);
+        let Some(p) = p else {
+            let engine = self.cluster.engine_mut(d);
+            if engine.submit_at(item.into_request(i), at).is_err() {
+                self.rejected += 1;
+                self.router.finished(decode_leg(i));
             }
-            continue;
-        }
-        let p = router.pick(Side::Prefill, &prefill, prefill_leg(i), &hashes, at);
-        let d = router.pick(Side::Decode, &decode, decode_leg(i), &hashes, at);
+            return;
+        };
         let leg = Request {
             id: i as u64,
             token_ids: item.token_ids.clone(),
@@ -403,45 +429,68 @@ pub fn simulate(
             seed: None,
             pin_ttl: None,
         };
-        if engines[p].submit_at(leg, at).is_err() {
-            rejected += 1;
-            router.finished(prefill_leg(i));
-            router.finished(decode_leg(i));
-            continue;
+        if self.cluster.engine_mut(p).submit_at(leg, at).is_err() {
+            self.rejected += 1;
+            self.router.finished(prefill_leg(i));
+            self.router.finished(decode_leg(i));
+            return;
         }
-        legs.insert(
-            i,
-            Leg {
-                decode: d,
-                token_ids: item.token_ids,
-                hashes,
-                max_tokens: item.max_tokens,
-                arrival_ms: at,
-            },
-        );
-    }
-    anyhow::ensure!(legs.is_empty(), "{} prefill legs never ended", legs.len());
-    let first_ms = arrivals_ms.first().copied().unwrap_or(0.0);
-    let mut report = c.report(&engines, workload.len(), rejected, first_ms);
-    if !prefill.is_empty() {
-        // Prompts are looked up in the prefill engines' caches; a decode engine's
-        // lookups find its onboarded blocks, which are no prefix cache hits.
-        let (queries, hits) = prefill.iter().fold((0u64, 0u64), |(q, h), &k| {
-            let m = engines[k].metrics().counters;
-            (q + m.prefix_cache_queries, h + m.prefix_cache_hits)
-        });
-        report.prefix_cache_hit_rate = if queries > 0 {
-            hits as f64 / queries as f64
-        } else {
-            0.0
+        let leg = Leg {
+            decode: d,
+            token_ids: item.token_ids,
+            hashes,
+            max_tokens: item.max_tokens,
+            arrival_ms: at,
         };
+        self.legs.insert(i, leg);
     }
-    Ok(Simulated {
-        report,
-        engines,
-        transfer_ms,
-        kv_bytes_moved,
-    })
+}
+
+impl Driver for Graph<'_> {
+    type Shown = StepOutcome;
+    type Error = anyhow::Error;
+
+    fn cluster(&mut self) -> &mut SimCluster {
+        &mut self.cluster
+    }
+
+    fn next_event_ms(&self) -> Option<f64> {
+        let arrival = self.arrivals_ms.get(self.next_arrival);
+        let arrival = arrival.copied().unwrap_or(f64::INFINITY);
+        Some(
+            arrival
+                .min(first_ms(&self.ended))
+                .min(first_ms(&self.transfers)),
+        )
+    }
+
+    fn stepped(&mut self, k: usize, o: StepOutcome) -> anyhow::Result<StepOutcome> {
+        match self.roles[k] {
+            Role::Aggregated | Role::Decode => self.collector.take(&o),
+            // A prefill that ends is a new event.
+            Role::Prefill => {
+                for f in &o.finished {
+                    let i = f.id as usize;
+                    let leg = self.legs.remove(&i).expect("a prefill leg of ours");
+                    self.ended.insert((f.finished_ms.to_bits(), i), (k, leg));
+                }
+            }
+        }
+        Ok(o)
+    }
+
+    /// At equal times a prefill's end, then a landing, then an arrival.
+    fn event(&mut self, now: f64) -> anyhow::Result<()> {
+        if first_ms(&self.ended) == now {
+            self.transfer(now);
+        } else if first_ms(&self.transfers) == now {
+            self.land();
+        } else {
+            self.next_arrival += 1;
+            self.arrive(self.next_arrival - 1, now);
+        }
+        Ok(())
+    }
 }
 
 #[cfg(test)]

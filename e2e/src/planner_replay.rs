@@ -45,8 +45,9 @@
 //! removed, or to the end of the run: the later of the schedule's end and the last
 //! token) times the GPUs per engine, starting and draining engines included.
 //!
-//! Engines are stepped as in the disaggregated replay: always the busy engine furthest
-//! behind, until every busy engine has passed the next event (an arrival, a planner tick,
+//! A driver of the simulated cluster (`dynamo_mocker::cluster`), as every replay is:
+//! the busy engine furthest behind steps until every busy engine has passed the next
+//! event (an arrival, a planner tick,
 //! an engine becoming ready); an engine may overshoot an event by part of one step, and a
 //! tick then sees that step's tokens in the next interval, not this one.
 
@@ -58,8 +59,8 @@ use dynamo_kvcache::{BlockHasher, RequestId};
 use dynamo_loadgen::arrivals::RateSchedule;
 use dynamo_loadgen::report::Attainment;
 use dynamo_loadgen::workload::{WorkItem, Workload};
-use dynamo_mocker::replay::{Collector, Percentiles, Router, StepFeed};
-use dynamo_mocker::{Clock, Engine, EngineConfig, SimClock};
+use dynamo_mocker::replay::{Collector, Percentiles, Router};
+use dynamo_mocker::{Clock, Driver, Engine, EngineConfig, SimClock, SimCluster, StepOutcome};
 use dynamo_planner::decide::{
     Decision, EngineLoad, Forecast, Limits, LoadInputs, LoadTarget, Observed, PerRole, SlaTargets,
     ThroughputConfig, ThroughputInputs, decide_load, decide_throughput,
@@ -68,7 +69,7 @@ use dynamo_planner::predict::{LoadPredictor, Predictor, PredictorConfig};
 use dynamo_planner::profile::Profile;
 use serde::Serialize;
 
-use crate::replay::{KvRouter, RouterSetup, Side, check_arrivals, furthest_behind};
+use crate::replay::{KvRouter, RouterSetup, check_arrivals};
 
 /// Who sets the replicas.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -326,11 +327,11 @@ struct Sim<'a> {
     workload: &'a Workload,
     arrivals_ms: &'a [f64],
     hasher: BlockHasher,
-    engines: Vec<Engine>,
+    /// The engines, created and never reused; their steps shown to the router once each
+    /// has ended.
+    cluster: SimCluster,
     slots: Vec<Slot>,
     router: KvRouter,
-    /// What the engines did, shown to the router once each step has ended.
-    feed: StepFeed,
     collector: Collector,
     /// Requests routed to an engine and without a first token: (engine, prompt tokens).
     awaiting: HashMap<u64, (usize, usize)>,
@@ -354,13 +355,18 @@ struct Sim<'a> {
     floor: u32,
     last_token_ms: f64,
     predictors: [LoadPredictor; 3],
+    schedule_end_ms: f64,
+    /// Load ticks per throughput tick, in the combined mode.
+    per: u64,
+    next_tick: u64,
+    next_arrival: usize,
 }
 
 impl Sim<'_> {
     fn add_engine(&mut self, now_ms: f64, ready_ms: f64) -> anyhow::Result<()> {
         let mut e = Engine::new(self.setup.engine.clone(), SimClock::new(now_ms))?;
         e.set_emit_kv_events(self.router.reads_kv_events());
-        self.engines.push(e);
+        self.cluster.add(e);
         self.awaiting_tokens.push(0.0);
         self.awaiting_count.push(0);
         let state = if ready_ms <= now_ms {
@@ -388,9 +394,9 @@ impl Sim<'_> {
 
     /// Whether the picker counts engine `k` as saturated (`max_waiting_requests`).
     fn saturated(&self, k: usize) -> bool {
-        self.setup
-            .max_waiting_requests
-            .is_some_and(|max| self.engines[k].metrics().num_requests_waiting as u64 > max)
+        self.setup.max_waiting_requests.is_some_and(|max| {
+            self.cluster.engines()[k].metrics().num_requests_waiting as u64 > max
+        })
     }
 
     fn rolling_out(&self) -> bool {
@@ -448,16 +454,16 @@ impl Sim<'_> {
         let len = item.token_ids.len();
         let hashes = self.hasher.seq_hashes(&item.token_ids);
         let router = &mut self.router;
-        self.feed.release(now_ms, |k, o| router.observe(k, &o));
-        let engines = &self.engines;
+        self.cluster.release(now_ms, |k, o| router.observe(k, &o));
+        let engines = self.cluster.engines();
         self.router
             .observe_metrics(candidates.iter().map(|&k| (k, &engines[k])));
         let id = RequestId(i as u64);
-        let k = self
-            .router
-            .pick(Side::Aggregated, candidates, id, &hashes, now_ms);
+        let (_, k) = self.router.pick(candidates, id, None, &hashes, now_ms);
         // The engine counts its TTFT from the arrival, the picker's wait included.
-        if self.engines[k]
+        if self
+            .cluster
+            .engine_mut(k)
             .submit_at(item.into_request(i), self.arrivals_ms[i])
             .is_err()
         {
@@ -479,15 +485,14 @@ impl Sim<'_> {
         {
             let (i, item) = self.picker_queue.pop_front().expect("checked");
             self.picker_queued_tokens -= item.token_ids.len() as f64;
-            let now = self.engines[k].clock().now_ms();
+            let now = self.cluster.engines()[k].clock().now_ms();
             self.send(i, item, &[k], now);
         }
     }
 
-    /// Steps engine `k` once and takes in what it did; returns the step's duration.
-    fn step(&mut self, k: usize) -> f64 {
-        let o = self.engines[k].step();
-        self.collector.take(&o);
+    /// Takes in what engine `k`'s step `o` did.
+    fn take_step(&mut self, k: usize, o: &StepOutcome) {
+        self.collector.take(o);
         let end = o.ended_ms();
         if !o.outputs.is_empty() {
             self.last_token_ms = self.last_token_ms.max(end);
@@ -527,13 +532,9 @@ impl Sim<'_> {
             w.osl_sum += f.output_tokens as f64;
             w.decode_ms_sum += f.finished_ms - first;
         }
-        if self.slots[k].state == SlotState::Draining && !self.engines[k].has_work() {
+        if self.slots[k].state == SlotState::Draining && !self.cluster.engines()[k].has_work() {
             self.gone(k, end);
         }
-        let duration_ms = o.duration_ms;
-        self.feed.push(end, k, o);
-        self.drain_picker_queue(k);
-        duration_ms
     }
 
     /// Sets the replicas to `n` at `now_ms` (see the module doc).
@@ -549,7 +550,8 @@ impl Sim<'_> {
                 let m = e.metrics();
                 m.num_requests_running + m.num_requests_waiting
             };
-            serving.sort_by_key(|&k| (in_flight(&self.engines[k]), std::cmp::Reverse(k)));
+            let engines = self.cluster.engines();
+            serving.sort_by_key(|&k| (in_flight(&engines[k]), std::cmp::Reverse(k)));
             let drop = (self.target - n) as usize;
             anyhow::ensure!(
                 serving.len() > drop,
@@ -559,7 +561,7 @@ impl Sim<'_> {
             for &k in &serving[..drop] {
                 self.slots[k].state = SlotState::Draining;
                 self.changes.push((now_ms, Change::Drained));
-                if !self.engines[k].has_work() {
+                if !self.cluster.engines()[k].has_work() {
                     self.gone(k, now_ms);
                 }
             }
@@ -635,7 +637,7 @@ impl Sim<'_> {
         let loads: Vec<EngineLoad> = serving
             .into_iter()
             .map(|k| {
-                let m = self.engines[k].metrics();
+                let m = self.cluster.engines()[k].metrics();
                 let waiting = m.num_requests_waiting.min(self.awaiting_count[k]);
                 let queued = if self.awaiting_count[k] > 0 {
                     self.awaiting_tokens[k].max(0.0) * waiting as f64
@@ -698,6 +700,29 @@ impl Sim<'_> {
         Ok(())
     }
 
+    fn next_arrival_ms(&self) -> f64 {
+        let arrival = self.arrivals_ms.get(self.next_arrival);
+        arrival.copied().unwrap_or(f64::INFINITY)
+    }
+
+    /// The planner's next tick: none for a static run, and none once the schedule is
+    /// over and nothing is left to do.
+    fn next_tick_ms(&self) -> f64 {
+        let busy =
+            !self.picker_queue.is_empty() || self.cluster.engines().iter().any(Engine::has_work);
+        match self.tick_ms() {
+            Some(ms) => {
+                let t = self.next_tick as f64 * ms;
+                if t <= self.schedule_end_ms || self.next_arrival_ms().is_finite() || busy {
+                    t
+                } else {
+                    f64::INFINITY
+                }
+            }
+            None => f64::INFINITY,
+        }
+    }
+
     fn tick_ms(&self) -> Option<f64> {
         match self.mode {
             PlannerMode::Throughput => Some(self.setup.interval_s * 1000.0),
@@ -706,6 +731,64 @@ impl Sim<'_> {
             }
             PlannerMode::Static(_) => None,
         }
+    }
+}
+
+/// The events: arrivals, planner ticks, engines becoming ready.
+impl Driver for Sim<'_> {
+    type Shown = StepOutcome;
+    type Error = anyhow::Error;
+
+    fn cluster(&mut self) -> &mut SimCluster {
+        &mut self.cluster
+    }
+
+    fn next_event_ms(&self) -> Option<f64> {
+        let arrival = self.next_arrival_ms();
+        Some(arrival.min(self.next_tick_ms()).min(self.next_ready_ms()))
+    }
+
+    fn stepped(&mut self, k: usize, o: StepOutcome) -> anyhow::Result<StepOutcome> {
+        self.take_step(k, &o);
+        Ok(o)
+    }
+
+    fn after_step(&mut self, k: usize) -> anyhow::Result<()> {
+        self.drain_picker_queue(k);
+        Ok(())
+    }
+
+    /// At equal times: an engine becoming ready, then the planner, then an arrival.
+    fn event(&mut self, now_ms: f64) -> anyhow::Result<()> {
+        if self.next_ready_ms() == now_ms {
+            for k in 0..self.slots.len() {
+                if self.slots[k].state == (SlotState::Starting { ready_ms: now_ms }) {
+                    self.slots[k].state = SlotState::Serving;
+                    self.changes.push((now_ms, Change::Ready));
+                    self.drain_picker_queue(k);
+                }
+            }
+            return Ok(());
+        }
+        if self.next_tick_ms() == now_ms {
+            let next_tick = self.next_tick;
+            match self.mode {
+                PlannerMode::Throughput => self.throughput_tick(next_tick, now_ms)?,
+                PlannerMode::Load => self.load_tick(now_ms)?,
+                PlannerMode::ThroughputLoad => {
+                    // Every `per`-th load tick is also a throughput tick, taken first.
+                    if next_tick.is_multiple_of(self.per) {
+                        self.throughput_tick(next_tick / self.per, now_ms)?;
+                    }
+                    self.load_tick(now_ms)?;
+                }
+                PlannerMode::Static(_) => {}
+            }
+            self.next_tick += 1;
+            return Ok(());
+        }
+        self.next_arrival += 1;
+        self.arrive(self.next_arrival - 1, now_ms)
     }
 }
 
@@ -753,10 +836,9 @@ pub fn simulate(
         workload,
         arrivals_ms,
         hasher,
-        engines: Vec::new(),
+        cluster: SimCluster::new(Vec::new()),
         slots: Vec::new(),
         router: KvRouter::new(setup.router, capacity),
-        feed: StepFeed::default(),
         collector: Collector::default(),
         awaiting: HashMap::new(),
         awaiting_tokens: Vec::new(),
@@ -775,94 +857,29 @@ pub fn simulate(
         floor: initial,
         last_token_ms: 0.0,
         predictors: [predictor()?, predictor()?, predictor()?],
+        schedule_end_ms: schedule.duration_s() * 1000.0,
+        per: (setup.interval_s / setup.load_interval_s).round().max(1.0) as u64,
+        next_tick: 1,
+        next_arrival: 0,
     };
     sim.changes.push((0.0, Change::Target(initial)));
     for _ in 0..initial {
         sim.add_engine(0.0, 0.0)?;
     }
-    let schedule_end_ms = schedule.duration_s() * 1000.0;
-    let tick_ms = sim.tick_ms();
-    // Load ticks per throughput tick, in the combined mode.
-    let per = (setup.interval_s / setup.load_interval_s).round().max(1.0) as u64;
     anyhow::ensure!(
         mode != PlannerMode::ThroughputLoad
-            || (per as f64 * setup.load_interval_s - setup.interval_s).abs() < 1e-9,
+            || (sim.per as f64 * setup.load_interval_s - setup.interval_s).abs() < 1e-9,
         "throughput+load needs the interval ({} s) to be a whole number of load intervals ({} s)",
         setup.interval_s,
         setup.load_interval_s
     );
-    let mut next_tick: u64 = 1;
-    let mut next_arrival = 0;
-    loop {
-        let arrival = arrivals_ms
-            .get(next_arrival)
-            .copied()
-            .unwrap_or(f64::INFINITY);
-        let busy = !sim.picker_queue.is_empty() || sim.engines.iter().any(Engine::has_work);
-        let tick = match tick_ms {
-            Some(ms) => {
-                let t = next_tick as f64 * ms;
-                if t <= schedule_end_ms || arrival.is_finite() || busy {
-                    t
-                } else {
-                    f64::INFINITY
-                }
-            }
-            None => f64::INFINITY,
-        };
-        let ready = sim.next_ready_ms();
-        let next_ms = arrival.min(tick).min(ready);
-        // Step engines (the one furthest behind first) until all busy ones are past the
-        // next event.
-        if let Some(k) = furthest_behind(&sim.engines, next_ms) {
-            if sim.step(k) == 0.0 {
-                // Nothing could be scheduled (cannot happen with admitted requests).
-                anyhow::ensure!(next_ms.is_finite(), "engine {k} is stuck");
-                sim.engines[k].clock_mut().advance_to(next_ms);
-            }
-            continue;
-        }
-        if next_ms == f64::INFINITY {
-            anyhow::ensure!(
-                sim.picker_queue.is_empty(),
-                "{} requests left in the picker's queue",
-                sim.picker_queue.len()
-            );
-            break;
-        }
-        for e in &mut sim.engines {
-            e.clock_mut().advance_to(next_ms);
-        }
-        // At equal times: an engine becoming ready, then the planner, then an arrival.
-        if ready == next_ms {
-            for k in 0..sim.slots.len() {
-                if sim.slots[k].state == (SlotState::Starting { ready_ms: next_ms }) {
-                    sim.slots[k].state = SlotState::Serving;
-                    sim.changes.push((next_ms, Change::Ready));
-                    sim.drain_picker_queue(k);
-                }
-            }
-            continue;
-        }
-        if tick == next_ms {
-            match mode {
-                PlannerMode::Throughput => sim.throughput_tick(next_tick, next_ms)?,
-                PlannerMode::Load => sim.load_tick(next_ms)?,
-                PlannerMode::ThroughputLoad => {
-                    // Every `per`-th load tick is also a throughput tick, taken first.
-                    if next_tick.is_multiple_of(per) {
-                        sim.throughput_tick(next_tick / per, next_ms)?;
-                    }
-                    sim.load_tick(next_ms)?;
-                }
-                PlannerMode::Static(_) => {}
-            }
-            next_tick += 1;
-            continue;
-        }
-        sim.arrive(next_arrival, next_ms)?;
-        next_arrival += 1;
-    }
+    sim.run()?;
+    anyhow::ensure!(
+        sim.picker_queue.is_empty(),
+        "{} requests left in the picker's queue",
+        sim.picker_queue.len()
+    );
+    let schedule_end_ms = sim.schedule_end_ms;
     let end_ms = schedule_end_ms.max(sim.last_token_ms);
     let gpus = f64::from(setup.gpus_per_engine());
     let gpu_seconds = sim
@@ -895,8 +912,12 @@ pub fn simulate(
         per_step[step].count(ttft_ok, itl_ok);
     }
     let completed = sim.outcomes.iter().filter(|o| o.is_some()).count();
-    let report =
-        std::mem::take(&mut sim.collector).report(&sim.engines, workload.len(), sim.rejected, 0.0);
+    let report = std::mem::take(&mut sim.collector).report(
+        sim.cluster.engines(),
+        workload.len(),
+        sim.rejected,
+        0.0,
+    );
     let timeline = timeline(&mut sim.changes);
     let min_replicas = timeline.iter().map(|p| p.replicas).min().unwrap_or(initial);
     let max_replicas = timeline.iter().map(|p| p.replicas).max().unwrap_or(initial);

@@ -24,14 +24,16 @@ use dynamo_loadgen::workload::{Sessions, Workload};
 pub use dynamo_kvcache::Side;
 use dynamo_kvcache::vllm_events::KvEvent as EngineEvent;
 use dynamo_kvcache::{
-    ApproxConfig, BlockHasher, EngineMetrics, KvEvent, KvIndex, OverlapScores, RemovedBlock,
-    RequestId, RouterMode, RoutingCore, SchedulerConfig, SeqHash, StoredBlock, Tier, WorkerId,
+    ApproxConfig, BlockHasher, Decision, EngineMetrics, KvEvent, KvIndex, OverlapScores,
+    RemovedBlock, RequestId, RouterMode, RoutingCore, SchedulerConfig, SeqHash, StoredBlock, Tier,
+    WorkerId,
 };
 use dynamo_mocker::replay::{
-    Collector, ReplayRequest, RouteQuery, Router, StepFeed, replay_requests, simulated_engines,
+    Collector, ReplayRequest, RouteQuery, Router, replay_requests, simulated_engines,
 };
 use dynamo_mocker::{
-    Clock, Engine, EngineConfig, KvBlocksConfig, OffloadBlock, OffloadMode, Request, StepOutcome,
+    Driver, Engine, EngineConfig, KvBlocksConfig, OffloadBlock, OffloadMode, Request, SimCluster,
+    StepOutcome,
 };
 
 /// How the simulated router is set up.
@@ -112,27 +114,37 @@ impl KvRouter {
         )
     }
 
-    /// Picks one of `candidates` (engine numbers) for `side` and accounts the load under
-    /// `request` (unique while in flight), as the endpoint picker does.
+    /// Picks where a request runs among engine numbers and accounts its load, as the
+    /// endpoint picker does ([`RoutingCore::pick_route`]): with `prefill` (the prefill
+    /// engines and the prefill leg's id), a prefill engine and a decode engine among
+    /// `serving`; else one aggregated engine. `request` is unique while in flight.
+    /// Returns the prefill engine, if any, and the serving one.
     pub fn pick(
         &mut self,
-        side: Side,
-        candidates: &[usize],
+        serving: &[usize],
         request: RequestId,
+        prefill: Option<(&[usize], RequestId)>,
         block_hashes: &[SeqHash],
         arrival_ms: f64,
-    ) -> usize {
+    ) -> (Option<usize>, usize) {
         let now = simulated(arrival_ms);
-        let index = &self.index;
-        let scores = self
+        let scores = self.scores(block_hashes, arrival_ms);
+        let workers =
+            |engines: &[usize]| -> Vec<WorkerId> { engines.iter().map(|&k| worker(k)).collect() };
+        let prefill_workers = prefill.map(|(engines, id)| (workers(engines), id));
+        let route = self
             .core
-            .overlap(side, block_hashes, now, |hashes| index.find_matches(hashes));
-        let workers: Vec<WorkerId> = candidates.iter().map(|&k| worker(k)).collect();
-        let d = self
-            .core
-            .pick(side, &scores, &workers, request, block_hashes, now)
+            .pick_route(
+                &scores,
+                &workers(serving),
+                request,
+                prefill_workers.as_ref().map(|(w, id)| (&w[..], *id)),
+                block_hashes,
+                now,
+            )
             .expect("candidates are given, the temperature was checked and ids are unique");
-        d.worker.0 as usize
+        let engine = |d: Decision| d.worker.0 as usize;
+        (route.prefill.map(engine), engine(route.serving))
     }
 
     /// Engine `engine`'s KV events, as the picker reads them from its event stream.
@@ -170,17 +182,6 @@ impl KvRouter {
 /// Simulated milliseconds as the approximate index's clock.
 fn simulated(ms: f64) -> Duration {
     Duration::from_secs_f64(ms.max(0.0) / 1000.0)
-}
-
-/// The engine with work whose clock is furthest behind, if any is before `next_ms`:
-/// the next to step, so that simulated engines advance together up to the next event.
-pub(crate) fn furthest_behind(engines: &[Engine], next_ms: f64) -> Option<usize> {
-    engines
-        .iter()
-        .enumerate()
-        .filter(|(_, e)| e.has_work() && e.clock().now_ms() < next_ms)
-        .min_by(|a, b| a.1.clock().now_ms().total_cmp(&b.1.clock().now_ms()))
-        .map(|(k, _)| k)
 }
 
 fn worker(engine: usize) -> WorkerId {
@@ -235,13 +236,9 @@ impl Router for KvRouter {
     fn route(&mut self, q: &RouteQuery<'_>, engines: &[Engine]) -> usize {
         self.observe_metrics(engines.iter().enumerate());
         let all: Vec<usize> = (0..engines.len()).collect();
-        self.pick(
-            Side::Aggregated,
-            &all,
-            RequestId(q.index as u64),
-            q.block_hashes,
-            q.arrival_ms,
-        )
+        let request = RequestId(q.index as u64);
+        self.pick(&all, request, None, q.block_hashes, q.arrival_ms)
+            .1
     }
 
     fn observe(&mut self, engine: usize, o: &StepOutcome) {
@@ -502,15 +499,156 @@ fn route(
     (k, item.into_request(i), hashes)
 }
 
+/// [`run_sessions_with_tiers`] as a driver of the simulated cluster: the events are
+/// turns arriving and onboarded turns being queued. A step shows the router the
+/// engine's outcome and what its sidecar published of the blocks it evicted.
+struct Conversations<'a> {
+    cluster: SimCluster<(StepOutcome, Vec<KvEvent>)>,
+    workload: &'a Workload,
+    spec: Sessions,
+    hasher: BlockHasher,
+    router: KvRouter,
+    stores: Option<Tiers<'a>>,
+    /// Known arrivals: (time bits, session).
+    ready: BTreeSet<(u64, usize)>,
+    /// Turns loading their blocks, by (time they are loaded, request index).
+    onboarding: BTreeMap<(u64, usize), Onboarding>,
+    next_turn: Vec<usize>,
+    samples: Vec<TurnSample>,
+    collector: Collector,
+    rejected: usize,
+}
+
+impl Conversations<'_> {
+    /// The next turn of `session`, `at` ms.
+    fn follow(&mut self, session: usize, at: f64) {
+        if self.next_turn[session] < self.spec.turns {
+            let next = at + self.spec.think_time_ms;
+            self.ready.insert((next.to_bits(), session));
+        }
+    }
+
+    /// Whether the next event is a turn whose blocks are loaded (before an arrival at
+    /// the same time).
+    fn loaded_first(&self) -> bool {
+        match (self.onboarding.first_key_value(), self.ready.first()) {
+            (Some((&(t, _), _)), Some(&(a, _))) => f64::from_bits(t) <= f64::from_bits(a),
+            (Some(_), None) => true,
+            (None, _) => false,
+        }
+    }
+}
+
+impl Driver for Conversations<'_> {
+    type Shown = (StepOutcome, Vec<KvEvent>);
+    type Error = anyhow::Error;
+
+    fn cluster(&mut self) -> &mut SimCluster<Self::Shown> {
+        &mut self.cluster
+    }
+
+    fn next_event_ms(&self) -> Option<f64> {
+        let arrival = self
+            .ready
+            .first()
+            .map_or(f64::INFINITY, |&(t, _)| f64::from_bits(t));
+        let loaded = self
+            .onboarding
+            .first_key_value()
+            .map_or(f64::INFINITY, |(&(t, _), _)| f64::from_bits(t));
+        Some(arrival.min(loaded))
+    }
+
+    fn stepped(&mut self, k: usize, o: StepOutcome) -> anyhow::Result<Self::Shown> {
+        self.collector.take(&o);
+        // What the sidecar stored of the step's evictions shows with the step, after the
+        // engine's own events (the index learns of a block leaving the GPU, then of it
+        // landing in a tier).
+        let offloaded = self
+            .stores
+            .as_mut()
+            .map_or_else(Vec::new, |stores| stores.offload(k, &o.offload));
+        for f in &o.finished {
+            let i = f.id as usize;
+            self.samples.push(TurnSample {
+                turn: i % self.spec.turns,
+                ok: true,
+                ttft_ms: f.first_token_ms.map(|t| t - f.arrival_ms),
+                prompt_tokens: Some(f.prompt_tokens as u64),
+                cached_tokens: Some(f.cached_prompt_tokens as u64),
+            });
+            self.follow(i / self.spec.turns, f.finished_ms);
+        }
+        Ok((o, offloaded))
+    }
+
+    fn event(&mut self, at: f64) -> anyhow::Result<()> {
+        // A turn whose blocks are loaded is queued; else the next turn arrives.
+        let (k, request, arrival_ms, blocks) = if self.loaded_first() {
+            let (_, o) = self.onboarding.pop_first().expect("loaded first");
+            (o.engine, o.request, o.arrival_ms, o.blocks)
+        } else {
+            let (_, session) = self.ready.pop_first().expect("an event is due");
+            let turn = self.next_turn[session];
+            self.next_turn[session] += 1;
+            let i = session * self.spec.turns + turn;
+            let router = &mut self.router;
+            self.cluster.release(at, |k, (o, offloaded)| {
+                router.observe(k, &o);
+                router.observe_tiers(k, &offloaded);
+            });
+            let engines = self.cluster.engines();
+            let (k, request, hashes) = route(self.workload, i, at, &self.hasher, router, engines);
+            let (blocks, ms) = match &mut self.stores {
+                Some(stores) => {
+                    let mut events = Vec::new();
+                    let len = request.token_ids.len();
+                    let found = stores.onboard(k, &engines[k], &hashes, len, &mut events);
+                    router.observe_tiers(k, &events);
+                    found
+                }
+                None => (0..0, 0.0),
+            };
+            if !blocks.is_empty() {
+                let o = Onboarding {
+                    engine: k,
+                    request,
+                    arrival_ms: at,
+                    blocks,
+                };
+                self.onboarding.insert(((at + ms).to_bits(), i), o);
+                return Ok(());
+            }
+            (k, request, at, blocks)
+        };
+        let i = request.id as usize;
+        let engine = self.cluster.engine_mut(k);
+        if engine
+            .submit_onboarded(request, arrival_ms, blocks)
+            .is_err()
+        {
+            self.rejected += 1;
+            self.router.rejected(k, i);
+            self.samples.push(TurnSample {
+                turn: i % self.spec.turns,
+                ..TurnSample::default()
+            });
+            // The conversation goes on, as it does live after a failed request.
+            self.follow(i / self.spec.turns, arrival_ms);
+        }
+        Ok(())
+    }
+}
+
 /// A conversation workload in simulated time: session `s` sends its first turn at
 /// `starts_ms[s]`, and each next turn when the previous one has finished (its last
 /// token, or its rejection) plus the think time.
 ///
 /// The mocker's `replay_requests` needs every arrival time before it runs the engines
 /// up to it, and here a turn's arrival depends on when its predecessor finishes, so
-/// this drives the engines itself: it always steps the engine that is furthest behind
-/// until every engine with work has reached the next known arrival, so that a turn
-/// finishing earlier puts its successor ahead in line. Figures are computed as the
+/// this drives the simulated cluster with its own events: the busy engine furthest
+/// behind steps until every engine with work has reached the next known arrival, so
+/// that a turn finishing earlier puts its successor ahead in line. Figures are computed as the
 /// mocker's replay computes them, plus the per-turn ones from each request's
 /// `FinishedRequest`.
 pub fn run_sessions(
@@ -565,143 +703,38 @@ pub fn run_sessions_with_tiers(
     }
     let started = Instant::now();
     let tier_blocks = tiers.map_or(0, TierSetup::capacity_blocks);
-    let mut router = KvRouter::new(setup, workers * (config.num_gpu_blocks + tier_blocks));
-    let mut engines = simulated_engines(&config, workers, router.wants_kv_events())?;
-    let mut stores = tiers.map(|t| Tiers::new(t, workers, router.wants_kv_events()));
-    let hasher = engines[0].hasher().clone();
-    // Known arrivals: (time, session); a non-negative f64's bits sort as the f64 does.
-    let mut ready: BTreeSet<(u64, usize)> = starts_ms
-        .iter()
-        .enumerate()
-        .map(|(s, t)| ((t + 0.0).to_bits(), s))
-        .collect();
-    // Turns loading their blocks, by (time they are loaded, request index).
-    let mut onboarding: BTreeMap<(u64, usize), Onboarding> = BTreeMap::new();
-    let mut next_turn = vec![0usize; spec.sessions];
-    let mut samples = Vec::with_capacity(workload.len());
-    let mut c = Collector::default();
-    let mut feed = StepFeed::default();
-    let mut rejected = 0;
-    // The next turn of `session`, `at` ms.
-    let follow = |ready: &mut BTreeSet<(u64, usize)>, next_turn: &[usize], session, at: f64| {
-        if next_turn[session] < spec.turns {
-            ready.insert(((at + spec.think_time_ms).to_bits(), session));
-        }
+    let router = KvRouter::new(setup, workers * (config.num_gpu_blocks + tier_blocks));
+    let engines = simulated_engines(&config, workers, router.wants_kv_events())?;
+    let mut sim = Conversations {
+        workload,
+        spec,
+        hasher: engines[0].hasher().clone(),
+        cluster: SimCluster::new(engines),
+        stores: tiers.map(|t| Tiers::new(t, workers, router.wants_kv_events())),
+        router,
+        // Known arrivals: (time, session); a non-negative f64's bits sort as the f64 does.
+        ready: starts_ms
+            .iter()
+            .enumerate()
+            .map(|(s, t)| ((t + 0.0).to_bits(), s))
+            .collect(),
+        onboarding: BTreeMap::new(),
+        next_turn: vec![0; spec.sessions],
+        samples: Vec::with_capacity(workload.len()),
+        collector: Collector::default(),
+        rejected: 0,
     };
-    let next_event = |ready: &BTreeSet<(u64, usize)>,
-                      onboarding: &BTreeMap<(u64, usize), Onboarding>| {
-        let arrival = ready
-            .first()
-            .map_or(f64::INFINITY, |&(t, _)| f64::from_bits(t));
-        let loaded = onboarding
-            .first_key_value()
-            .map_or(f64::INFINITY, |(&(t, _), _)| f64::from_bits(t));
-        arrival.min(loaded)
-    };
-    loop {
-        // Step engines (the one furthest behind first) until all that have work are
-        // past the next arrival; finishes may bring arrivals forward.
-        loop {
-            let next_ms = next_event(&ready, &onboarding);
-            let Some(k) = furthest_behind(&engines, next_ms) else {
-                break;
-            };
-            let o = engines[k].step();
-            c.take(&o);
-            // What the sidecar stored of the step's evictions shows with the step, after
-            // the engine's own events (the index learns of a block leaving the GPU, then
-            // of it landing in a tier).
-            let offloaded = stores
-                .as_mut()
-                .map_or_else(Vec::new, |stores| stores.offload(k, &o.offload));
-            for f in &o.finished {
-                let i = f.id as usize;
-                samples.push(TurnSample {
-                    turn: i % spec.turns,
-                    ok: true,
-                    ttft_ms: f.first_token_ms.map(|t| t - f.arrival_ms),
-                    prompt_tokens: Some(f.prompt_tokens as u64),
-                    cached_tokens: Some(f.cached_prompt_tokens as u64),
-                });
-                follow(&mut ready, &next_turn, i / spec.turns, f.finished_ms);
-            }
-            let stuck = o.duration_ms == 0.0;
-            feed.push(o.ended_ms(), k, (o, offloaded));
-            if stuck {
-                // Nothing could be scheduled (cannot happen with admitted requests).
-                anyhow::ensure!(next_ms.is_finite(), "engine {k} is stuck");
-                engines[k].clock_mut().advance_to(next_ms);
-            }
-        }
-        let loaded_first = match (onboarding.first_key_value(), ready.first()) {
-            (Some((&(t, _), _)), Some(&(a, _))) => f64::from_bits(t) <= f64::from_bits(a),
-            (Some(_), None) => true,
-            (None, _) => false,
-        };
-        // A turn whose blocks are loaded is queued; else the next turn arrives.
-        let (k, request, at, blocks) = if loaded_first {
-            let ((bits, _), o) = onboarding.pop_first().expect("checked");
-            for e in &mut engines {
-                e.clock_mut().advance_to(f64::from_bits(bits));
-            }
-            (o.engine, o.request, o.arrival_ms, o.blocks)
-        } else {
-            let Some((bits, session)) = ready.pop_first() else {
-                break;
-            };
-            let at = f64::from_bits(bits);
-            for e in &mut engines {
-                e.clock_mut().advance_to(at);
-            }
-            let turn = next_turn[session];
-            next_turn[session] += 1;
-            let i = session * spec.turns + turn;
-            feed.release(at, |k, (o, offloaded)| {
-                router.observe(k, &o);
-                router.observe_tiers(k, &offloaded);
-            });
-            let (k, request, hashes) = route(workload, i, at, &hasher, &mut router, &engines);
-            let (blocks, ms) = match &mut stores {
-                Some(stores) => {
-                    let mut events = Vec::new();
-                    let found = stores.onboard(
-                        k,
-                        &engines[k],
-                        &hashes,
-                        request.token_ids.len(),
-                        &mut events,
-                    );
-                    router.observe_tiers(k, &events);
-                    found
-                }
-                None => (0..0, 0.0),
-            };
-            if !blocks.is_empty() {
-                let o = Onboarding {
-                    engine: k,
-                    request,
-                    arrival_ms: at,
-                    blocks,
-                };
-                onboarding.insert(((at + ms).to_bits(), i), o);
-                continue;
-            }
-            (k, request, at, blocks)
-        };
-        let i = request.id as usize;
-        if engines[k].submit_onboarded(request, at, blocks).is_err() {
-            rejected += 1;
-            router.rejected(k, i);
-            samples.push(TurnSample {
-                turn: i % spec.turns,
-                ..TurnSample::default()
-            });
-            // The conversation goes on, as it does live after a failed request.
-            follow(&mut ready, &next_turn, i / spec.turns, at);
-        }
-    }
+    sim.run()?;
+    let Conversations {
+        cluster,
+        stores,
+        samples,
+        collector: c,
+        rejected,
+        ..
+    } = sim;
     let first_ms = starts_ms.iter().copied().fold(f64::INFINITY, f64::min);
-    let report = c.report(&engines, workload.len(), rejected, first_ms);
+    let report = c.report(cluster.engines(), workload.len(), rejected, first_ms);
     let gpu_hit_rate = report.prefix_cache_hit_rate;
     let mut report = Report::from_replay(
         setup.mode.as_str(),
@@ -728,8 +761,8 @@ pub fn run_sessions_with_tiers(
 /// `--concurrency` sends it live (workload B): each client sends the workload's next
 /// request as soon as its previous one ends (its last token, or its rejection), so
 /// arrivals follow the engines' pace instead of a rate. Like [`run_sessions`], this
-/// drives the engines itself, the one furthest behind first, since an arrival depends on
-/// an earlier request's end.
+/// drives the simulated cluster with its own events, since an arrival depends on an
+/// earlier request's end.
 pub fn run_closed_loop(
     workload: &Workload,
     concurrency: usize,
@@ -745,69 +778,92 @@ pub fn run_closed_loop(
     );
     setup.validate()?;
     let started = Instant::now();
-    let mut router = KvRouter::new(setup, workers * config.num_gpu_blocks);
-    let mut engines = simulated_engines(config, workers, router.wants_kv_events())?;
-    let hasher = engines[0].hasher().clone();
-    // When a client is free to send: (time, key), the key its start number or, past
-    // `concurrency`, the request that just ended; a non-negative f64's bits sort as the
-    // f64 does.
-    let mut free: BTreeSet<(u64, usize)> = (0..concurrency.min(workload.len()))
-        .map(|client| (0.0_f64.to_bits(), client))
-        .collect();
-    let mut next = 0;
-    let mut c = Collector::default();
-    let mut feed = StepFeed::default();
-    let mut rejected = 0;
-    loop {
-        // Step engines (the one furthest behind first) until all that have work are
-        // past the next send; an end frees its client.
-        loop {
-            let next_ms = free
-                .first()
-                .map_or(f64::INFINITY, |&(t, _)| f64::from_bits(t));
-            let Some(k) = furthest_behind(&engines, next_ms) else {
-                break;
-            };
-            let o = engines[k].step();
-            c.take(&o);
-            for f in &o.finished {
-                free.insert((f.finished_ms.to_bits(), concurrency + f.id as usize));
-            }
-            let stuck = o.duration_ms == 0.0;
-            feed.push(o.ended_ms(), k, o);
-            if stuck {
-                // Nothing could be scheduled (cannot happen with admitted requests).
-                anyhow::ensure!(next_ms.is_finite(), "engine {k} is stuck");
-                engines[k].clock_mut().advance_to(next_ms);
-            }
-        }
-        let Some((bits, _)) = free.pop_first() else {
-            break;
-        };
-        if next == workload.len() {
-            continue;
-        }
-        let at = f64::from_bits(bits);
-        for e in &mut engines {
-            e.clock_mut().advance_to(at);
-        }
-        let i = next;
-        next += 1;
-        feed.release(at, |k, o| router.observe(k, &o));
-        let (k, request, _) = route(workload, i, at, &hasher, &mut router, &engines);
-        if engines[k].submit_at(request, at).is_err() {
-            rejected += 1;
-            router.rejected(k, i);
-            // The client goes on to its next request, as it does live after an error.
-            free.insert((bits, concurrency + i));
-        }
-    }
-    let report = c.report(&engines, workload.len(), rejected, 0.0);
+    let router = KvRouter::new(setup, workers * config.num_gpu_blocks);
+    let engines = simulated_engines(config, workers, router.wants_kv_events())?;
+    let mut sim = ClosedLoop {
+        workload,
+        concurrency,
+        hasher: engines[0].hasher().clone(),
+        cluster: SimCluster::new(engines),
+        router,
+        free: (0..concurrency.min(workload.len()))
+            .map(|client| (0.0_f64.to_bits(), client))
+            .collect(),
+        next: 0,
+        collector: Collector::default(),
+        rejected: 0,
+    };
+    sim.run()?;
+    let report = sim
+        .collector
+        .report(sim.cluster.engines(), workload.len(), sim.rejected, 0.0);
     Ok(Report::from_replay(
         setup.mode.as_str(),
         &report,
         started.elapsed().as_secs_f64(),
     ))
+}
+
+/// [`run_closed_loop`] as a driver of the simulated cluster: the events are clients
+/// becoming free to send.
+struct ClosedLoop<'a> {
+    cluster: SimCluster,
+    workload: &'a Workload,
+    concurrency: usize,
+    hasher: BlockHasher,
+    router: KvRouter,
+    /// When a client is free to send: (time bits, key), the key its start number or,
+    /// past `concurrency`, the request that just ended; a non-negative f64's bits sort
+    /// as the f64 does.
+    free: BTreeSet<(u64, usize)>,
+    /// The workload's next request.
+    next: usize,
+    collector: Collector,
+    rejected: usize,
+}
+
+impl Driver for ClosedLoop<'_> {
+    type Shown = StepOutcome;
+    type Error = anyhow::Error;
+
+    fn cluster(&mut self) -> &mut SimCluster {
+        &mut self.cluster
+    }
+
+    fn next_event_ms(&self) -> Option<f64> {
+        let next = self.free.first();
+        Some(next.map_or(f64::INFINITY, |&(t, _)| f64::from_bits(t)))
+    }
+
+    fn stepped(&mut self, _: usize, o: StepOutcome) -> anyhow::Result<StepOutcome> {
+        self.collector.take(&o);
+        // An end frees its client.
+        for f in &o.finished {
+            let key = self.concurrency + f.id as usize;
+            self.free.insert((f.finished_ms.to_bits(), key));
+        }
+        Ok(o)
+    }
+
+    fn event(&mut self, at: f64) -> anyhow::Result<()> {
+        let (bits, _) = self.free.pop_first().expect("an event is due");
+        if self.next == self.workload.len() {
+            return Ok(());
+        }
+        let i = self.next;
+        self.next += 1;
+        let router = &mut self.router;
+        self.cluster.release(at, |k, o| router.observe(k, &o));
+        let engines = self.cluster.engines();
+        let (k, request, _) = route(self.workload, i, at, &self.hasher, router, engines);
+        if self.cluster.engine_mut(k).submit_at(request, at).is_err() {
+            self.rejected += 1;
+            self.router.rejected(k, i);
+            // The client goes on to its next request, as it does live after an error.
+            self.free.insert((bits, self.concurrency + i));
+        }
+        Ok(())
+    }
 }
 
 #[cfg(test)]

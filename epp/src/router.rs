@@ -104,6 +104,14 @@ struct State {
     next_request: u64,
 }
 
+impl State {
+    /// A new id for the load accounting.
+    fn next_request(&mut self) -> RequestId {
+        self.next_request += 1;
+        RequestId(self.next_request)
+    }
+}
+
 /// The router; share it as `Arc<Router>`.
 pub struct Router {
     config: RouterConfig,
@@ -390,24 +398,21 @@ impl Router {
             output_blocks: 0,
         };
         let prefill_pods = self.candidates(st, &prefill_job, &[Role::Prefill]);
-        // Disaggregated (Dynamo's PrefillRouter): the prefill pod by KV overlap and
-        // prefill load; the decode pod by decode load alone, since the prompt's KV
-        // arrives from the prefill pod whatever the decode pod holds.
-        let (prefill, (decision, request)) = if prefill_pods.is_empty() {
-            (
-                None,
-                self.pick(st, &scores, &serving, job, Side::Aggregated)?,
-            )
-        } else {
-            let prefill = self.pick(st, &scores, &prefill_pods, job, Side::Prefill)?;
-            let none = st
-                .core
-                .overlap(Side::Decode, &job.hashes, now, |_| unreachable!());
-            (
-                Some(prefill),
-                self.pick(st, &none, &serving, job, Side::Decode)?,
-            )
-        };
+        // Disaggregated (Dynamo's PrefillRouter) when the pool has prefill pods.
+        let prefill = (!prefill_pods.is_empty()).then(|| (&prefill_pods[..], st.next_request()));
+        let request = st.next_request();
+        let route = st
+            .core
+            .pick_route(&scores, &serving, request, prefill, &job.hashes, now)
+            .map_err(|e| RouteError::NoEndpoint(e.to_string()))?;
+        if job.output_blocks > 0 {
+            st.core.expect_output(request, job.output_blocks);
+        }
+        let prefill = route.prefill.zip(prefill.map(|(_, r)| r));
+        for d in prefill.iter().map(|(d, _)| d).chain([&route.serving]) {
+            self.count_pick(st, d, job);
+        }
+        let decision = route.serving;
         let address = st.endpoints[&decision.worker].spec.address;
         let matched = u64::from(decision.overlap.total()).min(prompt_blocks);
         let m = &self.metrics;
@@ -430,25 +435,8 @@ impl Router {
         })
     }
 
-    /// One pick among `pods` with its load accounting, for `side`.
-    fn pick(
-        &self,
-        st: &mut State,
-        scores: &OverlapScores,
-        pods: &[WorkerId],
-        job: &Job,
-        side: Side,
-    ) -> Result<(Decision, RequestId), RouteError> {
-        st.next_request += 1;
-        let request = RequestId(st.next_request);
-        let now = self.origin.elapsed();
-        let decision = st
-            .core
-            .pick(side, scores, pods, request, &job.hashes, now)
-            .map_err(|e| RouteError::NoEndpoint(e.to_string()))?;
-        if side != Side::Prefill && job.output_blocks > 0 {
-            st.core.expect_output(request, job.output_blocks);
-        }
+    /// Logs and counts a pick.
+    fn count_pick(&self, st: &State, decision: &Decision, job: &Job) {
         let endpoint = &st.endpoints[&decision.worker].spec;
         tracing::debug!(
             pod = %endpoint.address,
@@ -465,7 +453,6 @@ impl Router {
                 ("role", endpoint.role.as_str().to_owned()),
             ])
             .inc();
-        Ok((decision, request))
     }
 
     /// Hands queued requests to pods while some have room; answers are sent by

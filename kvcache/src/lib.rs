@@ -40,7 +40,7 @@ pub use overlap::{OverlapScores, TierCounts, TierCredits};
 pub use queue::{
     QueueFull, QueuePolicy, QueuedRequest, Ticket, UnknownQueuePolicy, WaitingQueue, WorkModel,
 };
-pub use routing::{PickError, RoutingCore, Side};
+pub use routing::{PickError, Route, RoutingCore, Side};
 pub use scheduler::{
     DEFAULT_PREFILL_LOAD_SCALE, Decision, RouterMode, ScheduleError, Scheduler, SchedulerConfig,
     UnknownRouterMode, pick_by_cost,

@@ -32,6 +32,15 @@ pub enum Side {
     Decode,
 }
 
+/// Where [`RoutingCore::pick_route`] sends a request.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Route {
+    /// The engine that decodes it (and prefills it too, without a prefill pick).
+    pub serving: Decision,
+    /// Its prefill engine, in a disaggregated pool.
+    pub prefill: Option<Decision>,
+}
+
 /// Schedulers, approximate index and load of one router.
 #[derive(Debug)]
 pub struct RoutingCore {
@@ -134,6 +143,45 @@ impl RoutingCore {
             self.approx.record(decision.worker, prompt, now);
         }
         Ok(decision)
+    }
+
+    /// Picks where a request runs and accounts it, as Dynamo's PrefillRouter does. With
+    /// `prefill` (the pool's prefill engines and the id of the prefill leg) there are
+    /// two legs: a prefill engine by KV overlap (`scores`) and prefill load, then a
+    /// decode engine among `serving` by decode load alone, since the prompt's KV arrives
+    /// from the prefill engine whatever the decode engine holds. Without, one aggregated
+    /// pick among `serving`. `request` is accounted on the serving engine.
+    pub fn pick_route(
+        &mut self,
+        scores: &OverlapScores,
+        serving: &[WorkerId],
+        request: RequestId,
+        prefill: Option<(&[WorkerId], RequestId)>,
+        prompt: &[SeqHash],
+        now: Duration,
+    ) -> Result<Route, PickError> {
+        let Some((prefill_engines, prefill_request)) = prefill else {
+            let serving = self.pick(Side::Aggregated, scores, serving, request, prompt, now)?;
+            return Ok(Route {
+                serving,
+                prefill: None,
+            });
+        };
+        let prefill = self.pick(
+            Side::Prefill,
+            scores,
+            prefill_engines,
+            prefill_request,
+            prompt,
+            now,
+        )?;
+        // A decode pick credits no overlap (`Self::overlap`).
+        let none = OverlapScores::default();
+        let serving = self.pick(Side::Decode, &none, serving, request, prompt, now)?;
+        Ok(Route {
+            serving,
+            prefill: Some(prefill),
+        })
     }
 
     /// `request` (just picked) is expected to hold `blocks` output blocks on average while
@@ -254,6 +302,58 @@ mod tests {
             ),
             Err(PickError::Schedule(ScheduleError::NoWorkers))
         ));
+    }
+
+    #[test]
+    fn a_route_has_a_prefill_leg_by_overlap_and_a_decode_leg_by_load_alone() {
+        let mut c = core(RouterMode::Kv);
+        c.add_worker(WorkerId(2));
+        let p = prompt(10);
+        let t = Duration::ZERO;
+        // Engine 2 holds the prompt and decodes a short request: its cache would outweigh
+        // that load, but earns nothing on a decode pick.
+        let none = OverlapScores::default();
+        let short: Vec<SeqHash> = (100..102).map(SeqHash).collect();
+        c.pick(
+            Side::Aggregated,
+            &none,
+            &[WorkerId(2)],
+            RequestId(9),
+            &short,
+            t,
+        )
+        .unwrap();
+        c.first_token(RequestId(9));
+        let scores = c.overlap(Side::Prefill, &p, t, |_| held(2, 10, 0));
+        let (decode, prefill) = ([WorkerId(1), WorkerId(2)], [WorkerId(0)]);
+        let r = c
+            .pick_route(
+                &scores,
+                &decode,
+                RequestId(1),
+                Some((&prefill, RequestId(2))),
+                &p,
+                t,
+            )
+            .unwrap();
+        let legs = (r.prefill.map(|d| d.worker), r.serving.worker);
+        assert_eq!(legs, (Some(WorkerId(0)), WorkerId(1)));
+        assert_eq!(r.serving.credited_overlap, 0.0);
+        assert_eq!(c.load().load(WorkerId(0)).prefill_blocks, 10);
+        assert_eq!(c.load().load(WorkerId(1)).prefill_blocks, 0);
+        // Without prefill engines, one aggregated pick: the overlap counts.
+        let r = c
+            .pick_route(
+                &scores,
+                &[WorkerId(0), WorkerId(2)],
+                RequestId(3),
+                None,
+                &p,
+                t,
+            )
+            .unwrap();
+        assert_eq!((r.prefill, r.serving.worker), (None, WorkerId(2)));
+        assert_eq!(r.serving.credited_overlap, 10.0);
     }
 
     #[test]

@@ -10,6 +10,7 @@
 pub mod args;
 pub mod block_pool;
 pub mod clock;
+pub mod cluster;
 pub mod config;
 pub mod engine;
 pub mod kv_blocks;
@@ -24,6 +25,7 @@ pub mod tokens;
 pub use args::Args;
 pub use block_pool::{BlockId, BlockPool, OffloadBlock, OutOfBlocks, PinCounters};
 pub use clock::{Clock, RealClock, SimClock};
+pub use cluster::{Driver, SimCluster, Stuck};
 pub use config::{ConfigError, EngineConfig};
 pub use engine::{Engine, EngineMetrics, StepOutcome};
 pub use kv_blocks::{KvBlocksConfig, KvGeometry, OffloadMode};

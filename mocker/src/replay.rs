@@ -7,20 +7,20 @@
 //!
 //! Engines advance independently; before a request arriving at `t` is routed, every
 //! engine runs its steps until its clock reaches `t` (an engine mid-step at `t` runs the
-//! step to its end, and the request joins at the next step, as in vLLM). The router sees
-//! every step's outcome (tokens, finished requests and, when it asks for them, KV
-//! events), as a real router follows streams and event feeds, but only once the step has
-//! ended ([`StepFeed`]).
+//! step to its end, and the request joins at the next step, as in vLLM): a driver of the
+//! simulated cluster ([`crate::cluster`]). The router sees every step's outcome (tokens,
+//! finished requests and, when it asks for them, KV events), as a real router follows
+//! streams and event feeds, but only once the step has ended.
 //!
 //! [`replay`] takes a trace; [`replay_requests`] takes any workload as token ids.
 
 use std::fmt;
 
-use dynamo_kvcache::SeqHash;
+use dynamo_kvcache::{BlockHasher, SeqHash};
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
-use crate::clock::Clock;
+use crate::cluster::{Driver, SimCluster, Stuck};
 use crate::config::{ConfigError, EngineConfig};
 use crate::engine::{Engine, StepOutcome};
 use crate::scheduler::Request;
@@ -52,6 +52,8 @@ pub enum ReplayError {
     NoEngines,
     #[error("router chose engine {chosen} of {engines}")]
     BadRoute { chosen: usize, engines: usize },
+    #[error(transparent)]
+    Stuck(#[from] Stuck),
 }
 
 /// Parses JSON lines, skipping blank ones.
@@ -321,60 +323,6 @@ impl Collector {
     }
 }
 
-/// Step outcomes on their way to the router, each shown once simulated time reaches the
-/// end of its step.
-///
-/// The replays run an engine's step that straddles the next arrival to its end, but a
-/// live router hears of a step's tokens, finished requests and KV events only when the
-/// step is over: a request arriving mid-step is routed without them. Shown early, they
-/// let the router see prefills end and blocks land before they have, and steer requests
-/// to an engine still busy with a long prefill step (workload B's closed loop,
-/// `dynamo-e2e replay --concurrency 16`: TTFT p90 94 ms seen early, 85 ms at the end).
-#[derive(Debug)]
-pub struct StepFeed<T = StepOutcome> {
-    /// (end of the step in ms, engine, what it did), in no particular order.
-    steps: Vec<(f64, usize, T)>,
-}
-
-impl<T> Default for StepFeed<T> {
-    fn default() -> Self {
-        Self { steps: Vec::new() }
-    }
-}
-
-impl<T> StepFeed<T> {
-    /// Engine `engine` ran a step, ending at `ended_ms`, that did `step`.
-    pub fn push(&mut self, ended_ms: f64, engine: usize, step: T) {
-        self.steps.push((ended_ms, engine, step));
-    }
-
-    /// Hands `show` every step that ended by `now_ms`, in the order they ended (engine
-    /// order at equal ends).
-    pub fn release(&mut self, now_ms: f64, mut show: impl FnMut(usize, T)) {
-        self.steps
-            .sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
-        let ended = self.steps.partition_point(|s| s.0 <= now_ms);
-        for (_, k, step) in self.steps.drain(..ended) {
-            show(k, step);
-        }
-    }
-}
-
-/// Steps `engine` (number `k`) until its clock reaches `t_ms` (or it runs dry, then
-/// jumps to `t_ms`), feeding each step to the router.
-fn run_until(engine: &mut Engine, k: usize, t_ms: f64, feed: &mut StepFeed, c: &mut Collector) {
-    while engine.has_work() && engine.clock().now_ms() < t_ms {
-        let o = engine.step();
-        c.take(&o);
-        let stuck = o.duration_ms == 0.0;
-        feed.push(o.ended_ms(), k, o);
-        if stuck {
-            break; // nothing could be scheduled; cannot happen with admitted requests
-        }
-    }
-    engine.clock_mut().advance_to(t_ms);
-}
-
 /// Replays `records` over `num_engines` engines built from `config`.
 pub fn replay(
     records: &[TraceRecord],
@@ -416,27 +364,86 @@ pub fn replay_requests(
     if num_engines == 0 {
         return Err(ReplayError::NoEngines);
     }
-    let mut engines = simulated_engines(config, num_engines, router.wants_kv_events())?;
-    let hasher = engines[0].hasher().clone();
-    let mut c = Collector::default();
-    let mut feed = StepFeed::default();
-    let (mut count, mut rejected) = (0, 0);
-    let mut first_ms = None;
-    for (i, req) in requests.into_iter().enumerate() {
-        count += 1;
-        first_ms.get_or_insert(req.arrival_ms);
-        for (k, e) in engines.iter_mut().enumerate() {
-            run_until(e, k, req.arrival_ms, &mut feed, &mut c);
-        }
-        feed.release(req.arrival_ms, |k, o| router.observe(k, &o));
-        let hashes = hasher.seq_hashes(&req.token_ids);
+    let engines = simulated_engines(config, num_engines, router.wants_kv_events())?;
+    let mut requests = requests.into_iter().enumerate();
+    let next = requests.next();
+    let mut replay = Replay {
+        hasher: engines[0].hasher().clone(),
+        cluster: SimCluster::new(engines),
+        first_ms: next.as_ref().map_or(0.0, |(_, r)| r.arrival_ms),
+        next,
+        requests,
+        router,
+        collector: Collector::default(),
+        count: 0,
+        rejected: 0,
+    };
+    replay.run()?;
+    let Replay {
+        mut cluster,
+        router,
+        collector,
+        count,
+        rejected,
+        first_ms,
+        ..
+    } = replay;
+    // Every step is shown in the end.
+    cluster.release(f64::INFINITY, |k, o| router.observe(k, &o));
+    Ok(collector.report(cluster.engines(), count, rejected, first_ms))
+}
+
+/// [`replay_requests`] as a driver of the cluster: each request an event at its
+/// arrival.
+struct Replay<'r, I> {
+    cluster: SimCluster,
+    /// The next request to arrive, with its position in the workload.
+    next: Option<(usize, ReplayRequest)>,
+    requests: I,
+    router: &'r mut dyn Router,
+    hasher: BlockHasher,
+    collector: Collector,
+    count: usize,
+    rejected: usize,
+    first_ms: f64,
+}
+
+impl<I: Iterator<Item = (usize, ReplayRequest)>> Driver for Replay<'_, I> {
+    type Shown = StepOutcome;
+    type Error = ReplayError;
+
+    fn cluster(&mut self) -> &mut SimCluster {
+        &mut self.cluster
+    }
+
+    fn next_event_ms(&self) -> Option<f64> {
+        Some(
+            self.next
+                .as_ref()
+                .map_or(f64::INFINITY, |(_, r)| r.arrival_ms),
+        )
+    }
+
+    fn stepped(&mut self, _: usize, o: StepOutcome) -> Result<StepOutcome, ReplayError> {
+        self.collector.take(&o);
+        Ok(o)
+    }
+
+    fn event(&mut self, now_ms: f64) -> Result<(), ReplayError> {
+        let (i, req) =
+            std::mem::replace(&mut self.next, self.requests.next()).expect("an event is a request");
+        self.count += 1;
+        let router = &mut *self.router;
+        self.cluster.release(now_ms, |k, o| router.observe(k, &o));
+        let hashes = self.hasher.seq_hashes(&req.token_ids);
         let query = RouteQuery {
             index: i,
             arrival_ms: req.arrival_ms,
             token_ids: &req.token_ids,
             block_hashes: &hashes,
         };
-        let k = router.route(&query, &engines);
+        let engines = self.cluster.engines();
+        let k = router.route(&query, engines);
         if k >= engines.len() {
             return Err(ReplayError::BadRoute {
                 chosen: k,
@@ -451,17 +458,17 @@ pub fn replay_requests(
             // Mooncake traces carry no cache hints.
             pin_ttl: None,
         };
-        if engines[k].submit_at(request, req.arrival_ms).is_err() {
-            rejected += 1;
+        if self
+            .cluster
+            .engine_mut(k)
+            .submit_at(request, req.arrival_ms)
+            .is_err()
+        {
+            self.rejected += 1;
             router.rejected(k, i);
         }
+        Ok(())
     }
-    for (k, e) in engines.iter_mut().enumerate() {
-        run_until(e, k, f64::INFINITY, &mut feed, &mut c);
-    }
-    feed.release(f64::INFINITY, |k, o| router.observe(k, &o));
-
-    Ok(c.report(&engines, count, rejected, first_ms.unwrap_or(0.0)))
 }
 
 #[cfg(test)]

@@ -1,6 +1,7 @@
 //! One engine of a candidate graph, run on the simulated clock (`dynamo_mocker::Engine`,
-//! the mock engine's own scheduler and KV pool on the hardware timing model) under its
-//! share of the request's workload.
+//! the mock engine's own scheduler and KV pool on the hardware timing model, driven as a
+//! simulated cluster of one, `dynamo_mocker::cluster`) under its share of the request's
+//! workload.
 //!
 //! - The engine's share: an open loop takes every `engines`-th request of one seeded
 //!   Poisson stream at the graph's rate (round-robin over `engines` like engines); a
@@ -25,9 +26,12 @@
 //!
 //! Deterministic: the same inputs and seed give the same run.
 
+use std::ops::Range;
+
 use dynamo_mocker::profile::prompt;
 use dynamo_mocker::{
-    Clock, ConfigError, Engine, EngineConfig, FinishedRequest, Rejected, Request, StepWork,
+    Clock, ConfigError, Driver, Engine, EngineConfig, FinishedRequest, Rejected, Request,
+    SimCluster, StepOutcome, StepWork, Stuck,
 };
 use dynamo_perfmodel::attention_pairs;
 use rand::rngs::StdRng;
@@ -48,6 +52,8 @@ pub enum SimError {
     /// The engine refuses the request's shape (its KV pool cannot hold one).
     #[error("the simulated engine refuses the request: {0}")]
     Refused(#[from] Rejected),
+    #[error(transparent)]
+    Stuck(#[from] Stuck),
 }
 
 /// What an engine does with each request.
@@ -231,27 +237,7 @@ pub fn simulate(
     let mut engine = Engine::simulated(config.clone())?;
     engine.set_emit_kv_events(false);
     let max_tokens = if stage == Stage::Prefill { 1 } else { osl };
-    let mut t = Tracker::new((MEASURED_TOKENS / max_tokens).clamp(MIN_MEASURED, MAX_MEASURED));
-    // A decode engine receives the prompt's full blocks short of the last token, as a
-    // prefill lends them.
-    let onboarded = match stage {
-        Stage::Decode => 0..isl.saturating_sub(1) / config.block_size,
-        _ => 0..0,
-    };
-    let vocab = config.vocab_size;
-    // Every request has the same shape: one refused, all would be.
-    let submit = |engine: &mut Engine, t: &mut Tracker, at: f64| -> Result<(), Rejected> {
-        let id = t.arrive();
-        let request = Request {
-            id,
-            token_ids: prompt(id as usize, isl, vocab),
-            max_tokens,
-            seed: None,
-            pin_ttl: None,
-        };
-        engine.submit_onboarded(request, at, onboarded.clone())
-    };
-    match drive {
+    let clients = match drive {
         Drive::Closed { in_flight } => {
             // Clients that started together would stay in lock step (every request the
             // same length); spread over one request's estimated time, they keep the
@@ -270,52 +256,163 @@ pub fn simulate(
                 ..StepWork::default()
             });
             let spread_ms = prefill + (max_tokens - 1) as f64 * decode;
-            for k in 0..n {
-                let at = spread_ms * k as f64 / n as f64;
-                while engine.has_work() && engine.clock().now_ms() < at {
-                    for f in &engine.step().finished {
-                        t.finish(f);
-                        submit(&mut engine, &mut t, f.finished_ms)?;
-                    }
-                }
-                engine.clock_mut().advance_to(at);
-                submit(&mut engine, &mut t, at)?;
+            Clients::Closed {
+                n,
+                spread_ms,
+                started: 0,
             }
-            while !t.done() && engine.has_work() {
-                for f in &engine.step().finished {
-                    t.finish(f);
-                    submit(&mut engine, &mut t, f.finished_ms)?;
-                }
-            }
-            // Little's law: each of the `n` clients completes one request per mean
-            // end-to-end time.
-            let run = t.run(0.0, false);
-            Ok(t.run(n as f64 * 1000.0 / run.e2e_ms, false))
         }
         Drive::Open {
             rate_per_s,
             engines,
         } => {
             let mut arrivals = Arrivals::new(rate_per_s, engines, seed);
-            let mut next = arrivals.take();
-            while !t.done() {
-                if engine.has_work() && engine.clock().now_ms() < next {
-                    for f in &engine.step().finished {
-                        t.finish(f);
-                    }
-                    continue;
-                }
-                engine.clock_mut().advance_to(next);
-                submit(&mut engine, &mut t, next)?;
-                next = arrivals.take();
-                if engine.metrics().num_requests_waiting > MAX_WAITING {
-                    let served = t.completed as f64 * 1000.0 / engine.clock().now_ms();
-                    return Ok(t.run(served, true));
+            Clients::Open {
+                next_ms: arrivals.take(),
+                arrivals: Box::new(arrivals),
+                offered_per_s: rate_per_s / f64::from(engines.max(1)),
+                served: None,
+            }
+        }
+    };
+    let mut run = Run {
+        cluster: SimCluster::new(vec![engine]),
+        tracker: Tracker::new((MEASURED_TOKENS / max_tokens).clamp(MIN_MEASURED, MAX_MEASURED)),
+        isl,
+        max_tokens,
+        vocab: config.vocab_size,
+        // A decode engine receives the prompt's full blocks short of the last token, as
+        // a prefill lends them.
+        onboarded: match stage {
+            Stage::Decode => 0..isl.saturating_sub(1) / config.block_size,
+            _ => 0..0,
+        },
+        clients,
+    };
+    run.run()?;
+    let t = &run.tracker;
+    Ok(match run.clients {
+        Clients::Closed { n, .. } => {
+            // Little's law: each of the `n` clients completes one request per mean
+            // end-to-end time.
+            let e2e_ms = t.run(0.0, false).e2e_ms;
+            t.run(n as f64 * 1000.0 / e2e_ms, false)
+        }
+        Clients::Open {
+            served: Some(served),
+            ..
+        } => t.run(served, true),
+        // Kept up with: served as offered.
+        Clients::Open { offered_per_s, .. } => t.run(offered_per_s, false),
+    })
+}
+
+/// Where the engine's requests come from.
+enum Clients {
+    /// `n` clients, client `k` starting at `spread_ms * k / n`, each sending its next
+    /// request when its last ends.
+    Closed {
+        n: usize,
+        spread_ms: f64,
+        started: usize,
+    },
+    /// Arrivals at `next_ms` and on, `offered_per_s` requests/s; `served` (requests/s)
+    /// once overloaded.
+    Open {
+        /// Boxed: a random generator's state, far larger than the closed loop's.
+        arrivals: Box<Arrivals>,
+        next_ms: f64,
+        offered_per_s: f64,
+        served: Option<f64>,
+    },
+}
+
+/// [`simulate`] as a driver of a cluster of one engine: the events are client starts
+/// (closed) or arrivals (open).
+struct Run {
+    cluster: SimCluster<()>,
+    tracker: Tracker,
+    isl: usize,
+    max_tokens: usize,
+    vocab: u32,
+    onboarded: Range<usize>,
+    clients: Clients,
+}
+
+impl Run {
+    /// A new request arriving at `at_ms`. Every request has the same shape: one refused,
+    /// all would be.
+    fn submit(&mut self, at_ms: f64) -> Result<(), SimError> {
+        let id = self.tracker.arrive();
+        let request = Request {
+            id,
+            token_ids: prompt(id as usize, self.isl, self.vocab),
+            max_tokens: self.max_tokens,
+            seed: None,
+            pin_ttl: None,
+        };
+        let engine = self.cluster.engine_mut(0);
+        Ok(engine.submit_onboarded(request, at_ms, self.onboarded.clone())?)
+    }
+}
+
+impl Driver for Run {
+    type Shown = ();
+    type Error = SimError;
+
+    fn cluster(&mut self) -> &mut SimCluster<()> {
+        &mut self.cluster
+    }
+
+    fn next_event_ms(&self) -> Option<f64> {
+        let done = self.tracker.done();
+        match self.clients {
+            Clients::Closed {
+                n,
+                spread_ms,
+                started,
+            } => {
+                if started < n {
+                    Some(spread_ms * started as f64 / n as f64)
+                } else {
+                    (!done).then_some(f64::INFINITY)
                 }
             }
-            // Kept up with: served as offered.
-            Ok(t.run(rate_per_s / f64::from(engines.max(1)), false))
+            Clients::Open {
+                next_ms, served, ..
+            } => (!done && served.is_none()).then_some(next_ms),
         }
+    }
+
+    fn stepped(&mut self, _: usize, o: StepOutcome) -> Result<(), SimError> {
+        for f in &o.finished {
+            self.tracker.finish(f);
+            if matches!(self.clients, Clients::Closed { .. }) {
+                self.submit(f.finished_ms)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn event(&mut self, now_ms: f64) -> Result<(), SimError> {
+        self.submit(now_ms)?;
+        match &mut self.clients {
+            Clients::Closed { started, .. } => *started += 1,
+            Clients::Open {
+                arrivals,
+                next_ms,
+                served,
+                ..
+            } => {
+                *next_ms = arrivals.take();
+                let engine = &self.cluster.engines()[0];
+                if engine.metrics().num_requests_waiting > MAX_WAITING {
+                    let elapsed_ms = engine.clock().now_ms();
+                    *served = Some(self.tracker.completed as f64 * 1000.0 / elapsed_ms);
+                }
+            }
+        }
+        Ok(())
     }
 }
 

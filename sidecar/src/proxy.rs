@@ -11,7 +11,9 @@
 //! 4. `InFlightLayer`: `dynamo_sidecar_requests_in_flight`, until the answer's body has
 //!    been sent or dropped.
 //! 5. `AllowlistLayer`: only `--proxy-paths` reach the engine.
-//! 6. `Forward`: the request on to the engine with its headers and body streamed as
+//! 6. `TransferParamsLayer`: a client's own `kv_transfer_params` never reach the engine;
+//!    only those the prefill hop set ([`FromHop`]).
+//! 7. `Forward`: the request on to the engine with its headers and body streamed as
 //!    they arrive, and the answer back the same way: SSE tokens pass as they come, those
 //!    that came together in one write (`upstream`). A client that leaves drops the
 //!    response body, which drops the engine connection and so cancels the request there.
@@ -21,6 +23,7 @@ mod error;
 mod forward;
 mod in_flight;
 mod status_metrics;
+mod transfer_params;
 mod upstream;
 
 use axum::Router;
@@ -34,6 +37,8 @@ use error::ErrorMapLayer;
 use forward::Forward;
 use in_flight::InFlightLayer;
 use status_metrics::StatusMetricsLayer;
+pub use transfer_params::FromHop;
+use transfer_params::TransferParamsLayer;
 
 /// The proxy to the engine at `engine` (an `http://` URL), passing `paths`, counted in
 /// `metrics`, behind the prefill `hop`.
@@ -49,6 +54,7 @@ pub fn router(
         .layer(StatusMetricsLayer::new(metrics.requests.clone()))
         .layer(InFlightLayer::new(metrics.in_flight.clone()))
         .layer(AllowlistLayer::new(paths))
+        .layer(TransferParamsLayer)
         .service(Forward::new(engine)?);
     Ok(Router::new().fallback_service(stack))
 }

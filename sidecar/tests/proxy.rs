@@ -482,3 +482,25 @@ async fn engine_connections_are_reused_and_one_the_engine_closed_is_replaced() {
         assert_eq!(connections.load(Ordering::SeqCst), expected, "{keep_alive}");
     }
 }
+
+/// A request sent straight to a sidecar (no prefill hop) with transfer parameters
+/// naming a lease and a host reaches the engine without them.
+#[tokio::test]
+async fn a_clients_own_transfer_parameters_never_reach_the_engine() {
+    let upstream = Upstream::start().await;
+    let sidecar = sidecar(&upstream.url, None, None).await;
+    let body = serde_json::json!({"model": "m", "messages": [], "kv_transfer_params": {
+        "do_remote_prefill": true, "remote_request_id": "stolen-lease",
+        "remote_host": "10.0.0.9", "remote_port": 9100, "remote_block_ids": [1, 2]}});
+    let response = reqwest::Client::new()
+        .post(format!("http://{}/v1/chat/completions", sidecar.proxy_addr))
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 200);
+    let (_, seen) = upstream.state.seen.lock().unwrap().clone().unwrap();
+    let seen: Value = serde_json::from_slice(&seen).unwrap();
+    assert_eq!(seen, serde_json::json!({"model": "m", "messages": []}));
+    upstream.release();
+}

@@ -30,12 +30,14 @@ use super::metrics::HopMetrics;
 use super::peers::PrefillPeers;
 use super::transfer::Transfer;
 use crate::blocks::lease::Leases;
+use crate::proxy::FromHop;
 
-/// Paths whose requests take the hop (vLLM's disaggregated proxy serves these two).
-const HOP_PATHS: [&str; 2] = ["/v1/chat/completions", "/v1/completions"];
+/// Paths whose requests take the hop (vLLM's disaggregated proxy serves these two),
+/// the ones whose bodies carry transfer parameters.
+pub const HOP_PATHS: [&str; 2] = ["/v1/chat/completions", "/v1/completions"];
 /// Largest request body the hop reads whole to rewrite it: a million-token prompt as
 /// JSON text is well under this.
-const MAX_BODY_BYTES: usize = 64 << 20;
+pub const MAX_BODY_BYTES: usize = 64 << 20;
 /// Largest prefill answer read: one token and the transfer parameters of a
 /// million-token prompt's block list.
 const MAX_PREFILL_ANSWER_BYTES: usize = 16 << 20;
@@ -183,6 +185,7 @@ impl Hop {
             "x-request-id",
             HeaderValue::from_str(&request_id).expect("hex"),
         );
+        parts.extensions.insert(FromHop);
         let response = call(
             &mut inner,
             Request::from_parts(parts, Body::from(decode.body)),

@@ -27,6 +27,9 @@ pub enum ProxyError {
     /// The client went away mid-upload (or stalled past the body timeout): whatever the
     /// engine made of the cut body, the failure is the client's, not the engine's.
     ClientAborted,
+    /// The request's body, refused before the engine saw it (too large to check for
+    /// transfer parameters, or unreadable where it may carry them).
+    BodyRefused(ApiError),
     /// No answer came from the engine at `url`.
     Engine { url: String, source: UpstreamError },
     /// The engine answered an error whose body is not JSON (its HTTP server's own 413 or
@@ -54,6 +57,7 @@ impl ProxyError {
             Self::ClientAborted => {
                 ApiError::bad_request("the request body was not received whole", None)
             }
+            Self::BodyRefused(error) => error.clone(),
             Self::Engine { url, source } => engine_error(url, source),
             Self::EngineErrorPage { status, quoted } => ApiError {
                 status: *status,

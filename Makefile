@@ -188,8 +188,8 @@ bench:
 	else echo "make bench: no trace at $(MOONCAKE_TRACE), Mooncake replay skipped"; fi
 
 # Workload B live beside NVIDIA Dynamo 1.6.1, alternately (scripts/side_by_side.sh; the
-# reference kit installed in DYNREF first: docs/performance.md, "Side by side with Dynamo
-# 1.6.1"). Not part of `make test`: it needs the kit and ~2 minutes per run.
+# reference kit installed in DYNREF first: docs/performance-dynamo.md, "Running it").
+# Not part of `make test`: it needs the kit and ~2 minutes per run.
 DYNREF ?= /root/dynref
 .PHONY: side-by-side
 side-by-side: model ## Workload B (PROBE=overhead: small requests) beside NVIDIA Dynamo 1.6.1, PAIRS pairs alternately (needs its kit in DYNREF)

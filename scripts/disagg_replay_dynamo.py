@@ -1,4 +1,4 @@
-"""The brief's disaggregation workload (docs/performance.md, "Figures: the brief's
+"""The brief's disaggregation workload (docs/performance-disagg.md, "Figures: the brief's
 disaggregation workload") in Dynamo 1.6.1's offline replay, to set beside ours: ISL 3,000 /
 OSL 150, 1,000 prompts that share nothing, Poisson arrivals at each rate, 4 engines of
 16,384 blocks of 64 tokens, as 2P+2D, 3P+1D and 4 aggregated engines (round-robin).

@@ -338,7 +338,7 @@ pub struct ReplayArgs {
     pub output: OutputArgs,
 }
 
-/// `dynamo-e2e planner`: see `planner_replay` and docs/performance.md, "Planner".
+/// `dynamo-e2e planner`: see `planner_replay` and docs/performance-planner.md, "Planner".
 #[derive(Args, Debug)]
 pub struct PlannerArgs {
     /// The load, `RATExSECONDS` steps (requests/s x seconds), comma-separated. The
@@ -433,7 +433,7 @@ pub struct PlannerArgs {
     pub speedup_ratio: f64,
     /// The endpoint picker's routing mode. Round-robin by default: no two prompts share
     /// a block, so KV overlap has nothing to find, and the `kv` mode's cost (decode
-    /// blocks dominate it) leaves prefill queues uneven on this load (docs/performance.md,
+    /// blocks dominate it) leaves prefill queues uneven on this load (docs/performance-planner.md,
     /// "Planner").
     #[arg(long, default_value = "round-robin", env = "DYNAMO_E2E_ROUTER_MODE")]
     pub router_mode: RouterMode,
@@ -454,7 +454,7 @@ pub struct PlannerArgs {
     pub timeline_csv: Option<PathBuf>,
 }
 
-/// `dynamo-e2e overhead`: see `overhead` and docs/performance.md, "CPU per request".
+/// `dynamo-e2e overhead`: see `overhead` and docs/performance-overhead.md, "CPU per request".
 #[derive(Args, Debug)]
 pub struct OverheadArgs {
     /// Where `dynamo-mocker`, `dynamo-sidecar` and `dynamo-epp` are [default: beside

@@ -81,8 +81,9 @@ impl FromStr for RouterMode {
 /// fewer, as the prefix's credit (32 blocks of workload B's 36) is smaller than that
 /// request's blocks. At 2, workload B live gave 71.5% hits against Dynamo's 61.2% and TTFT
 /// p50 0.75x (58.6% and 0.85x at 1); the replays gain hits and TTFT p90 in the closed
-/// loop, the open loop at 4-16 req/s and Mooncake at 1x and 4x (`docs/performance.md`,
-/// "The prefill weight"). 3 gains more hits but costs TTFT p50 at light load.
+/// loop, the open loop at 4-16 req/s and Mooncake at 1x and 4x
+/// (`docs/performance-routing.md`, "The prefill weight"). 3 gains more hits but costs TTFT
+/// p50 at light load.
 pub const DEFAULT_PREFILL_LOAD_SCALE: f64 = 2.0;
 
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]

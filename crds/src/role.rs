@@ -95,7 +95,7 @@ impl ComponentSpec {
     }
 
     /// What the main container's command runs (see [`launched_program`]).
-    fn launched_program(&self) -> Option<&str> {
+    pub fn launched_program(&self) -> Option<&str> {
         let main = self.extra_pod_spec.as_ref()?.main_container.as_ref()?;
         let argv: Vec<&str> = main
             .command

@@ -16,10 +16,11 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use axum::body::Body;
-use http_body::{Body as HttpBody, Frame, SizeHint};
 use hyper::{Request, Response};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::time::Instant;
+
+use crate::Guarded;
 
 /// The client preface every HTTP/2 connection opens with (RFC 9113 section 3.4).
 const HTTP2_PREFACE_START: &[u8] = b"PRI * HTTP/2.0";
@@ -225,39 +226,8 @@ where
         let response = self.inner.call(request);
         Box::pin(async move {
             let response = response.await?;
-            Ok(response.map(|body| {
-                Body::new(Guarded {
-                    body,
-                    _guard: guard,
-                })
-            }))
+            Ok(response.map(|body| Body::new(Guarded::new(body, guard))))
         })
-    }
-}
-
-/// A response body that holds its request's [`RequestGuard`].
-struct Guarded {
-    body: Body,
-    _guard: RequestGuard,
-}
-
-impl HttpBody for Guarded {
-    type Data = <Body as HttpBody>::Data;
-    type Error = <Body as HttpBody>::Error;
-
-    fn poll_frame(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Self::Data>, Self::Error>>> {
-        Pin::new(&mut self.body).poll_frame(cx)
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.body.is_end_stream()
-    }
-
-    fn size_hint(&self) -> SizeHint {
-        self.body.size_hint()
     }
 }
 

@@ -13,6 +13,7 @@ mod connection;
 pub mod endpoints_file;
 #[cfg(feature = "grpc")]
 mod grpc;
+mod guarded;
 mod http;
 mod limits;
 pub mod metrics_endpoint;
@@ -29,6 +30,7 @@ use budget::{Budget, Slot};
 pub use budget::PRESSURE_IDLE_TIMEOUT;
 #[cfg(feature = "grpc")]
 pub use grpc::GrpcConnection;
+pub use guarded::Guarded;
 pub use limits::{ServerLimits, parse_duration};
 pub use process::{init_logging, logged_shutdown_signal, shutdown_signal};
 pub use workers::on_every_worker;

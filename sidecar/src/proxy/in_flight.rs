@@ -2,14 +2,13 @@
 //! answer is over. The count rides with the answer's body, so a streamed answer is in
 //! flight until its last frame is sent or the client drops it.
 
-use std::pin::Pin;
 use std::task::{Context, Poll};
 
-use axum::body::HttpBody;
 use futures::future::BoxFuture;
-use http_body::{Frame, SizeHint};
 use prometheus_client::metrics::gauge::Gauge;
 use tower::{Layer, Service};
+
+use dynamo_server::Guarded;
 
 #[derive(Clone)]
 pub struct InFlightLayer {
@@ -57,42 +56,16 @@ where
         let answered = self.inner.call(request);
         Box::pin(async move {
             let response = answered.await?;
-            Ok(response.map(|body| InFlightBody {
-                body,
-                _counted: counted,
-            }))
+            Ok(response.map(|body| Guarded::new(body, counted)))
         })
     }
 }
 
 /// An answer's body, in flight until it ends or is dropped.
-pub struct InFlightBody<B> {
-    body: B,
-    _counted: Counted,
-}
-
-impl<B: HttpBody + Unpin> HttpBody for InFlightBody<B> {
-    type Data = B::Data;
-    type Error = B::Error;
-
-    fn poll_frame(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<B::Data>, B::Error>>> {
-        Pin::new(&mut self.body).poll_frame(cx)
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.body.is_end_stream()
-    }
-
-    fn size_hint(&self) -> SizeHint {
-        self.body.size_hint()
-    }
-}
+pub type InFlightBody<B> = Guarded<B, Counted>;
 
 /// Counts one request in flight until dropped.
-struct Counted(Gauge);
+pub struct Counted(Gauge);
 
 impl Counted {
     fn start(gauge: &Gauge) -> Self {

@@ -10,7 +10,6 @@ mod sglang;
 mod trtllm;
 mod vllm;
 
-use dynamo_crds::role::launched_program;
 use dynamo_crds::{
     BackendFramework, ComponentSpec, DynamoGraphDeploymentSpec, EngineRole, ServiceRole,
 };
@@ -99,9 +98,7 @@ pub(super) fn launcher_names() -> String {
 
 /// The engine a service's main container starts, when its command names one.
 pub fn launched_backend(spec: &ComponentSpec) -> Option<BackendFramework> {
-    let command = spec.main_command();
-    let words: Vec<&str> = command.iter().map(String::as_str).collect();
-    let program = launched_program(&words)?;
+    let program = spec.launched_program()?;
     ENGINES
         .iter()
         .find(|e| e.launchers.contains(&program))

@@ -7,8 +7,10 @@ use std::sync::Arc;
 use dynamo_kvcache::{SeqHash, Tier};
 use futures::StreamExt;
 use tokio::sync::Mutex;
+use tonic::Request;
 use tonic::transport::{Channel, Endpoint};
 
+use crate::credential::Credential;
 use crate::pb::kv_blocks_client::KvBlocksClient;
 use crate::pb::{
     self, LendReply, LendRequest, LookupRequest, OffloadReply, OnboardRequest, OpenRegionRequest,
@@ -73,6 +75,8 @@ fn outgoing(
 pub struct BlockClient {
     inner: KvBlocksClient<Channel>,
     regions: Option<Arc<Regions>>,
+    /// Sent with every call (the graph's, when the sidecar requires one).
+    credential: Option<Credential>,
 }
 
 /// One region per direction, each used by one call at a time; a call that finds its
@@ -100,7 +104,25 @@ impl BlockClient {
         Ok(Self {
             inner,
             regions: None,
+            credential: None,
         })
+    }
+
+    /// The client, sending `credential` with every call.
+    pub fn with_credential(self, credential: Credential) -> Self {
+        Self {
+            credential: Some(credential),
+            ..self
+        }
+    }
+
+    /// `message` as a call, with the credential.
+    fn request<T>(&self, message: T) -> Request<T> {
+        let mut request = Request::new(message);
+        if let Some(credential) = &self.credential {
+            credential.attach(request.metadata_mut());
+        }
+        request
     }
 
     /// Asks the sidecar for two shared memory regions of up to `bytes` each (one per
@@ -108,7 +130,11 @@ impl BlockClient {
     /// host. A sidecar that does not share memory leaves the client as it was (`false`).
     pub async fn share_memory(&mut self, bytes: u64) -> Result<bool, ClientError> {
         let mut open = async || -> Result<Option<(u64, Region)>, ClientError> {
-            match self.inner.open_region(OpenRegionRequest { bytes }).await {
+            match self
+                .inner
+                .open_region(self.request(OpenRegionRequest { bytes }))
+                .await
+            {
                 Ok(reply) => {
                     let reply = reply.into_inner();
                     Ok(Some((
@@ -137,7 +163,10 @@ impl BlockClient {
         let region = regions.as_ref().and_then(|r| r.offload.try_lock().ok());
         let messages = outgoing(region.as_deref(), &blocks)?;
         // The sidecar has copied every payload out before it replies.
-        let reply = self.inner.offload(futures::stream::iter(messages)).await;
+        let reply = self
+            .inner
+            .offload(self.request(futures::stream::iter(messages)))
+            .await;
         drop(region);
         Ok(reply?.into_inner())
     }
@@ -158,7 +187,10 @@ impl BlockClient {
                 lease: lease.clone(),
                 block: Some(block),
             });
-        let reply = self.inner.lend(futures::stream::iter(messages)).await;
+        let reply = self
+            .inner
+            .lend(self.request(futures::stream::iter(messages)))
+            .await;
         drop(region);
         Ok(reply?.into_inner())
     }
@@ -171,7 +203,7 @@ impl BlockClient {
         let request = LookupRequest {
             hashes: hashes.iter().map(|h| h.0).collect(),
         };
-        let reply = self.inner.lookup(request).await?.into_inner();
+        let reply = self.inner.lookup(self.request(request)).await?.into_inner();
         Ok(reply
             .held
             .into_iter()
@@ -211,7 +243,11 @@ impl BlockClient {
             region_id: region.as_ref().map(|r| r.0),
             lease,
         };
-        let mut stream = self.inner.onboard(request).await?.into_inner();
+        let mut stream = self
+            .inner
+            .onboard(self.request(request))
+            .await?
+            .into_inner();
         let mut blocks = Vec::with_capacity(hashes.len());
         while let Some(message) = stream.next().await {
             let message = message?;

@@ -4,6 +4,7 @@
 //! serves it ([`pb::kv_blocks_server`]); the mock engine uses [`BlockClient`].
 
 pub mod client;
+pub mod credential;
 pub mod placement;
 pub mod record;
 pub mod region;
@@ -12,6 +13,7 @@ use bytes::Bytes;
 use dynamo_kvcache::{SeqHash, Tier};
 
 pub use client::{BlockClient, ClientError};
+pub use credential::{CREDENTIAL_FILE_ENV, Credential, CredentialError};
 
 /// Generated from `proto/dynamo/kvblocks/v1/kv_blocks.proto`.
 pub mod pb {

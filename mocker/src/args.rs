@@ -108,6 +108,12 @@ pub struct Args {
     /// request recomputes.
     #[arg(long, default_value_t = DEFAULT_TIMEOUT_MS)]
     pub kv_blocks_timeout_ms: u64,
+    /// File of the graph's block API credential, which the sidecar requires when it was
+    /// given one (its `--block-api-token-file`).
+    // `dynamo_kvblocks::CREDENTIAL_FILE_ENV`, spelled out: the engine core builds
+    // without the block API.
+    #[arg(long, env = "DYNAMO_BLOCK_API_TOKEN_FILE")]
+    pub kv_blocks_token_file: Option<PathBuf>,
     /// This engine's id in the `kv_transfer_params` it answers a prefill with (vLLM's
     /// `kv_transfer_config.engine_id`) [default: a random uuid made at start].
     #[arg(long, env = "DYNAMO_MOCKER_ENGINE_ID")]
@@ -177,6 +183,7 @@ impl Args {
                 link_bandwidth_gbps: self.kv_link_bandwidth_gbps,
                 timeout_ms: self.kv_blocks_timeout_ms,
                 engine_id: self.engine_id.clone(),
+                token_file: self.kv_blocks_token_file.clone(),
             }),
             ..default
         };
@@ -281,6 +288,16 @@ mod tests {
     fn config(extra: &[&str]) -> EngineConfig {
         let argv = ["dynamo-mocker", "--model-path", "/m"].iter().chain(extra);
         Args::try_parse_from(argv).unwrap().engine_config().unwrap()
+    }
+
+    #[cfg(feature = "server")]
+    #[test]
+    fn the_credential_file_is_the_block_apis_variable() {
+        let flag = <Args as clap::CommandFactory>::command()
+            .get_arguments()
+            .find(|a| a.get_id() == "kv_blocks_token_file")
+            .and_then(|a| a.get_env().map(ToOwned::to_owned));
+        assert_eq!(flag.unwrap(), dynamo_kvblocks::CREDENTIAL_FILE_ENV);
     }
 
     #[test]

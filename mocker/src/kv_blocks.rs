@@ -69,6 +69,9 @@ pub struct KvBlocksConfig {
     /// (`remote_engine_id`; vLLM's `kv_transfer_config.engine_id`); `None`: a random id
     /// made at start, as vLLM's default uuid.
     pub engine_id: Option<String>,
+    /// File of the graph's block API credential, sent with every call (a sidecar given
+    /// one refuses calls without it).
+    pub token_file: Option<std::path::PathBuf>,
 }
 
 impl Default for KvBlocksConfig {
@@ -84,6 +87,7 @@ impl Default for KvBlocksConfig {
             link_bandwidth_gbps: DEFAULT_LINK_BANDWIDTH_GBPS,
             timeout_ms: DEFAULT_TIMEOUT_MS,
             engine_id: None,
+            token_file: None,
         }
     }
 }

@@ -398,16 +398,27 @@ fn free_port() -> SocketAddr {
     listener.local_addr().unwrap()
 }
 
-/// A pod: a mock engine behind its sidecar, each knowing the other's address.
-async fn pod(engine_id: &str, sidecar_flags: &[&str]) -> (Sidecar, RunningServer) {
+/// A pod: a mock engine behind its sidecar, each knowing the other's address, both
+/// holding the graph's block API credential (the file `token`).
+async fn pod(
+    engine_id: &str,
+    sidecar_flags: &[&str],
+    token: &std::path::Path,
+) -> (Sidecar, RunningServer) {
     let engine_addr = free_port();
-    let sidecar = sidecar(&format!("http://{engine_addr}"), sidecar_flags).await;
+    let mut flags = vec!["--block-api-token-file", token.to_str().unwrap()];
+    flags.extend(sidecar_flags);
+    let sidecar = sidecar(&format!("http://{engine_addr}"), &flags).await;
+    let on = KvBlocksConfig {
+        token_file: Some(token.into()),
+        ..on(&sidecar, engine_id).unwrap()
+    };
     let config = ServerConfig {
         model_path: format!("{}/.cache/models/qwen-mock", common::ROOT).into(),
         model_name: Some("qwen".into()),
         listen: engine_addr,
         kv_events_endpoint: None,
-        engine: config(on(&sidecar, engine_id)),
+        engine: config(Some(on)),
         server: Default::default(),
         behaviour: Default::default(),
     };
@@ -415,11 +426,17 @@ async fn pod(engine_id: &str, sidecar_flags: &[&str]) -> (Sidecar, RunningServer
     (sidecar, engine)
 }
 
+/// Every block API call on the way (the prefill engine's lend, the decode sidecar's
+/// fetch, the decode engine's) carries the graph's credential.
 #[tokio::test]
 async fn a_disaggregated_request_through_both_pods_sidecars() {
-    let (prefill_sidecar, prefill_engine) = pod("prefill-0", &[]).await;
+    let dir = tempfile::tempdir().unwrap();
+    let token = dir.path().join("block-api-token");
+    std::fs::write(&token, "graph-secret").unwrap();
+    let (prefill_sidecar, prefill_engine) = pod("prefill-0", &[], &token).await;
     let peer = prefill_sidecar.proxy_addr.to_string();
-    let (decode_sidecar, decode_engine) = pod("decode-0", &["--prefill-peers", &peer]).await;
+    let (decode_sidecar, decode_engine) =
+        pod("decode-0", &["--prefill-peers", &peer], &token).await;
     let tokens = prompt(1);
     let response = reqwest::Client::new()
         .post(format!(

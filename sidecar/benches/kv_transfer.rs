@@ -122,7 +122,7 @@ fn main() {
         let source = blocks();
         let hashes: Vec<SeqHash> = source.iter().map(|b| b.hash).collect();
         let mut lender = BlockClient::new(&format!("http://{}", prefill.grpc_addr)).unwrap();
-        let transfer = Transfer::new(Duration::from_secs(60));
+        let transfer = Transfer::new(Duration::from_secs(60), None);
         let tcp = tcp_source().await;
         let (mut grpc_times, mut tcp_times) = (Vec::new(), Vec::new());
         for round in 0..ROUNDS + 1 {

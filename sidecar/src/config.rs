@@ -58,6 +58,12 @@ pub struct Config {
     /// Port of the gRPC server (KV event stream).
     #[arg(long, env = "DYNAMO_SIDECAR_GRPC_PORT", default_value_t = 9100)]
     pub grpc_port: u16,
+    /// File holding the graph's block API credential, a token every sidecar and engine
+    /// of the graph shares: each block API call must carry it (others are refused,
+    /// `UNAUTHENTICATED`), and this sidecar sends it to its peers. Without it the block
+    /// API serves callers on this host (loopback) only.
+    #[arg(long, env = dynamo_kvblocks::CREDENTIAL_FILE_ENV)]
+    pub block_api_token_file: Option<PathBuf>,
     /// Port of `/health`, `/ready` and `/metrics`.
     #[arg(long, env = "DYNAMO_SIDECAR_METRICS_PORT", default_value_t = 9090)]
     pub metrics_port: u16,

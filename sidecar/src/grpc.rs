@@ -1,10 +1,10 @@
-//! The sidecar's gRPC server (port 9100): the KV event stream and the KV block API.
+//! The sidecar's gRPC server (port 9100): the KV event stream and the KV block API
+//! (behind its guard, `blocks::guard`).
 
 use std::pin::Pin;
 use std::time::Duration;
 
-use crate::blocks::service::BlockApi;
-use dynamo_kvblocks::pb::kv_blocks_server::KvBlocksServer;
+use crate::blocks::service::BlockApiServer;
 use dynamo_kvstream::KvEventHub;
 use dynamo_kvstream::pb::kv_event_stream_server::{KvEventStream, KvEventStreamServer};
 use dynamo_kvstream::pb::{EventMessage, SubscribeRequest};
@@ -20,7 +20,7 @@ use tonic::{Request, Response, Status};
 pub async fn serve(
     incoming: impl Stream<Item = std::io::Result<GrpcConnection>> + Send + 'static,
     hub: KvEventHub,
-    blocks: KvBlocksServer<BlockApi>,
+    blocks: BlockApiServer,
     stop: CancellationToken,
 ) -> Result<(), tonic::transport::Error> {
     let subscriptions = Subscriptions {

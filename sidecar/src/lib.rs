@@ -91,6 +91,11 @@ impl Sidecar {
         let peers = PrefillPeers::parse(&config.disagg.prefill_peers)
             .map_err(|e| anyhow::anyhow!("--prefill-peers: {e}"))?;
         let client = proxy::engine_client().context("building the engine HTTP client")?;
+        let credential = config
+            .block_api_token_file
+            .as_deref()
+            .map(dynamo_kvblocks::Credential::read)
+            .transpose()?;
 
         let proxy_listener = bind(config.listen, "--listen").await?;
         let grpc_listener = bind(config.grpc_addr(), "--grpc-port").await?;
@@ -106,7 +111,7 @@ impl Sidecar {
         let hop = PrefillHopLayer::new(Hop {
             client: client.clone(),
             peers,
-            transfer: Transfer::new(config.disagg.kv_transfer_timeout),
+            transfer: Transfer::new(config.disagg.kv_transfer_timeout, credential.clone()),
             leases: leases.clone(),
             grpc_port: grpc_addr.port(),
             prefill_timeout: config.disagg.prefill_timeout,
@@ -151,7 +156,8 @@ impl Sidecar {
         });
 
         let region_dir = config.kv_tiers.region_dir().map(ToOwned::to_owned);
-        let blocks = blocks::service::service(store.clone(), leases.clone(), region_dir);
+        let blocks =
+            blocks::service::service(store.clone(), leases.clone(), region_dir, credential);
         background.push(spawn(leases.clone().sweep()));
         let (hub_for_grpc, stop_grpc) = (hub.clone(), CancellationToken::new());
         let (stop, incoming) = (stop_grpc.clone(), server.grpc_incoming(grpc_listener));

@@ -18,7 +18,7 @@ use std::ops::Range;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use dynamo_kvblocks::{Block, BlockClient, ClientError, Layout, MAX_MESSAGE_BYTES};
+use dynamo_kvblocks::{Block, BlockClient, ClientError, Credential, Layout, MAX_MESSAGE_BYTES};
 use dynamo_kvcache::{BlockHasher, SeqHash, Tier};
 use tokio::sync::mpsc;
 
@@ -78,7 +78,10 @@ impl KvBlocks {
             "a KV block of {block_bytes} bytes does not fit the block API's {MAX_MESSAGE_BYTES}-byte \
              messages; lower --kv-bytes-scale or --block-size"
         );
-        let client = BlockClient::new(&config.url)?;
+        let mut client = BlockClient::new(&config.url)?;
+        if let Some(path) = &config.token_file {
+            client = client.with_credential(Credential::read(path)?);
+        }
         Ok(Arc::new(Self {
             layout: Layout {
                 block_bytes,

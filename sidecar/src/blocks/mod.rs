@@ -5,10 +5,11 @@
 //!   each tier holds into the pod's KV event stream;
 //! - [`disk`] and [`object`]: the G3 and G4 tiers (host memory lives in the store);
 //! - [`lease`]: blocks held for a remote decode (disaggregated serving);
-//! - [`service`]: the gRPC block API;
+//! - [`service`]: the gRPC block API, behind its [`guard`];
 //! - [`metrics`]: `kvbm_*` and `dynamo_sidecar_kv_*`.
 
 pub mod disk;
+pub mod guard;
 pub mod lease;
 pub mod metrics;
 pub mod object;

@@ -13,12 +13,14 @@ use dynamo_kvblocks::pb::{
     OpenRegionReply, OpenRegionRequest,
 };
 use dynamo_kvblocks::region::Region;
-use dynamo_kvblocks::{Block, MAX_MESSAGE_BYTES, from_region, wire_tier};
+use dynamo_kvblocks::{Block, Credential, MAX_MESSAGE_BYTES, from_region, wire_tier};
 use dynamo_kvcache::SeqHash;
 use futures::{Stream, StreamExt};
 use tokio_stream::wrappers::ReceiverStream;
+use tonic::service::interceptor::InterceptedService;
 use tonic::{Request, Response, Status, Streaming};
 
+use super::guard::Guard;
 use super::lease::Leases;
 use super::store::{BlockStore, OffloadCounts, Outcome};
 
@@ -32,13 +34,18 @@ const MAX_REGION_BYTES: u64 = 1 << 30;
 /// opens new ones, and its old ones must not pile up in shared memory).
 const MAX_REGIONS: usize = 8;
 
-/// The gRPC service of `store` (the tiers, if any) and `leases`; with `region_dir`, it
-/// shares memory with clients there.
+/// The block API as served: behind its guard.
+pub type BlockApiServer = InterceptedService<KvBlocksServer<BlockApi>, Guard>;
+
+/// The gRPC service of `store` (the tiers, if any) and `leases`, for holders of
+/// `credential` (none: callers on this host); with `region_dir`, it shares memory with
+/// clients there.
 pub fn service(
     store: Option<BlockStore>,
     leases: Leases,
     region_dir: Option<PathBuf>,
-) -> KvBlocksServer<BlockApi> {
+    credential: Option<Credential>,
+) -> BlockApiServer {
     if let Some(dir) = &region_dir {
         remove_orphans(dir);
     }
@@ -47,13 +54,14 @@ pub fn service(
         open: Mutex::new(BTreeMap::new()),
         next: AtomicU64::new(1),
     });
-    KvBlocksServer::new(BlockApi {
+    let api = KvBlocksServer::new(BlockApi {
         store,
         leases,
         regions,
     })
     .max_decoding_message_size(MAX_MESSAGE_BYTES)
-    .max_encoding_message_size(MAX_MESSAGE_BYTES)
+    .max_encoding_message_size(MAX_MESSAGE_BYTES);
+    InterceptedService::new(api, Guard::new(credential))
 }
 
 pub struct BlockApi {

@@ -501,7 +501,7 @@ mod tests {
         let hop = Hop {
             client: reqwest::Client::new(),
             peers: PrefillPeers::parse(peers).unwrap(),
-            transfer: Transfer::new(Duration::from_secs(1)),
+            transfer: Transfer::new(Duration::from_secs(1), None),
             leases: Leases::new(
                 Duration::from_secs(1),
                 1 << 20,

@@ -9,7 +9,7 @@ use std::net::SocketAddr;
 use std::sync::Mutex;
 use std::time::Duration;
 
-use dynamo_kvblocks::{Block, BlockClient, ClientError};
+use dynamo_kvblocks::{Block, BlockClient, ClientError, Credential};
 use dynamo_kvcache::SeqHash;
 
 /// Peer sidecars whose connections are kept (an xPyD graph has a handful of prefill
@@ -30,13 +30,16 @@ pub enum TransferError {
 pub struct Transfer {
     peers: Mutex<HashMap<SocketAddr, BlockClient>>,
     timeout: Duration,
+    /// The graph's, which the peers require.
+    credential: Option<Credential>,
 }
 
 impl Transfer {
-    pub fn new(timeout: Duration) -> Self {
+    pub fn new(timeout: Duration, credential: Option<Credential>) -> Self {
         Self {
             peers: Mutex::default(),
             timeout,
+            credential,
         }
     }
 
@@ -72,8 +75,11 @@ impl Transfer {
         if peers.len() >= MAX_PEERS {
             peers.clear();
         }
-        let client = BlockClient::new(&format!("http://{peer}"))
+        let mut client = BlockClient::new(&format!("http://{peer}"))
             .map_err(|e| TransferError::Failed(peer, e))?;
+        if let Some(credential) = &self.credential {
+            client = client.with_credential(credential.clone());
+        }
         peers.insert(peer, client.clone());
         Ok(client)
     }

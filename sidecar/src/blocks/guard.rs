@@ -1,0 +1,75 @@
+//! Who may call the block API (`docs/sidecar.md`, "Security"): holders of the graph's
+//! credential; a sidecar given none serves callers on its own host (loopback) only.
+//!
+//! Without a credential the safe choice is loopback: the engine beside the sidecar and
+//! the local runner's processes still reach it, and nobody else can read, fill or
+//! poison its blocks. Refusing to start on a non-loopback `--host` instead would also
+//! take the KV event stream (same port) from the endpoint picker. Checked on the
+//! call's headers, before its body is decoded and before any lease or region is touched.
+
+use dynamo_kvblocks::Credential;
+use tonic::service::Interceptor;
+use tonic::{Request, Status};
+
+#[derive(Clone, Debug)]
+pub struct Guard {
+    credential: Option<Credential>,
+}
+
+impl Guard {
+    pub fn new(credential: Option<Credential>) -> Self {
+        Self { credential }
+    }
+
+    fn admits(&self, request: &Request<()>) -> bool {
+        match &self.credential {
+            Some(credential) => credential.admits(request.metadata()),
+            None => request
+                .remote_addr()
+                .is_some_and(|peer| peer.ip().to_canonical().is_loopback()),
+        }
+    }
+}
+
+impl Interceptor for Guard {
+    fn call(&mut self, request: Request<()>) -> Result<Request<()>, Status> {
+        if self.admits(&request) {
+            return Ok(request);
+        }
+        Err(Status::unauthenticated(match self.credential {
+            Some(_) => "the block API needs this graph's credential",
+            None => "this sidecar has no block API credential: it serves its own host only",
+        }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::net::SocketAddr;
+
+    use tonic::transport::server::TcpConnectInfo;
+
+    use super::*;
+
+    fn from(peer: &str) -> Request<()> {
+        let mut request = Request::new(());
+        request.extensions_mut().insert(TcpConnectInfo {
+            local_addr: None,
+            remote_addr: Some(peer.parse::<SocketAddr>().unwrap()),
+        });
+        request
+    }
+
+    #[test]
+    fn without_a_credential_only_loopback_is_served() {
+        let mut guard = Guard::new(None);
+        for peer in ["127.0.0.1:5000", "[::1]:5000", "[::ffff:127.0.0.1]:5000"] {
+            assert!(guard.call(from(peer)).is_ok(), "{peer}");
+        }
+        for peer in ["10.0.0.7:5000", "[fd00::7]:5000", "[::ffff:10.0.0.7]:5000"] {
+            let refused = guard.call(from(peer)).unwrap_err();
+            assert_eq!(refused.code(), tonic::Code::Unauthenticated, "{peer}");
+        }
+        assert!(guard.call(Request::new(())).is_err(), "no peer address");
+    }
+}

@@ -15,8 +15,8 @@ use cluster::{
     ControlPlane, GRAPH_LABEL, apply_samples, diagnostics, eventually, platform, poll, repo_root,
     running_pods, wait_ready,
 };
-use dynamo_operator::reconcile::ObjectKind;
 use dynamo_operator::reconcile::kinds::{Child, KindVisitor, each_kind};
+use dynamo_operator::reconcile::{ObjectKind, labels};
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::{Api, ApiResource, DynamicObject, ListParams};
 use kube::{Client, ResourceExt as _};
@@ -103,6 +103,48 @@ async fn samples_come_up_scale_and_are_collected() {
             "{graph}: {objects:?}"
         );
     }
+    // Each graph's block API credential: a 256-bit token in a Secret its pods mount, which
+    // the operator created and has no right to read back.
+    for (namespace, graph) in &graphs {
+        let secret = format!("{graph}-block-api");
+        let token = cp
+            .kubectl_ok(&[
+                "get",
+                "secret",
+                "-n",
+                namespace,
+                &secret,
+                "-o",
+                "go-template={{.data.token | base64decode}}",
+            ])
+            .unwrap();
+        assert_eq!(token.len(), 64, "{graph}: {token:?}");
+        assert!(token.bytes().all(|b| b.is_ascii_hexdigit()), "{token:?}");
+        let pods = cp
+            .kubectl_ok(&[
+                "get",
+                "pods",
+                "-n",
+                namespace,
+                "-l",
+                &format!("{GRAPH_LABEL}={graph},{}", labels::ROLE),
+                "-o",
+                "jsonpath={.items[*].spec.volumes[?(@.secret)].secret.secretName}",
+            ])
+            .unwrap();
+        let mounted: BTreeSet<&str> = pods.split_whitespace().collect();
+        assert_eq!(mounted, BTreeSet::from([secret.as_str()]), "{graph}");
+    }
+    let operator = cluster::operator_user(&cp);
+    let may_read = cp
+        .kubectl()
+        .args([
+            "auth", "can-i", "get", "secrets", "-n", ns, "--as", &operator,
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(String::from_utf8_lossy(&may_read.stdout).trim(), "no");
+
     // A graph names the Gateway it is routed from.
     cp.kubectl_ok(&[
         "annotate",

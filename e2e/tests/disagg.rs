@@ -2,7 +2,8 @@
 //! starts `config/samples/disagg-mocker.yaml` (prefill and decode mocker workers, their
 //! sidecars, the picker) as real processes. Requests are prefilled on the prefill pod,
 //! their KV blocks move between the two sidecars over gRPC, and the decode pod answers;
-//! a killed prefill engine degrades to local prefill with the same answer, scaling
+//! a process without the run's block API credential is refused; a killed prefill engine
+//! degrades to local prefill with the same answer, scaling
 //! either side works under traffic, and no lease is left behind.
 
 #[allow(dead_code)] // the fixture serves several test binaries, each using a part
@@ -117,6 +118,20 @@ async fn prefill_on_one_pod_decode_on_another_and_the_same_answer_without_it() {
     .unwrap();
     assert!(moved >= 6.0, "{moved} blocks moved");
     no_lease_left(&graph).await;
+
+    // Those transfers carried the run's credential; a local process without it, loopback
+    // and all, gets nothing from the prefill sidecar that holds the blocks.
+    let block_api = graph.graph().await["services"]["prefill"][0]["kv_events"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let mut stranger = dynamo_kvblocks::BlockClient::new(&block_api).unwrap();
+    match stranger.lookup(&[dynamo_kvcache::SeqHash(1)]).await {
+        Err(dynamo_kvblocks::ClientError::Status(status)) => {
+            assert_eq!(status.code(), tonic::Code::Unauthenticated, "{status}")
+        }
+        other => panic!("{other:?}"),
+    }
 
     // The prefill engine dies: its sidecar answers 503, the decode pods prefill.
     let pid = graph.graph().await["services"]["prefill"][0]["engine_pid"]

@@ -21,6 +21,7 @@ use dynamo_crds::BackendFramework;
 use dynamo_server::endpoints_file::{EndpointEntry, EndpointsFile};
 use dynamo_server::parse_duration;
 use dynamo_wiring::admin::{GraphStatus, PlannerStatus, ProcessStatus, ReplicaStatus};
+use dynamo_wiring::credential::{self, CREDENTIAL_FILE_ENV};
 use tokio::sync::Mutex;
 
 use admin::Admin;
@@ -172,12 +173,15 @@ async fn run_async(args: RunArgs) -> anyhow::Result<()> {
     // Made once nothing else can fail before the end removes it.
     let state_dir = std::env::temp_dir().join(format!("dynamo-run-{}", std::process::id()));
     std::fs::create_dir_all(&state_dir)?;
+    let credential_file = state_dir.join("block-api-token");
+    write_credential(&credential_file)?;
 
     let runner = Arc::new(Mutex::new(Runner {
         graph,
         bins,
         grace: args.grace,
         endpoints_file: state_dir.join("endpoints.json"),
+        credential_file,
         state_dir: state_dir.clone(),
         replicas: BTreeMap::new(),
         epp: None,
@@ -193,6 +197,22 @@ async fn run_async(args: RunArgs) -> anyhow::Result<()> {
     runner.lock().await.stop_all().await;
     std::fs::remove_dir_all(&state_dir).ok();
     result
+}
+
+/// Writes a fresh block API credential to `path`, readable by this user only: the run's
+/// processes (all of this user) share it, and no other local user may call their block
+/// API.
+fn write_credential(path: &Path) -> anyhow::Result<()> {
+    use std::io::Write as _;
+    use std::os::unix::fs::OpenOptionsExt as _;
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(path)
+        .with_context(|| format!("cannot create {}", path.display()))?;
+    file.write_all(credential::new_token().as_bytes())?;
+    Ok(())
 }
 
 /// Starts everything, then waits for Ctrl-C or SIGTERM.
@@ -346,6 +366,8 @@ pub(crate) struct Runner {
     bins: Bins,
     grace: Duration,
     endpoints_file: PathBuf,
+    /// The run's block API credential, which every engine and sidecar of the run reads.
+    credential_file: PathBuf,
     /// The run's own directory (the endpoints file, the replicas' disk tiers), removed
     /// at the end.
     state_dir: PathBuf,
@@ -522,6 +544,12 @@ impl Runner {
             })
     }
 
+    /// Tells a process of a replica where the run's block API credential is.
+    fn hand_credential(&self, command: &mut CommandSpec) {
+        let file = self.credential_file.to_string_lossy().into_owned();
+        command.env.push((CREDENTIAL_FILE_ENV.into(), file));
+    }
+
     /// Starts the next replica of `service` (engine, then its sidecar).
     fn add_replica(&mut self, service: &str) -> anyhow::Result<()> {
         let ports = ReplicaPorts {
@@ -538,16 +566,17 @@ impl Runner {
             .get(service)
             .and_then(|r| r.last())
             .map_or(0, |r| r.index + 1);
-        let engine = self
-            .bins
-            .program(self.graph.engine_command(service, ports))?;
+        let mut engine = self.graph.engine_command(service, ports);
+        self.hand_credential(&mut engine);
+        let engine = self.bins.program(engine)?;
         let kv_disk = self
             .state_dir
             .join("kv-disk")
             .join(format!("{service}-{index}"));
-        let sidecar = self
-            .graph
-            .sidecar_command(service, ports, &kv_disk, &self.endpoints_file);
+        let mut sidecar =
+            self.graph
+                .sidecar_command(service, ports, &kv_disk, &self.endpoints_file);
+        self.hand_credential(&mut sidecar);
         for dir in &sidecar.dirs {
             std::fs::create_dir_all(dir)
                 .with_context(|| format!("cannot create {}", dir.display()))?;

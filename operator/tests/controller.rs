@@ -254,8 +254,16 @@ async fn ready_only_once_everything_runs_and_then_passes_are_idempotent() {
     api.take_requests();
     pass(&client, &api, "agg-mocker").await.unwrap();
     let requests = api.take_requests();
+    // Besides, the credential's create, refused: it exists and is never rewritten.
+    let (credential, rest): (Vec<_>, Vec<_>) =
+        requests.iter().partition(|r| r.path.ends_with("/secrets"));
+    assert_eq!(credential.len(), 1);
+    assert_eq!(
+        (credential[0].method.as_str(), credential[0].status),
+        ("POST", 409)
+    );
     assert!(
-        requests.iter().all(|r| r.is_apply()),
+        rest.iter().all(|r| r.is_apply()),
         "a settled graph only re-applies, identically: {:?}",
         requests
             .iter()

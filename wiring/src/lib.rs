@@ -22,6 +22,7 @@
 
 pub mod admin;
 mod argv;
+pub mod credential;
 mod engines;
 pub mod kvbm;
 pub mod planner;

@@ -43,6 +43,7 @@ pub fn observe(dgd: &DynamoGraphDeployment, stores: &Stores) -> Observed {
         observed.nodes = stores.nodes.state().iter().map(|n| (**n).clone()).collect();
     }
     observed.now = Some(Time(Timestamp::now()));
+    observed.fresh_token = dynamo_wiring::credential::new_token();
     observed
 }
 

@@ -122,6 +122,14 @@ pub const CLUSTER_RULES: &[Rule] = &[
         verbs: &["create"],
         names: &[],
     },
+    // Each graph's block API credential (reconcile/credential.rs): created once, never
+    // read back, so no `get`, `list` or `watch` on anyone's Secrets.
+    Rule {
+        group: "",
+        resource: "secrets",
+        verbs: &["create"],
+        names: &[],
+    },
     // Free GPUs per topology domain, for gang placement.
     Rule {
         group: "",

@@ -19,8 +19,8 @@ use super::batch_scheduler::BatchScheduler;
 use super::kinds::{Child, Delete, KindVisitor, Observe};
 use super::pods::{PLANNER_METRICS_ADDR, PLANNER_PROFILE};
 use super::{
-    Desired, ObjectKey, ObjectKind, Observed, OperatorConfig, ReconcileError, adapters, kinds,
-    labels, names, replicas, services, serving, status, volumes,
+    Desired, ObjectKey, ObjectKind, Observed, OperatorConfig, ReconcileError, adapters, credential,
+    kinds, labels, names, replicas, services, serving, status, volumes,
 };
 
 /// The graph and its settings, shared by every builder.
@@ -279,6 +279,7 @@ pub fn reconcile(
     let serving = serving::build(&g, observed, &mut desired);
     let adapters = adapters::build(&g, observed, &mut desired);
     volumes::build(&g, observed, &mut desired);
+    credential::build(&g, observed, &mut desired);
 
     // Objects of ours that nothing above wants any more, deleted after every write and in
     // the reverse of the table's order: what depends on another goes first.

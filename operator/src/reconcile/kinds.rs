@@ -22,7 +22,7 @@ use dynamo_crds::inference_pool::InferencePool;
 use gateway_api::apis::standard::httproutes::HttpRoute;
 use k8s_openapi::NamespaceResourceScope;
 use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod, Service, ServiceAccount};
+use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod, Secret, Service, ServiceAccount};
 use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
 use kube::Resource;
 use serde::Serialize;
@@ -179,6 +179,13 @@ table! {
         const WATCH: Watch = Watch::No;
         const DELETE: Delete = Delete::Never;
     }
+    /// The graph's block API credential (see `credential`): never read back, so the
+    /// operator needs no right to read Secrets.
+    Secret(Secret) in secrets {
+        const WRITE: Write = Write::Create;
+        const WATCH: Watch = Watch::No;
+        const DELETE: Delete = Delete::Never;
+    }
     Service(Service) in services {}
     /// Engine pods, created directly (see `replicas`, `pods`).
     Pod(Pod) in pods {
@@ -238,6 +245,7 @@ mod tests {
             ObjectKind::Role,
             ObjectKind::RoleBinding,
             ObjectKind::PersistentVolumeClaim,
+            ObjectKind::Secret,
         ] {
             assert!(position(needed) < position(ObjectKind::Pod), "{needed:?}");
         }

@@ -13,6 +13,7 @@
 mod access;
 mod adapters;
 mod batch_scheduler;
+mod credential;
 mod epp_access;
 mod graph;
 pub mod kinds;
@@ -34,7 +35,9 @@ use dynamo_crds::inference_pool::InferencePool;
 use dynamo_crds::{DynamoGraphDeploymentScalingAdapter, DynamoGraphDeploymentStatus};
 use gateway_api::apis::standard::httproutes::HttpRoute;
 use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::core::v1::{Node, PersistentVolumeClaim, Pod, Service, ServiceAccount};
+use k8s_openapi::api::core::v1::{
+    Node, PersistentVolumeClaim, Pod, Secret, Service, ServiceAccount,
+};
 use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use serde::Serialize;
@@ -130,6 +133,9 @@ pub struct Observed {
     pub other_pods: Vec<Pod>,
     /// Time of the observation; used for condition transition times only.
     pub now: Option<Time>,
+    /// A token the controller drew for this pass: the block API credential, should the
+    /// graph's Secret be created on this pass (see `credential`).
+    pub fresh_token: String,
 }
 
 /// One object, by kind and name (in the graph's namespace).
@@ -177,6 +183,8 @@ pub struct Desired {
     pub scaling_adapters: Vec<DynamoGraphDeploymentScalingAdapter>,
     /// Claims of `spec.pvcs` to create (only missing ones; see `volumes`).
     pub persistent_volume_claims: Vec<PersistentVolumeClaim>,
+    /// The graph's block API credential, to create unless it exists (see `credential`).
+    pub secrets: Vec<Secret>,
     /// Objects to delete (pods being replaced or rolled, objects no longer wanted).
     pub deletions: Vec<ObjectKey>,
     /// Status to write to the graph's status subresource.
@@ -186,7 +194,7 @@ pub struct Desired {
 
 impl Desired {
     /// All objects to apply as one multi-document YAML (pods, services, deployments,
-    /// pools, routes, the EPP's access, adapters, claims, in that order), followed by a
+    /// pools, routes, the EPP's access, adapters, claims, the credential, in that order), followed by a
     /// document with deletions, status and decisions. Deterministic, so it serves as a
     /// golden file.
     pub fn to_yaml(&self) -> String {
@@ -210,6 +218,7 @@ impl Desired {
             role_bindings,
             scaling_adapters,
             persistent_volume_claims,
+            secrets,
             deletions,
             status,
             decisions,
@@ -225,6 +234,7 @@ impl Desired {
         docs(&mut out, role_bindings);
         docs(&mut out, scaling_adapters);
         docs(&mut out, persistent_volume_claims);
+        docs(&mut out, secrets);
         #[derive(Serialize)]
         struct Outcome<'a> {
             deletions: &'a [ObjectKey],

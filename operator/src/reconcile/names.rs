@@ -79,6 +79,11 @@ pub fn inference_pool(dgd: &str) -> String {
     format!("{dgd}-pool")
 }
 
+/// The Secret holding the graph's block API credential (see `credential`).
+pub fn block_api_credential(dgd: &str) -> String {
+    format!("{dgd}-block-api")
+}
+
 /// The graph's HTTPRoute.
 pub fn http_route(dgd: &str) -> String {
     dgd.to_string()

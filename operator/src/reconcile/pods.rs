@@ -24,7 +24,7 @@ use super::gang::DEFAULT_GPU_RESOURCE;
 use dynamo_crds::EngineRole;
 
 use super::graph::Graph;
-use super::{labels, names, services};
+use super::{credential, labels, names, services};
 use dynamo_wiring::kvbm::{self, DiskTier};
 use dynamo_wiring::{Addresses, EngineService, EnvValue, HF_HOME, SIDECAR_BINARY};
 
@@ -82,10 +82,13 @@ pub(crate) fn engine_template(
     let mut pod_spec = base_pod_spec(&extra);
 
     let engine = g.engine(service);
-    let main = main_container(g, spec, Some(engine));
-    let sidecar = sidecar_container(g, service, engine, &main);
+    let mut main = main_container(g, spec, Some(engine));
+    credential::hand_to(&mut main);
+    let mut sidecar = sidecar_container(g, service, engine, &main);
+    credential::hand_to(&mut sidecar);
     let mut volumes = pod_spec.volumes.take().unwrap_or_default();
     volumes.extend(service_volumes(g, spec));
+    volumes.push(credential::volume(g));
     if has_hf_home_volume(&main) {
         volumes.push(Volume {
             name: HF_HOME_VOLUME.into(),

@@ -103,6 +103,7 @@ pub fn observed(pods: Vec<Pod>, nodes: Vec<Node>) -> Observed {
         pods,
         nodes,
         now: Some(now()),
+        fresh_token: "token-drawn-by-the-controller".into(),
         ..Observed::default()
     }
 }

@@ -6,6 +6,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::Parser;
+use dynamo_kvblocks::Credential;
 use dynamo_kvcache::{DEFAULT_PREFILL_LOAD_SCALE, QueuePolicy, RouterMode, SaturationThreshold};
 use dynamo_server::{ServerLimits, parse_duration};
 
@@ -81,6 +82,11 @@ pub struct Args {
     /// Port of each pod's KV event stream (the sidecar's gRPC port).
     #[arg(long, env = "DYNAMO_EPP_KV_EVENTS_PORT", default_value_t = 9100)]
     pub kv_events_port: u16,
+    /// File of the graph's credential, sent when subscribing to a pod's KV event stream
+    /// (a sidecar given one serves its stream to holders only; as the sidecar's flag).
+    // `dynamo_kvblocks::CREDENTIAL_FILE_ENV`.
+    #[arg(long, env = "DYNAMO_BLOCK_API_TOKEN_FILE")]
+    pub block_api_token_file: Option<PathBuf>,
     /// Tokens per KV block; must match the engines'.
     #[arg(long, env = "DYNAMO_EPP_BLOCK_SIZE", default_value_t = 16)]
     pub block_size: usize,
@@ -234,6 +240,7 @@ pub struct Config {
     pub metrics_addr: Option<SocketAddr>,
     pub discovery: DiscoveryConfig,
     pub kv_events_port: u16,
+    pub credential: Option<Credential>,
     pub metrics_poll_interval: Option<Duration>,
     pub router: RouterConfig,
     /// Retries, migration and answer parsing of the HTTP frontend.
@@ -313,6 +320,11 @@ impl Args {
             metrics_addr: self.metrics_port.map(|p| SocketAddr::new(ip, p)),
             discovery,
             kv_events_port: self.kv_events_port,
+            credential: self
+                .block_api_token_file
+                .as_deref()
+                .map(Credential::read)
+                .transpose()?,
             metrics_poll_interval: (!self.metrics_poll_interval.is_zero())
                 .then_some(self.metrics_poll_interval),
             router: RouterConfig {

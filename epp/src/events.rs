@@ -5,14 +5,25 @@
 
 use std::sync::Arc;
 
+use dynamo_kvblocks::Credential;
 use dynamo_kvcache::WorkerId;
 use dynamo_kvstream::SubscriberConfig;
 
 use crate::router::Router;
 
-/// Follows the stream at `url` (`http://ip:9100`) for `worker` until the task is aborted.
-pub async fn follow(router: Arc<Router>, worker: WorkerId, url: String) {
-    dynamo_kvstream::follow(url, SubscriberConfig::default(), move |update| {
+/// Follows the stream at `url` (`http://ip:9100`) for `worker`, with the graph's
+/// `credential`, until the task is aborted.
+pub async fn follow(
+    router: Arc<Router>,
+    worker: WorkerId,
+    url: String,
+    credential: Option<Credential>,
+) {
+    let config = SubscriberConfig {
+        credential,
+        ..SubscriberConfig::default()
+    };
+    dynamo_kvstream::follow(url, config, move |update| {
         router.apply_update(worker, update)
     })
     .await

@@ -129,6 +129,7 @@ pub async fn start(config: Config) -> anyhow::Result<Epp> {
         model: model.clone(),
         model_card_port: config.model_card_port,
         client: client.clone(),
+        credential: config.credential.clone(),
     };
     let pool = tokio::spawn(pool::run(router.clone(), endpoints, pod_tasks));
 

@@ -8,6 +8,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
+use dynamo_kvblocks::Credential;
 use dynamo_kvcache::{RouterMode, WorkerId};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
@@ -50,6 +51,8 @@ pub struct PodTasks {
     /// Its sidecar's card port, when its discovery source names no card URL.
     pub model_card_port: Option<u16>,
     pub client: reqwest::Client,
+    /// The graph's credential, for its KV event stream.
+    pub credential: Option<Credential>,
 }
 
 #[derive(Default)]
@@ -90,6 +93,7 @@ impl Members {
                     router.clone(),
                     worker,
                     spec.kv_events.clone(),
+                    pod.credential.clone(),
                 )));
             }
             if let Some(interval) = pod.metrics_poll {

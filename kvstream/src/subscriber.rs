@@ -5,6 +5,7 @@
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use dynamo_kvblocks::Credential;
 use dynamo_kvcache::{Continuity, KvEvent, KvEventEnvelope, StreamCursor};
 use tonic::transport::Endpoint;
 
@@ -31,6 +32,9 @@ pub struct SubscriberConfig {
     pub retry_min: Duration,
     pub retry_max: Duration,
     pub connect_timeout: Duration,
+    /// The graph's credential, sent with every subscription: a sidecar given one serves
+    /// its stream to holders only (`docs/sidecar.md`, "Security").
+    pub credential: Option<Credential>,
 }
 
 impl Default for SubscriberConfig {
@@ -39,6 +43,7 @@ impl Default for SubscriberConfig {
             retry_min: Duration::from_millis(100),
             retry_max: Duration::from_secs(5),
             connect_timeout: Duration::from_secs(2),
+            credential: None,
         }
     }
 }
@@ -120,10 +125,13 @@ async fn subscribe_once(
         Err(e) => return Break::Connect(e),
     };
     let (instance_id, after_event_id) = cursor.last().unwrap_or((0, 0));
-    let request = pb::SubscribeRequest {
+    let mut request = tonic::Request::new(pb::SubscribeRequest {
         instance_id,
         after_event_id,
-    };
+    });
+    if let Some(credential) = &config.credential {
+        credential.attach(request.metadata_mut());
+    }
     let mut stream = match KvEventStreamClient::new(channel).subscribe(request).await {
         Ok(response) => response.into_inner(),
         Err(status) => return Break::Stream(status),

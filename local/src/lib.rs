@@ -245,9 +245,10 @@ async fn serve(
         }
         r.write_endpoints()?;
         let ext_proc_port = r.free_port()?;
-        let epp = r
-            .graph
-            .epp_command((&args.host, args.port), ext_proc_port, &r.endpoints_file);
+        let mut epp =
+            r.graph
+                .epp_command((&args.host, args.port), ext_proc_port, &r.endpoints_file);
+        r.hand_credential(&mut epp);
         let epp = r.bins.program(epp)?;
         r.epp = Some(Supervised::start("epp".into(), epp, r.grace));
         r.picker_metrics = format!("{}:{}", reachable(&args.host), args.port);
@@ -366,7 +367,8 @@ pub(crate) struct Runner {
     bins: Bins,
     grace: Duration,
     endpoints_file: PathBuf,
-    /// The run's block API credential, which every engine and sidecar of the run reads.
+    /// The run's block API credential, which every engine and sidecar of the run reads,
+    /// and the picker, for their KV event streams.
     credential_file: PathBuf,
     /// The run's own directory (the endpoints file, the replicas' disk tiers), removed
     /// at the end.
@@ -544,7 +546,7 @@ impl Runner {
             })
     }
 
-    /// Tells a process of a replica where the run's block API credential is.
+    /// Tells a process of the run (engine, sidecar, picker) where its credential is.
     fn hand_credential(&self, command: &mut CommandSpec) {
         let file = self.credential_file.to_string_lossy().into_owned();
         command.env.push((CREDENTIAL_FILE_ENV.into(), file));

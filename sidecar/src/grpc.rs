@@ -1,9 +1,10 @@
-//! The sidecar's gRPC server (port 9100): the KV event stream and the KV block API
-//! (behind its guard, `blocks::guard`).
+//! The sidecar's gRPC server (port 9100): the KV event stream and the KV block API, both
+//! behind the guard (`blocks::guard`): which prompts a pod holds is the graph's business.
 
 use std::pin::Pin;
 use std::time::Duration;
 
+use crate::blocks::guard::Guard;
 use crate::blocks::service::BlockApiServer;
 use dynamo_kvstream::KvEventHub;
 use dynamo_kvstream::pb::kv_event_stream_server::{KvEventStream, KvEventStreamServer};
@@ -11,6 +12,7 @@ use dynamo_kvstream::pb::{EventMessage, SubscribeRequest};
 use dynamo_server::GrpcConnection;
 use futures::{Stream, StreamExt};
 use tokio_util::sync::CancellationToken;
+use tonic::service::interceptor::InterceptedService;
 use tonic::transport::Server;
 use tonic::{Request, Response, Status};
 
@@ -20,6 +22,7 @@ use tonic::{Request, Response, Status};
 pub async fn serve(
     incoming: impl Stream<Item = std::io::Result<GrpcConnection>> + Send + 'static,
     hub: KvEventHub,
+    guard: Guard,
     blocks: BlockApiServer,
     stop: CancellationToken,
 ) -> Result<(), tonic::transport::Error> {
@@ -33,7 +36,10 @@ pub async fn serve(
         .initial_stream_window_size(dynamo_kvblocks::HTTP2_WINDOW_BYTES)
         .initial_connection_window_size(dynamo_kvblocks::HTTP2_WINDOW_BYTES)
         .max_frame_size(dynamo_kvblocks::HTTP2_FRAME_BYTES)
-        .add_service(KvEventStreamServer::new(subscriptions))
+        .add_service(InterceptedService::new(
+            KvEventStreamServer::new(subscriptions),
+            guard,
+        ))
         .add_service(blocks)
         .serve_with_incoming_shutdown(incoming, stop.cancelled_owned())
         .await

@@ -156,13 +156,14 @@ impl Sidecar {
         });
 
         let region_dir = config.kv_tiers.region_dir().map(ToOwned::to_owned);
+        let guard = blocks::guard::Guard::new(credential);
         let blocks =
-            blocks::service::service(store.clone(), leases.clone(), region_dir, credential);
+            blocks::service::service(store.clone(), leases.clone(), region_dir, guard.clone());
         background.push(spawn(leases.clone().sweep()));
         let (hub_for_grpc, stop_grpc) = (hub.clone(), CancellationToken::new());
         let (stop, incoming) = (stop_grpc.clone(), server.grpc_incoming(grpc_listener));
         background.push(spawn(async move {
-            if let Err(e) = grpc::serve(incoming, hub_for_grpc, blocks, stop).await {
+            if let Err(e) = grpc::serve(incoming, hub_for_grpc, guard, blocks, stop).await {
                 tracing::error!(error = %e, "the gRPC server stopped");
             }
         }));

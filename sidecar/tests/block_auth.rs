@@ -1,7 +1,7 @@
 //! The block API lets no stranger in (`docs/sidecar.md`, "Security"), against the real
 //! binary over real sockets: a sidecar given the graph's credential answers every call
 //! without it, or with another, `UNAUTHENTICATED`, and nothing is stored, lent, fetched
-//! or created; with it, everything works as before.
+//! or created, and its KV event stream tells nothing; with it, everything works as before.
 
 mod common;
 
@@ -11,6 +11,9 @@ use bytes::Bytes;
 use common::*;
 use dynamo_kvblocks::{BlockClient, CREDENTIAL_FILE_ENV, ClientError, Credential, Layout};
 use dynamo_kvcache::SeqHash;
+use dynamo_kvstream::pb::SubscribeRequest;
+use dynamo_kvstream::pb::kv_event_stream_client::KvEventStreamClient;
+use dynamo_kvstream::{PodUpdate, SubscriberConfig, follow};
 
 const BLOCK_BYTES: usize = 4096;
 
@@ -100,6 +103,13 @@ async fn a_client_without_the_graphs_credential_gets_nothing() {
         unauthenticated(&call("lend"), stranger.lend("junk", chain(200, 2)).await);
         unauthenticated(&call("open region"), stranger.share_memory(4096).await);
     }
+    // Nor may a stranger learn which prompts the pod holds from its KV event stream.
+    let mut events = KvEventStreamClient::connect(url.clone()).await.unwrap();
+    let refused = events.subscribe(SubscribeRequest::default()).await;
+    assert_eq!(
+        refused.err().map(|s| s.code()),
+        Some(tonic::Code::Unauthenticated)
+    );
 
     // Nothing stored, taken, lent or created.
     assert!(member.lookup(&hashes(&blocks)).await.unwrap().is_empty());
@@ -122,6 +132,23 @@ async fn a_client_without_the_graphs_credential_gets_nothing() {
     assert_eq!(member.offload(blocks.clone()).await.unwrap().stored, 3);
     assert_eq!(member.lookup(&hashes(&blocks)).await.unwrap().len(), 3);
     assert_eq!(member.onboard(&hashes(&blocks)).await.unwrap(), blocks);
+    let config = SubscriberConfig {
+        credential: Some(Credential::read(&ours).unwrap()),
+        ..SubscriberConfig::default()
+    };
+    let (first, update) = tokio::sync::oneshot::channel();
+    let mut first = Some(first);
+    let follower = tokio::spawn(follow(url, config, move |u| {
+        if let Some(tx) = first.take() {
+            let _ = tx.send(u);
+        }
+    }));
+    let update = tokio::time::timeout(std::time::Duration::from_secs(10), update).await;
+    follower.abort();
+    assert!(
+        matches!(update, Ok(Ok(PodUpdate::Snapshot(_)))),
+        "{update:?}"
+    );
 }
 
 #[tokio::test]

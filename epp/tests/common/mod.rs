@@ -226,6 +226,7 @@ pub fn config(file: &EndpointsFile, router: RouterConfig) -> Config {
             poll: Duration::from_millis(50),
         },
         kv_events_port: 9100,
+        credential: None,
         metrics_poll_interval: None,
         router: RouterConfig {
             block_size: BLOCK_SIZE,

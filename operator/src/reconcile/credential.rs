@@ -2,8 +2,8 @@
 //! graph holding a token the controller draws ([`Observed::fresh_token`]: the pure
 //! function reads no randomness), created once and immutable, so every pod of the graph,
 //! whenever it started, holds the same token. It is mounted read-only into the sidecar
-//! and the engine of every engine pod, and nowhere else: the picker, the planner and other
-//! workloads never see it. Creating it on every pass costs one refused create (409) and
+//! and the engine of every engine pod and into the picker (for the sidecars' KV event
+//! streams), and nowhere else: the planner and other workloads never see it. Creating it on every pass costs one refused create (409) and
 //! spares the operator any right to read Secrets.
 
 use std::collections::BTreeMap;
@@ -21,8 +21,13 @@ const VOLUME: &str = "dynamo-block-api";
 const DIR: &str = "/var/run/dynamo/block-api";
 const KEY: &str = "token";
 
+/// Whether the graph has one: when it has engine pods, whose sidecars need it.
+pub(crate) fn wanted(g: &Graph) -> bool {
+    g.engine_services().next().is_some()
+}
+
 pub(crate) fn build(g: &Graph, observed: &Observed, desired: &mut Desired) {
-    if g.engine_services().next().is_none() {
+    if !wanted(g) {
         return;
     }
     desired.secrets.push(Secret {
@@ -48,8 +53,8 @@ pub(crate) fn volume(g: &Graph) -> Volume {
     }
 }
 
-/// Gives `container` (an engine or its sidecar) the token's file and the variable naming
-/// it.
+/// Gives `container` (an engine, its sidecar, or the picker, which subscribes to the
+/// sidecars' KV event streams) the token's file and the variable naming it.
 pub(crate) fn hand_to(container: &mut Container) {
     upsert_env(container.env.get_or_insert_with(Vec::new), env());
     let mounts = container.volume_mounts.get_or_insert_with(Vec::new);

@@ -27,7 +27,7 @@ use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
-use super::{epp_access, planner_access};
+use super::{credential, epp_access, planner_access};
 use dynamo_crds::{EngineRole, ServiceRole};
 
 use super::graph::Graph;
@@ -228,6 +228,13 @@ fn epp_deployment(
         containers: vec![container],
         ..pods::base_pod_spec(&extra)
     };
+    if credential::wanted(g) {
+        credential::hand_to(&mut pod_spec.containers[0]);
+        pod_spec
+            .volumes
+            .get_or_insert_with(Vec::new)
+            .push(credential::volume(g));
+    }
     if pod_spec.service_account_name.is_none() {
         let (account, role, binding) = epp_access::build(g);
         pod_spec.service_account_name = account.metadata.name.clone();

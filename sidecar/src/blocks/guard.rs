@@ -1,11 +1,11 @@
-//! Who may call the block API (`docs/sidecar.md`, "Security"): holders of the graph's
-//! credential; a sidecar given none serves callers on its own host (loopback) only.
+//! Who may call the sidecar's gRPC port, the block API and the KV event stream alike
+//! (`docs/sidecar.md`, "Security"): holders of the graph's credential; a sidecar given
+//! none serves callers on its own host (loopback) only.
 //!
-//! Without a credential the safe choice is loopback: the engine beside the sidecar and
-//! the local runner's processes still reach it, and nobody else can read, fill or
-//! poison its blocks. Refusing to start on a non-loopback `--host` instead would also
-//! take the KV event stream (same port) from the endpoint picker. Checked on the
-//! call's headers, before its body is decoded and before any lease or region is touched.
+//! Without a credential the safe choice is loopback: the engine beside the sidecar and a
+//! picker on the same host still reach it, and nobody else can read, fill or poison its
+//! blocks or learn which prompts it holds. Checked on the call's headers, before its body
+//! is decoded and before any lease, region or subscription is made.
 
 use dynamo_kvblocks::Credential;
 use tonic::service::Interceptor;
@@ -37,8 +37,8 @@ impl Interceptor for Guard {
             return Ok(request);
         }
         Err(Status::unauthenticated(match self.credential {
-            Some(_) => "the block API needs this graph's credential",
-            None => "this sidecar has no block API credential: it serves its own host only",
+            Some(_) => "this port needs the graph's credential",
+            None => "this sidecar has no credential: it serves its own host only",
         }))
     }
 }

@@ -13,7 +13,7 @@ use dynamo_kvblocks::pb::{
     OpenRegionReply, OpenRegionRequest,
 };
 use dynamo_kvblocks::region::Region;
-use dynamo_kvblocks::{Block, Credential, MAX_MESSAGE_BYTES, from_region, wire_tier};
+use dynamo_kvblocks::{Block, MAX_MESSAGE_BYTES, from_region, wire_tier};
 use dynamo_kvcache::SeqHash;
 use futures::{Stream, StreamExt};
 use tokio_stream::wrappers::ReceiverStream;
@@ -37,14 +37,13 @@ const MAX_REGIONS: usize = 8;
 /// The block API as served: behind its guard.
 pub type BlockApiServer = InterceptedService<KvBlocksServer<BlockApi>, Guard>;
 
-/// The gRPC service of `store` (the tiers, if any) and `leases`, for holders of
-/// `credential` (none: callers on this host); with `region_dir`, it shares memory with
-/// clients there.
+/// The gRPC service of `store` (the tiers, if any) and `leases`, for whom `guard` admits;
+/// with `region_dir`, it shares memory with clients there.
 pub fn service(
     store: Option<BlockStore>,
     leases: Leases,
     region_dir: Option<PathBuf>,
-    credential: Option<Credential>,
+    guard: Guard,
 ) -> BlockApiServer {
     if let Some(dir) = &region_dir {
         remove_orphans(dir);
@@ -61,7 +60,7 @@ pub fn service(
     })
     .max_decoding_message_size(MAX_MESSAGE_BYTES)
     .max_encoding_message_size(MAX_MESSAGE_BYTES);
-    InterceptedService::new(api, Guard::new(credential))
+    InterceptedService::new(api, guard)
 }
 
 pub struct BlockApi {

@@ -261,6 +261,7 @@ impl Follower {
             retry_min: Duration::from_millis(20),
             retry_max: Duration::from_millis(200),
             connect_timeout: Duration::from_secs(5),
+            credential: None,
         };
         let task = tokio::spawn(follow(format!("http://{grpc}"), config, move |u| {
             let _ = tx.send(u);

@@ -41,8 +41,11 @@ unsafe impl Sync for Region {}
 
 impl Region {
     /// Creates a region of `bytes` at `path` (the sidecar's side); the file is removed
-    /// again when the region is dropped.
+    /// again when the region is dropped. Mode 0600: only this user (the sidecar's, which
+    /// its engine shares in our pods and local runs; a root engine reads it all the same)
+    /// may map what it holds.
     pub fn create(path: &Path, bytes: u64) -> Result<Self, RegionError> {
+        use std::os::unix::fs::OpenOptionsExt as _;
         let io = |source| RegionError::Io {
             path: path.to_owned(),
             source,
@@ -51,6 +54,7 @@ impl Region {
             .read(true)
             .write(true)
             .create_new(true)
+            .mode(0o600)
             .open(path)
             .map_err(io)?;
         let mapped = file.set_len(bytes).and_then(|()| MmapRaw::map_raw(&file));
@@ -159,6 +163,9 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("region");
         let sidecar = Region::create(&path, 1 << 20).unwrap();
+        use std::os::unix::fs::PermissionsExt as _;
+        let mode = std::fs::metadata(&path).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, 0o600, "only the sidecar's user may map it");
         let engine = Region::open(&path).unwrap();
         let payload: Vec<u8> = (0..300_000u32).map(|i| (i % 251) as u8).collect();
         engine.write(4096, &payload).unwrap();

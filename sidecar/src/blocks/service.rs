@@ -306,11 +306,63 @@ impl KvBlocks for BlockApi {
         &self,
         request: Request<OpenRegionRequest>,
     ) -> Result<Response<OpenRegionReply>, Status> {
+        // Shared memory serves the engine beside this sidecar only: a caller elsewhere
+        // could not map it, and could only push the engine's regions out.
+        let local = request
+            .remote_addr()
+            .is_some_and(|peer| peer.ip().to_canonical().is_loopback());
+        if !local {
+            return Err(Status::permission_denied(
+                "shared memory regions are for the engine on this sidecar's host",
+            ));
+        }
         let (region_id, path, bytes) = self.regions.create(request.get_ref().bytes)?;
         Ok(Response::new(OpenRegionReply {
             region_id,
             path: path.display().to_string(),
             bytes,
         }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::net::SocketAddr;
+    use std::time::Duration;
+
+    use tonic::transport::server::TcpConnectInfo;
+
+    use super::*;
+    use crate::blocks::lease::LeaseMetrics;
+
+    fn open_region_from(peer: &str) -> Request<OpenRegionRequest> {
+        let mut request = Request::new(OpenRegionRequest { bytes: 4096 });
+        request.extensions_mut().insert(TcpConnectInfo {
+            local_addr: None,
+            remote_addr: Some(peer.parse::<SocketAddr>().unwrap()),
+        });
+        request
+    }
+
+    #[tokio::test]
+    async fn only_a_caller_on_this_host_gets_shared_memory() {
+        let dir = tempfile::tempdir().unwrap();
+        let api = BlockApi {
+            store: None,
+            leases: Leases::new(Duration::from_secs(1), 1 << 20, LeaseMetrics::default()),
+            regions: Arc::new(Regions {
+                dir: Some(dir.path().to_owned()),
+                open: Mutex::new(BTreeMap::new()),
+                next: AtomicU64::new(1),
+            }),
+        };
+        for peer in ["10.0.0.7:5000", "[::ffff:10.0.0.7]:5000"] {
+            let refused = api.open_region(open_region_from(peer)).await.unwrap_err();
+            assert_eq!(refused.code(), tonic::Code::PermissionDenied, "{peer}");
+        }
+        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
+        let granted = api.open_region(open_region_from("127.0.0.1:5000")).await;
+        let path = granted.unwrap().into_inner().path;
+        assert!(std::path::Path::new(&path).starts_with(dir.path()));
     }
 }

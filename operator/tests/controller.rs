@@ -171,10 +171,19 @@ async fn a_pass_applies_every_desired_object_and_writes_the_status() {
             .iter()
             .map(|b| path(rbac, NS, "rolebindings", b.metadata.name.as_ref().unwrap())),
     );
+    expected.extend(desired.network_policies.iter().map(|n| {
+        path(
+            "networking.k8s.io/v1",
+            NS,
+            "networkpolicies",
+            n.metadata.name.as_ref().unwrap(),
+        )
+    }));
     assert!(
         !desired.role_bindings.is_empty(),
         "a graph with workers gets its EPP's access"
     );
+    assert_eq!(desired.network_policies.len(), 1);
     assert_eq!(
         applies
             .iter()

@@ -130,6 +130,13 @@ pub const CLUSTER_RULES: &[Rule] = &[
         verbs: &["create"],
         names: &[],
     },
+    // Each graph's NetworkPolicy (reconcile/network_policy.rs).
+    Rule {
+        group: "networking.k8s.io",
+        resource: "networkpolicies",
+        verbs: APPLIED,
+        names: &[],
+    },
     // Free GPUs per topology domain, for gang placement.
     Rule {
         group: "",

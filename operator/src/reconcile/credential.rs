@@ -31,7 +31,7 @@ pub(crate) fn build(g: &Graph, observed: &Observed, desired: &mut Desired) {
         return;
     }
     desired.secrets.push(Secret {
-        metadata: g.metadata(names::block_api_credential(g.name), g.labels()),
+        metadata: g.metadata(names::block_api(g.name), g.labels()),
         string_data: Some(BTreeMap::from([(
             KEY.to_string(),
             observed.fresh_token.clone(),
@@ -46,7 +46,7 @@ pub(crate) fn volume(g: &Graph) -> Volume {
     Volume {
         name: VOLUME.into(),
         secret: Some(SecretVolumeSource {
-            secret_name: Some(names::block_api_credential(g.name)),
+            secret_name: Some(names::block_api(g.name)),
             ..SecretVolumeSource::default()
         }),
         ..Volume::default()

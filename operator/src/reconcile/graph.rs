@@ -20,7 +20,7 @@ use super::kinds::{Child, Delete, KindVisitor, Observe};
 use super::pods::{PLANNER_METRICS_ADDR, PLANNER_PROFILE};
 use super::{
     Desired, ObjectKey, ObjectKind, Observed, OperatorConfig, ReconcileError, adapters, credential,
-    kinds, labels, names, replicas, services, serving, status, volumes,
+    kinds, labels, names, network_policy, replicas, services, serving, status, volumes,
 };
 
 /// The graph and its settings, shared by every builder.
@@ -280,6 +280,7 @@ pub fn reconcile(
     let adapters = adapters::build(&g, observed, &mut desired);
     volumes::build(&g, observed, &mut desired);
     credential::build(&g, observed, &mut desired);
+    network_policy::build(&g, &mut desired);
 
     // Objects of ours that nothing above wants any more, deleted after every write and in
     // the reverse of the table's order: what depends on another goes first.

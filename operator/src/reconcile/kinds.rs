@@ -23,6 +23,7 @@ use gateway_api::apis::standard::httproutes::HttpRoute;
 use k8s_openapi::NamespaceResourceScope;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod, Secret, Service, ServiceAccount};
+use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
 use kube::Resource;
 use serde::Serialize;
@@ -186,6 +187,10 @@ table! {
         const WATCH: Watch = Watch::No;
         const DELETE: Delete = Delete::Never;
     }
+    /// See `network_policy`.
+    NetworkPolicy(NetworkPolicy) in network_policies {
+        const WATCH: Watch = Watch::Labeled;
+    }
     Service(Service) in services {}
     /// Engine pods, created directly (see `replicas`, `pods`).
     Pod(Pod) in pods {
@@ -246,6 +251,7 @@ mod tests {
             ObjectKind::RoleBinding,
             ObjectKind::PersistentVolumeClaim,
             ObjectKind::Secret,
+            ObjectKind::NetworkPolicy,
         ] {
             assert!(position(needed) < position(ObjectKind::Pod), "{needed:?}");
         }

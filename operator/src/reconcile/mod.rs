@@ -17,6 +17,7 @@ mod credential;
 mod epp_access;
 mod graph;
 pub mod kinds;
+mod network_policy;
 mod planner_access;
 mod pods;
 mod replicas;
@@ -38,6 +39,7 @@ use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{
     Node, PersistentVolumeClaim, Pod, Secret, Service, ServiceAccount,
 };
+use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use serde::Serialize;
@@ -185,6 +187,8 @@ pub struct Desired {
     pub persistent_volume_claims: Vec<PersistentVolumeClaim>,
     /// The graph's block API credential, to create unless it exists (see `credential`).
     pub secrets: Vec<Secret>,
+    /// Strangers kept from the sidecars' gRPC port (see `network_policy`).
+    pub network_policies: Vec<NetworkPolicy>,
     /// Objects to delete (pods being replaced or rolled, objects no longer wanted).
     pub deletions: Vec<ObjectKey>,
     /// Status to write to the graph's status subresource.
@@ -194,7 +198,7 @@ pub struct Desired {
 
 impl Desired {
     /// All objects to apply as one multi-document YAML (pods, services, deployments,
-    /// pools, routes, the EPP's access, adapters, claims, the credential, in that order), followed by a
+    /// pools, routes, the EPP's access, adapters, claims, the credential, the network policy, in that order), followed by a
     /// document with deletions, status and decisions. Deterministic, so it serves as a
     /// golden file.
     pub fn to_yaml(&self) -> String {
@@ -219,6 +223,7 @@ impl Desired {
             scaling_adapters,
             persistent_volume_claims,
             secrets,
+            network_policies,
             deletions,
             status,
             decisions,
@@ -235,6 +240,7 @@ impl Desired {
         docs(&mut out, scaling_adapters);
         docs(&mut out, persistent_volume_claims);
         docs(&mut out, secrets);
+        docs(&mut out, network_policies);
         #[derive(Serialize)]
         struct Outcome<'a> {
             deletions: &'a [ObjectKey],

@@ -79,8 +79,9 @@ pub fn inference_pool(dgd: &str) -> String {
     format!("{dgd}-pool")
 }
 
-/// The Secret holding the graph's block API credential (see `credential`).
-pub fn block_api_credential(dgd: &str) -> String {
+/// The Secret holding the graph's block API credential (see `credential`), and the
+/// NetworkPolicy keeping strangers from the port (see `network_policy`).
+pub fn block_api(dgd: &str) -> String {
     format!("{dgd}-block-api")
 }
 

@@ -141,7 +141,9 @@ async fn scale(
         Ok(()) => Json(runner.status()).into_response(),
         Err(err @ ScaleError::UnknownService(..)) => error(StatusCode::NOT_FOUND, err.to_string()),
         Err(err @ ScaleError::OverCap(_)) => error(StatusCode::BAD_REQUEST, err.to_string()),
-        Err(ScaleError::Start(err)) => error(StatusCode::INTERNAL_SERVER_ERROR, format!("{err:#}")),
+        Err(err @ (ScaleError::Start(_) | ScaleError::Record(_))) => {
+            error(StatusCode::INTERNAL_SERVER_ERROR, err.to_string())
+        }
     }
 }
 

@@ -454,3 +454,61 @@ async fn a_scale_that_cannot_be_recorded_changes_nothing() {
     let list: Value = serde_json::from_slice(&std::fs::read(&endpoints).unwrap()).unwrap();
     assert!(list["endpoints"].is_array(), "{list}");
 }
+
+/// `GET /graph` on the admin port with exactly these header lines, on a raw connection so
+/// the test and not a client decides the `Host`; the status and the body.
+fn raw_graph(admin: &str, headers: &str) -> (u16, String) {
+    use std::io::{Read, Write};
+    let address = admin.strip_prefix("http://").unwrap();
+    let mut stream = std::net::TcpStream::connect(address).unwrap();
+    write!(
+        stream,
+        "GET /graph HTTP/1.1\r\n{headers}Connection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut response = String::new();
+    stream.read_to_string(&mut response).unwrap();
+    let status = response.split(' ').nth(1).unwrap().parse().unwrap();
+    let body = response.split_once("\r\n\r\n").unwrap().1.to_owned();
+    (status, body)
+}
+
+#[tokio::test]
+async fn the_admin_api_on_loopback_serves_only_loopback_host_names() {
+    let open = LocalRun::start(&[], &[]);
+    assert_eq!(open.graph(None).await.status(), 200);
+    let port = open.admin.rsplit_once(':').unwrap().1;
+    // What a page of another site reaches after its name is rebound to 127.0.0.1.
+    for host in [
+        "evil.example",
+        &format!("evil.example:{port}"),
+        "localhost.evil.example",
+    ] {
+        let (status, body) = raw_graph(&open.admin, &format!("Host: {host}\r\n"));
+        assert_eq!(status, 403, "{host}: {body}");
+        let body: Value = serde_json::from_str(&body).unwrap();
+        assert!(body["error"].as_str().unwrap().contains("Host"), "{body}");
+    }
+    let (status, _) = raw_graph(&open.admin, "");
+    assert_eq!(status, 403, "no Host at all");
+    for host in [
+        "localhost".to_owned(),
+        format!("localhost:{port}"),
+        format!("127.0.0.1:{port}"),
+        format!("[::1]:{port}"),
+        "[::1]".to_owned(),
+    ] {
+        let (status, body) = raw_graph(&open.admin, &format!("Host: {host}\r\n"));
+        assert_eq!(status, 200, "{host}: {body}");
+    }
+    drop(open);
+
+    // A token authenticates the caller whatever name it used.
+    let guarded = LocalRun::start(&[], &[("DYNAMO_ADMIN_TOKEN", "s3cret")]);
+    assert_eq!(guarded.graph(Some("s3cret")).await.status(), 200);
+    let (status, body) = raw_graph(
+        &guarded.admin,
+        "Host: evil.example\r\nAuthorization: Bearer s3cret\r\n",
+    );
+    assert_eq!(status, 200, "{body}");
+}

@@ -1,5 +1,6 @@
 //! The `dynamo` binary as a user runs it.
 
+use std::collections::BTreeSet;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
@@ -185,7 +186,8 @@ impl LocalRun {
     fn start(extra: &[&str], envs: &[(&str, &str)]) -> Self {
         let bins = scratch(&format!("bins-{}", free_port()));
         for name in ["dynamo-epp", "dynamo-sidecar", "dynamo-mocker"] {
-            let path = write(&bins, name, "#!/bin/sh\nexec sleep 120\n");
+            // By its path: the run and its children have no PATH.
+            let path = write(&bins, name, "#!/bin/sh\nexec /bin/sleep 120\n");
             std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
         }
         let admin_port = free_port().to_string();
@@ -221,14 +223,25 @@ impl LocalRun {
         }
     }
 
-    async fn scale(&self, token: &str, body: Value) -> reqwest::Response {
-        reqwest::Client::new()
-            .post(format!("{}/scale", self.admin))
-            .bearer_auth(token)
-            .json(&body)
-            .send()
-            .await
-            .unwrap()
+    /// `GET /graph` once every process it lists has started (no pid is 0).
+    async fn started_graph(&self) -> Value {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let graph: Value = self.graph(None).await.json().await.unwrap();
+            if !graph_pids(&graph).contains(&0) {
+                return graph;
+            }
+            assert!(Instant::now() < deadline, "never all started: {graph}");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    async fn scale(&self, token: Option<&str>, body: Value) -> reqwest::Response {
+        let mut request = reqwest::Client::new().post(format!("{}/scale", self.admin));
+        if let Some(token) = token {
+            request = request.bearer_auth(token);
+        }
+        request.json(&body).send().await.unwrap()
     }
 }
 
@@ -343,7 +356,7 @@ async fn the_admin_api_beyond_loopback_takes_only_its_bearer_token_and_caps_scal
     assert_eq!(graph["services"]["worker"].as_array().unwrap().len(), 2);
 
     let response = run
-        .scale("s3cret", json!({"service": "worker", "replicas": 33}))
+        .scale(Some("s3cret"), json!({"service": "worker", "replicas": 33}))
         .await;
     assert_eq!(response.status(), 400);
     let body: Value = response.json().await.unwrap();
@@ -352,7 +365,7 @@ async fn the_admin_api_beyond_loopback_takes_only_its_bearer_token_and_caps_scal
         "service \"worker\": 33 replicas is more than the local cap of 32 per service (--max-replicas)"
     );
     let response = run
-        .scale("s3cret", json!({"service": "worker", "replicas": 1}))
+        .scale(Some("s3cret"), json!({"service": "worker", "replicas": 1}))
         .await;
     assert_eq!(response.status(), 200);
     let graph: Value = response.json().await.unwrap();
@@ -369,4 +382,133 @@ async fn the_admin_api_on_loopback_is_open_unless_given_a_token_file() {
     let guarded = LocalRun::start(&["--admin-token-file", &token], &[]);
     assert_eq!(guarded.graph(None).await.status(), 401);
     assert_eq!(guarded.graph(Some("from-a-file")).await.status(), 200);
+}
+
+/// The pids of `parent`'s children, from /proc.
+fn children(parent: u32) -> BTreeSet<u32> {
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .filter_map(|entry| entry.ok()?.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|pid| {
+            // `pid (comm) state ppid ...`; comm may hold spaces, so read after its `)`.
+            std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
+                stat.rsplit_once(')')
+                    .and_then(|(_, rest)| rest.split_whitespace().nth(1)?.parse().ok())
+                    == Some(parent)
+            })
+        })
+        .collect()
+}
+
+/// Every pid `GET /graph` lists: the picker's, and each replica's engine and sidecar.
+fn graph_pids(graph: &Value) -> BTreeSet<u32> {
+    let replicas = graph["services"]
+        .as_object()
+        .unwrap()
+        .values()
+        .flat_map(|list| list.as_array().unwrap());
+    replicas
+        .flat_map(|r| [&r["engine_pid"], &r["sidecar_pid"]])
+        .chain([&graph["epp_pid"]])
+        .map(|pid| u32::try_from(pid.as_u64().unwrap()).unwrap())
+        .collect()
+}
+
+#[tokio::test]
+async fn a_scale_that_cannot_be_recorded_changes_nothing() {
+    let tmp = scratch(&format!("state-{}", free_port()));
+    let run = LocalRun::start(&[], &[("TMPDIR", tmp.to_str().unwrap())]);
+    let before = run.started_graph().await;
+    assert_eq!(before["services"]["worker"].as_array().unwrap().len(), 2);
+    let running = children(run.child.id());
+    assert_eq!(graph_pids(&before), running, "{before}");
+
+    // A directory where the picker's list goes: no write can replace it, root's neither.
+    let endpoints = tmp
+        .join(format!("dynamo-run-{}", run.child.id()))
+        .join("endpoints.json");
+    std::fs::remove_file(&endpoints).unwrap();
+    std::fs::create_dir(&endpoints).unwrap();
+    for replicas in [4, 1] {
+        let response = run
+            .scale(None, json!({"service": "worker", "replicas": replicas}))
+            .await;
+        assert_eq!(response.status(), 500, "to {replicas}");
+        let body: Value = response.json().await.unwrap();
+        let message = body["error"].as_str().unwrap();
+        assert!(message.contains("endpoints.json"), "{message}");
+        let graph: Value = run.graph(None).await.json().await.unwrap();
+        assert_eq!(graph, before, "to {replicas}");
+        assert_eq!(children(run.child.id()), running, "to {replicas}");
+    }
+
+    // Once the list can be written again, the same request scales.
+    std::fs::remove_dir(&endpoints).unwrap();
+    let response = run
+        .scale(None, json!({"service": "worker", "replicas": 4}))
+        .await;
+    assert_eq!(response.status(), 200);
+    let graph = run.started_graph().await;
+    assert_eq!(graph["services"]["worker"].as_array().unwrap().len(), 4);
+    assert_eq!(graph_pids(&graph), children(run.child.id()), "{graph}");
+    let list: Value = serde_json::from_slice(&std::fs::read(&endpoints).unwrap()).unwrap();
+    assert!(list["endpoints"].is_array(), "{list}");
+}
+
+/// `GET /graph` on the admin port with exactly these header lines, on a raw connection so
+/// the test and not a client decides the `Host`; the status and the body.
+fn raw_graph(admin: &str, headers: &str) -> (u16, String) {
+    use std::io::{Read, Write};
+    let address = admin.strip_prefix("http://").unwrap();
+    let mut stream = std::net::TcpStream::connect(address).unwrap();
+    write!(
+        stream,
+        "GET /graph HTTP/1.1\r\n{headers}Connection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut response = String::new();
+    stream.read_to_string(&mut response).unwrap();
+    let status = response.split(' ').nth(1).unwrap().parse().unwrap();
+    let body = response.split_once("\r\n\r\n").unwrap().1.to_owned();
+    (status, body)
+}
+
+#[tokio::test]
+async fn the_admin_api_on_loopback_serves_only_loopback_host_names() {
+    let open = LocalRun::start(&[], &[]);
+    assert_eq!(open.graph(None).await.status(), 200);
+    let port = open.admin.rsplit_once(':').unwrap().1;
+    // What a page of another site reaches after its name is rebound to 127.0.0.1.
+    for host in [
+        "evil.example",
+        &format!("evil.example:{port}"),
+        "localhost.evil.example",
+    ] {
+        let (status, body) = raw_graph(&open.admin, &format!("Host: {host}\r\n"));
+        assert_eq!(status, 403, "{host}: {body}");
+        let body: Value = serde_json::from_str(&body).unwrap();
+        assert!(body["error"].as_str().unwrap().contains("Host"), "{body}");
+    }
+    let (status, _) = raw_graph(&open.admin, "");
+    assert_eq!(status, 403, "no Host at all");
+    for host in [
+        "localhost".to_owned(),
+        format!("localhost:{port}"),
+        format!("127.0.0.1:{port}"),
+        format!("[::1]:{port}"),
+        "[::1]".to_owned(),
+    ] {
+        let (status, body) = raw_graph(&open.admin, &format!("Host: {host}\r\n"));
+        assert_eq!(status, 200, "{host}: {body}");
+    }
+    drop(open);
+
+    // A token authenticates the caller whatever name it used.
+    let guarded = LocalRun::start(&[], &[("DYNAMO_ADMIN_TOKEN", "s3cret")]);
+    assert_eq!(guarded.graph(Some("s3cret")).await.status(), 200);
+    let (status, body) = raw_graph(
+        &guarded.admin,
+        "Host: evil.example\r\nAuthorization: Bearer s3cret\r\n",
+    );
+    assert_eq!(status, 200, "{body}");
 }

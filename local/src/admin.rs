@@ -3,13 +3,16 @@
 //! stand-in for the DGDSA scale subresource the planner uses on a cluster).
 //!
 //! It can start and stop processes, so it listens on loopback unless told otherwise, and
-//! anywhere else only with a bearer token, which every request must then carry.
+//! anywhere else only with a bearer token, which every request must then carry. Without a
+//! token it answers only requests addressed to a loopback name, so a web page whose own
+//! name was rebound to 127.0.0.1 (DNS rebinding) cannot drive it from a browser.
 
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 
 use anyhow::{Context, bail};
 use axum::extract::{Request, State, rejection::JsonRejection};
+use axum::http::uri::Authority;
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
@@ -65,13 +68,14 @@ impl Admin {
 
     /// Serves until the task is aborted.
     pub(crate) async fn serve(self, runner: Arc<Mutex<Runner>>) {
-        let mut app = Router::new()
+        let app = Router::new()
             .route("/graph", get(graph))
             .route("/scale", post(scale))
             .with_state(runner);
-        if let Some(token) = self.token {
-            app = app.layer(middleware::from_fn_with_state(token, require_token));
-        }
+        let app = match self.token {
+            Some(token) => app.layer(middleware::from_fn_with_state(token, require_token)),
+            None => app.layer(middleware::from_fn(require_loopback_host)),
+        };
         let server = Server::new(&ServerLimits::default());
         if let Err(err) = server
             .serve_http(self.listener, app, std::future::pending())
@@ -103,6 +107,45 @@ async fn require_token(
         Some(_) => unauthorized("wrong bearer token"),
         None => unauthorized("this admin API needs `Authorization: Bearer <token>`"),
     }
+}
+
+/// Lets a request through only if it names this machine: `localhost` or a loopback
+/// address, with any port. A browser sends the page's own name, so a page of another site
+/// that reaches the port through a rebound name is refused.
+async fn require_loopback_host(request: Request, next: Next) -> Response {
+    // An HTTP/2 request names its target in the URI (`:authority`), as does an HTTP/1.1
+    // one in absolute form, whose `Host` is then ignored (RFC 9112, section 3.2.2).
+    let named = match request.uri().authority() {
+        Some(authority) => Some(authority.as_str()),
+        None => request
+            .headers()
+            .get(header::HOST)
+            .and_then(|v| v.to_str().ok()),
+    };
+    if named.is_some_and(is_loopback_host) {
+        return next.run(request).await;
+    }
+    error(
+        StatusCode::FORBIDDEN,
+        format!(
+            "this admin API answers only requests with `Host: localhost` or a loopback \
+             address (any name with its bearer token), not {}",
+            named.map_or("none".into(), |host| format!("{host:?}"))
+        ),
+    )
+}
+
+/// `localhost` or a loopback IP address (IPv6 in brackets), with or without a port.
+fn is_loopback_host(host: &str) -> bool {
+    let Ok(authority) = host.parse::<Authority>() else {
+        return false;
+    };
+    let host = authority.host();
+    let ip = host
+        .strip_prefix('[')
+        .and_then(|h| h.strip_suffix(']'))
+        .unwrap_or(host);
+    host.eq_ignore_ascii_case("localhost") || ip.parse::<IpAddr>().is_ok_and(|ip| ip.is_loopback())
 }
 
 /// Compares in time that depends only on the expected token's length, so the answer's
@@ -141,7 +184,9 @@ async fn scale(
         Ok(()) => Json(runner.status()).into_response(),
         Err(err @ ScaleError::UnknownService(..)) => error(StatusCode::NOT_FOUND, err.to_string()),
         Err(err @ ScaleError::OverCap(_)) => error(StatusCode::BAD_REQUEST, err.to_string()),
-        Err(ScaleError::Start(err)) => error(StatusCode::INTERNAL_SERVER_ERROR, format!("{err:#}")),
+        Err(err @ (ScaleError::Start(_) | ScaleError::Record(_))) => {
+            error(StatusCode::INTERNAL_SERVER_ERROR, err.to_string())
+        }
     }
 }
 
@@ -151,7 +196,36 @@ fn error(status: StatusCode, message: String) -> Response {
 
 #[cfg(test)]
 mod tests {
-    use super::same_token;
+    use super::{is_loopback_host, same_token};
+
+    #[test]
+    fn only_loopback_names_are_loopback_hosts() {
+        for host in [
+            "localhost",
+            "LocalHost:8080",
+            "127.0.0.1",
+            "127.0.0.1:9",
+            "127.1.2.3:9",
+            "[::1]",
+            "[::1]:9",
+        ] {
+            assert!(is_loopback_host(host), "{host}");
+        }
+        for host in [
+            "",
+            "evil.example",
+            "evil.example:9",
+            "localhost.evil.example",
+            "127.0.0.1.nip.io",
+            "localhost@evil.example",
+            "0.0.0.0",
+            "10.0.0.1:9",
+            "[::]:9",
+            "[::1",
+        ] {
+            assert!(!is_loopback_host(host), "{host}");
+        }
+    }
 
     #[test]
     fn only_the_exact_token_matches() {

@@ -173,25 +173,9 @@ async fn run_async(args: RunArgs) -> anyhow::Result<()> {
     // Made once nothing else can fail before the end removes it.
     let state_dir = std::env::temp_dir().join(format!("dynamo-run-{}", std::process::id()));
     std::fs::create_dir_all(&state_dir)?;
-    let credential_file = state_dir.join("block-api-token");
-    write_credential(&credential_file)?;
-
-    let runner = Arc::new(Mutex::new(Runner {
-        graph,
-        bins,
-        grace: args.grace,
-        endpoints_file: state_dir.join("endpoints.json"),
-        credential_file,
-        state_dir: state_dir.clone(),
-        replicas: BTreeMap::new(),
-        epp: None,
-        picker_metrics: String::new(),
-        prometheus: None,
-        planner: None,
-        ready: HashSet::new(),
-        complete: false,
-        used_ports: HashSet::new(),
-    }));
+    let runner = Runner::new(graph, bins, args.grace, state_dir.clone());
+    write_credential(&runner.credential_file)?;
+    let runner = Arc::new(Mutex::new(runner));
     let result = serve(&runner, &args, admin, prometheus_bin, admin_token).await;
     eprintln!("stopping: the planner and the endpoint picker first, then every replica");
     runner.lock().await.stop_all().await;
@@ -412,18 +396,40 @@ struct Replica {
     sidecar: Supervised,
 }
 
-/// Why a scale request was refused.
+/// Why a scale request was refused. After any of them the graph is as it was.
 #[derive(Debug, thiserror::Error)]
 pub(crate) enum ScaleError {
     #[error("no worker service {0:?} (workers: {1})")]
     UnknownService(String, String),
     #[error(transparent)]
     OverCap(PlanError),
-    #[error(transparent)]
-    Start(#[from] anyhow::Error),
+    #[error("cannot start a replica, so nothing changed: {0:#}")]
+    Start(anyhow::Error),
+    #[error("cannot record the change, so nothing changed: {0:#}")]
+    Record(anyhow::Error),
 }
 
 impl Runner {
+    /// A runner with nothing started yet, keeping its files in `state_dir`.
+    fn new(graph: Graph, bins: Bins, grace: Duration, state_dir: PathBuf) -> Self {
+        Self {
+            graph,
+            bins,
+            grace,
+            endpoints_file: state_dir.join("endpoints.json"),
+            credential_file: state_dir.join("block-api-token"),
+            state_dir,
+            replicas: BTreeMap::new(),
+            epp: None,
+            picker_metrics: String::new(),
+            prometheus: None,
+            planner: None,
+            ready: HashSet::new(),
+            complete: false,
+            used_ports: HashSet::new(),
+        }
+    }
+
     fn free_port(&mut self) -> anyhow::Result<u16> {
         for _ in 0..64 {
             let port = TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
@@ -641,9 +647,25 @@ impl Runner {
             .with_context(|| format!("cannot write {}", self.endpoints_file.display()))
     }
 
+    /// Takes `ready` as the ready replicas if the picker's list can be rewritten to match;
+    /// else keeps the old set (the next probe tries again), so `/graph` never shows a
+    /// replica ready that the list lacks.
+    fn set_ready(&mut self, ready: HashSet<(String, u32)>) -> anyhow::Result<()> {
+        let before = (std::mem::replace(&mut self.ready, ready), self.complete);
+        self.complete |= self.every_service_ready();
+        let written = self.write_endpoints();
+        if written.is_err() {
+            (self.ready, self.complete) = before;
+        }
+        written
+    }
+
     /// Grows or shrinks `service` to `replicas`. New replicas join the picker's list once
     /// their sidecar is ready; removed ones leave the list before they are stopped, so
-    /// no new request is sent to a stopping replica.
+    /// no new request is sent to a stopping replica. A change that cannot be started or
+    /// recorded is undone before the error returns: the replicas it started are stopped,
+    /// those it took out are put back, and the list and Prometheus' targets stay as
+    /// they were.
     pub(crate) async fn scale(&mut self, service: &str, replicas: u32) -> Result<(), ScaleError> {
         if !self.graph.workers.contains_key(service) {
             let known: Vec<&str> = self.graph.workers.keys().map(String::as_str).collect();
@@ -659,19 +681,39 @@ impl Runner {
         self.graph
             .check_caps(&counts)
             .map_err(ScaleError::OverCap)?;
-        for _ in current..replicas {
-            self.add_replica(service)?;
-        }
-        let keep = replicas as usize;
-        let removed = match self.replicas.get_mut(service) {
-            Some(list) if list.len() > keep => list.split_off(keep),
-            _ => Vec::new(),
-        };
+        // What an undo restores: the service's list (`None`: it had none) and readiness.
+        let before = self.replicas.get(service).map(Vec::len);
+        let ready = self.ready.clone();
+        // Taken out of the list now, stopped only once the change is recorded.
+        let list = self.replicas.entry(service.to_owned()).or_default();
+        let mut removed = list.split_off(list.len().min(replicas as usize));
         for r in &removed {
             self.ready.remove(&(service.to_owned(), r.index));
         }
-        self.write_endpoints()?;
-        self.write_scrape_targets()?;
+        let changed = (current..replicas)
+            .try_for_each(|_| self.add_replica(service))
+            .map_err(ScaleError::Start)
+            .and_then(|()| {
+                // The picker's list last: writing it commits the change.
+                self.write_scrape_targets()
+                    .and_then(|()| self.write_endpoints())
+                    .map_err(ScaleError::Record)
+            });
+        if let Err(err) = changed {
+            let list = self.replicas.entry(service.to_owned()).or_default();
+            let started = list.split_off(before.unwrap_or(0).min(list.len()));
+            list.append(&mut removed);
+            if before.is_none() {
+                self.replicas.remove(service);
+            }
+            self.ready = ready;
+            // The picker's list was not replaced; Prometheus' targets may have been.
+            if let Err(err) = self.write_scrape_targets() {
+                eprintln!("{err:#}");
+            }
+            futures::future::join_all(started.into_iter().map(Replica::stop)).await;
+            return Err(err);
+        }
         futures::future::join_all(removed.into_iter().map(Replica::stop)).await;
         Ok(())
     }
@@ -810,12 +852,10 @@ async fn probe_readiness(runner: Arc<Mutex<Runner>>) {
             }
         }
         failures.retain(|key, _| r.replicas.contains_key(&key.0));
-        if ready != r.ready {
-            r.ready = ready;
-            r.complete |= r.every_service_ready();
-            if let Err(err) = r.write_endpoints() {
-                eprintln!("{err:#}");
-            }
+        if ready != r.ready
+            && let Err(err) = r.set_ready(ready)
+        {
+            eprintln!("{err:#}");
         }
         drop(r);
         tokio::time::sleep(Duration::from_millis(500)).await;
@@ -935,5 +975,91 @@ async fn announce_ready(host: String, port: u16) {
             return;
         }
         tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::os::unix::fs::PermissionsExt as _;
+
+    use super::*;
+    use crate::plan::tests::{options, sample};
+
+    /// A runner of the aggregated mocker sample with nothing started, its engines and
+    /// sidecars `sleep` stand-ins, its state in `dir`.
+    fn runner(dir: &Path) -> Runner {
+        let bins = dir.join("bins");
+        std::fs::create_dir(&bins).unwrap();
+        for name in ["dynamo-mocker", "dynamo-sidecar"] {
+            let path = bins.join(name);
+            std::fs::write(&path, "#!/bin/sh\nexec /bin/sleep 120\n").unwrap();
+            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+        }
+        let graph = Graph::from_dgd(&sample("agg-mocker.yaml"), &options());
+        let bins = Bins { dir: Some(bins) };
+        Runner::new(graph.unwrap(), bins, Duration::from_secs(2), dir.into())
+    }
+
+    /// Answers `/ready` on `port` as a ready sidecar would, sending one message per probe.
+    async fn ready_sidecar(port: u16) -> tokio::sync::mpsc::UnboundedReceiver<()> {
+        let (probed, probes) = tokio::sync::mpsc::unbounded_channel();
+        let app = axum::Router::new().route(
+            "/ready",
+            axum::routing::get(move || {
+                let _ = probed.send(());
+                async {}
+            }),
+        );
+        let listener = tokio::net::TcpListener::bind(("127.0.0.1", port))
+            .await
+            .unwrap();
+        tokio::spawn(async move { axum::serve(listener, app).await });
+        probes
+    }
+
+    fn listed(runner: &Runner) -> Vec<String> {
+        let text = std::fs::read_to_string(&runner.endpoints_file).unwrap();
+        let file: EndpointsFile = serde_json::from_str(&text).unwrap();
+        file.endpoints.into_iter().map(|e| e.address).collect()
+    }
+
+    #[tokio::test]
+    async fn a_replica_shows_ready_only_once_the_picker_list_holds_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut runner = runner(dir.path());
+        runner.scale("worker", 1).await.unwrap();
+        let replica = &runner.replicas["worker"][0];
+        let (sidecar, metrics) = (replica.ports.sidecar, replica.ports.sidecar_metrics);
+        let mut probes = ready_sidecar(metrics).await;
+        // A directory where the list goes: no write replaces it, not even root's.
+        let endpoints = runner.endpoints_file.clone();
+        std::fs::remove_file(&endpoints).unwrap();
+        std::fs::create_dir(&endpoints).unwrap();
+
+        let runner = Arc::new(Mutex::new(runner));
+        let probe = tokio::spawn(probe_readiness(runner.clone()));
+        // The second probe comes after the first one's answer was taken in.
+        probes.recv().await.unwrap();
+        probes.recv().await.unwrap();
+        let graph = runner.lock().await.status();
+        assert!(
+            !graph.services["worker"][0].ready,
+            "ready, yet not in the list"
+        );
+
+        std::fs::remove_dir(&endpoints).unwrap();
+        let written = async {
+            while !runner.lock().await.status().services["worker"][0].ready {
+                probes.recv().await.unwrap();
+            }
+        };
+        // Only against a hang: the probe after the next one writes the list.
+        tokio::time::timeout(Duration::from_secs(60), written)
+            .await
+            .expect("the replica never became ready once the list could be written");
+        let mut runner = runner.lock().await;
+        assert_eq!(listed(&runner), [format!("127.0.0.1:{sidecar}")]);
+        probe.abort();
+        runner.stop_all().await;
     }
 }

@@ -518,11 +518,11 @@ fn path_arg(path: &Path) -> String {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use dynamo_wiring::planner::ModeArg;
 
-    fn sample(name: &str) -> DynamoGraphDeployment {
+    pub(crate) fn sample(name: &str) -> DynamoGraphDeployment {
         let path = format!("{}/../config/samples/{name}", env!("CARGO_MANIFEST_DIR"));
         let yaml = std::fs::read_to_string(path).unwrap();
         let validated = dynamo_crds::validate::validate_manifest(&yaml).unwrap();
@@ -534,7 +534,7 @@ mod tests {
         processes: 20,
     };
 
-    fn options() -> RunOptions {
+    pub(crate) fn options() -> RunOptions {
         RunOptions {
             model_path: Some("/models/qwen-mock".into()),
             backend: None,

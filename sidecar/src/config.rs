@@ -184,6 +184,20 @@ pub struct DisaggFlags {
     /// prefills itself).
     #[arg(long, env = "DYNAMO_SIDECAR_KV_LEASE_BYTES", default_value = "1GiB", value_parser = dynamo_kvblocks::parse_bytes)]
     pub kv_lease_bytes: u64,
+    /// Bytes the leases of one peer may hold at once [default: a quarter of
+    /// --kv-lease-bytes]. A lease is charged to the address whose request made it (on a
+    /// prefill pod, the client of the prefill leg), so one peer's junk leases cannot
+    /// leave the others no room.
+    #[arg(long, env = "DYNAMO_SIDECAR_KV_LEASE_BYTES_PER_PEER", value_parser = dynamo_kvblocks::parse_bytes)]
+    pub kv_lease_bytes_per_peer: Option<u64>,
+}
+
+impl DisaggFlags {
+    /// `--kv-lease-bytes-per-peer`, or its default.
+    pub fn lease_peer_share(&self) -> u64 {
+        self.kv_lease_bytes_per_peer
+            .unwrap_or(self.kv_lease_bytes / 4)
+    }
 }
 
 impl KvTierFlags {
@@ -245,6 +259,7 @@ mod tests {
         assert_eq!(c.metrics_addr(), "0.0.0.0:9090".parse().unwrap());
         assert_eq!(c.shutdown_grace, Duration::from_secs(30));
         assert_eq!(c.model_name, None);
+        assert_eq!(c.disagg.lease_peer_share(), 256 << 20);
     }
 
     #[test]

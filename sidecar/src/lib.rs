@@ -83,6 +83,7 @@ impl Sidecar {
         let leases = Leases::new(
             config.disagg.kv_lease_duration,
             config.disagg.kv_lease_bytes,
+            config.disagg.lease_peer_share(),
             LeaseMetrics::register(&mut metrics),
         );
         let hop_metrics = HopMetrics::register(&mut metrics);
@@ -122,6 +123,7 @@ impl Sidecar {
             PathAllowlist::new(&config.proxy_paths),
             &metrics,
             hop,
+            leases.clone(),
         )
         .map_err(|e| anyhow::anyhow!("--engine-url: {e}"))?;
         let proxy = {

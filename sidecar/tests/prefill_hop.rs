@@ -31,7 +31,8 @@ enum Answer {
     /// Sleeps, then answers.
     Late(Duration, Value),
     /// Lends `blocks` blocks to its sidecar (at the gRPC address) under the request's
-    /// `x-request-id`, waits `delay`, then answers the block-API engine's parameters.
+    /// `x-request-id`, waits `delay`, then answers the block-API engine's parameters
+    /// (none if the sidecar refused the lease).
     Lend {
         sidecar: SocketAddr,
         blocks: u64,
@@ -118,7 +119,11 @@ async fn respond(answer: Answer, headers: &HeaderMap, body: &Value) -> Response 
             let lease = headers["x-request-id"].to_str().unwrap().to_owned();
             let mut client = BlockClient::new(&format!("http://{sidecar}")).unwrap();
             let reply = client.lend(&lease, chain(blocks)).await.unwrap();
-            assert_eq!((reply.lent, reply.refused), (blocks, None));
+            if reply.refused.is_some() {
+                // As the mock engine: no lease, no transfer parameters.
+                return Json(json!({"kv_transfer_params": null})).into_response();
+            }
+            assert_eq!(reply.lent, blocks);
             tokio::time::sleep(delay).await;
             Json(json!({
                 "id": "cmpl-p", "object": "text_completion",
@@ -523,4 +528,60 @@ async fn a_transfer_that_does_not_finish_in_time_falls_back_to_local_prefill() {
     };
     assert_eq!(*decoded, request());
     assert_eq!(pods.decode.leases.held(), (0, 0));
+}
+
+#[tokio::test]
+async fn junk_leases_from_one_peer_leave_room_for_the_others_leases() {
+    // Room for four leases of 16 KiB; a peer's share (a quarter by default) is one.
+    let budget = ["--kv-lease-bytes", "64KiB"];
+    let pods = Pods::start(Answer::Hang, &budget, &[]).await;
+    *pods.prefill_engine.answer.lock().unwrap() = Answer::Lend {
+        sidecar: pods.prefill.grpc_addr,
+        blocks: 4,
+        delay: Duration::ZERO,
+    };
+    pods.block_api();
+    // A stranger on another address sends prefill legs straight to the prefill pod,
+    // and never fetches what they leave there.
+    let stranger = reqwest::Client::builder()
+        .local_address(std::net::IpAddr::from([127, 0, 0, 2]))
+        .build()
+        .unwrap();
+    for i in 0..4 {
+        let leg = json!({"model": "m", "prompt": "junk", "max_tokens": 1,
+                         "kv_transfer_params": {"do_remote_decode": true}});
+        let answer = stranger
+            .post(format!("http://{}/v1/completions", pods.prefill.proxy_addr))
+            .header("x-request-id", format!("junk-{i}"))
+            .json(&leg)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(answer.status(), 200);
+    }
+    assert_eq!(
+        pods.prefill.leases.held(),
+        (1, 16 << 10),
+        "the stranger's share"
+    );
+    let refused = "reason=\"peer_over_budget\"";
+    assert_eq!(
+        metric(
+            &pods.prefill,
+            "dynamo_sidecar_kv_leases_refused_total",
+            refused
+        )
+        .await,
+        3.0
+    );
+
+    // A real disaggregated request still finds room for its lease.
+    let response = pods
+        .send(&pods.prefill.proxy_addr.to_string(), request())
+        .await;
+    assert_eq!(hop_outcome(&response), "remote");
+    assert_eq!(
+        response.json::<Value>().await.unwrap(),
+        json!({"fetched": 4, "same": true})
+    );
 }

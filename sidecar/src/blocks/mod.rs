@@ -4,10 +4,12 @@
 //! - [`store`]: carries out `dynamo_kvblocks::placement`'s decisions and publishes what
 //!   each tier holds into the pod's KV event stream;
 //! - [`disk`] and [`object`]: the G3 and G4 tiers (host memory lives in the store);
-//! - [`lease`]: blocks held for a remote decode (disaggregated serving);
+//! - [`lease`]: blocks held for a remote decode (disaggregated serving), within the
+//!   lease [`budget`];
 //! - [`service`]: the gRPC block API, behind its [`guard`];
 //! - [`metrics`]: `kvbm_*` and `dynamo_sidecar_kv_*`.
 
+pub mod budget;
 pub mod disk;
 pub mod guard;
 pub mod lease;

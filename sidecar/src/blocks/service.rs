@@ -20,6 +20,7 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::service::interceptor::InterceptedService;
 use tonic::{Request, Response, Status, Streaming};
 
+use super::budget::peer_of;
 use super::guard::Guard;
 use super::lease::Leases;
 use super::store::{BlockStore, OffloadCounts, Outcome};
@@ -265,6 +266,7 @@ impl KvBlocks for BlockApi {
         &self,
         request: Request<Streaming<LendRequest>>,
     ) -> Result<Response<LendReply>, Status> {
+        let lender = peer_of(request.remote_addr());
         let mut messages = request.into_inner();
         let (mut name, mut blocks, mut bytes) = (None::<String>, Vec::new(), 0u64);
         let mut refused = None;
@@ -292,7 +294,7 @@ impl KvBlocks for BlockApi {
         }
         let (name, count) = (name.unwrap_or_default(), blocks.len() as u64);
         let refused = refused.or_else(|| {
-            let lent = self.leases.lend(&name, blocks);
+            let lent = self.leases.lend(&name, blocks, lender);
             lent.err().map(|e| e.to_string())
         });
         let lent = if refused.is_some() { 0 } else { count };

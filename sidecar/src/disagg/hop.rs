@@ -132,6 +132,8 @@ impl Hop {
     {
         let (mut parts, body) = request.into_parts();
         let named = parts.headers.remove(PREFILLER_HEADER);
+        // The lease of the blocks fetched for this request is charged to its client.
+        let peer = crate::proxy::client_ip(&parts.extensions);
         if !HOP_PATHS.contains(&parts.uri.path()) {
             return call(&mut inner, Request::from_parts(parts, body)).await;
         }
@@ -162,7 +164,7 @@ impl Hop {
                 self.metrics
                     .prefill_seconds
                     .observe(started.elapsed().as_secs_f64());
-                self.decode(target, &client, params).await
+                self.decode(target, &client, params, peer).await
             }
             Err(Failed::Client(response)) => {
                 return self.answered(response, HopOutcome::ClientError, None);
@@ -271,12 +273,13 @@ impl Hop {
         }
     }
 
-    /// The engine's request after a prefill that answered `params`.
+    /// The engine's request after a prefill that answered `params`, for `peer`.
     async fn decode(
         &self,
         target: SocketAddr,
         client: &Map<String, Value>,
         params: KvTransferParams,
+        peer: IpAddr,
     ) -> Decode {
         let with = |params: &KvTransferParams| {
             let mut body = client.clone();
@@ -302,7 +305,7 @@ impl Hop {
             };
         }
         let started = Instant::now();
-        match self.fetch(target, &params).await {
+        match self.fetch(target, &params, peer).await {
             Ok((local, hashes)) => {
                 let took = started.elapsed();
                 self.metrics.transfer_seconds.observe(took.as_secs_f64());
@@ -336,13 +339,14 @@ impl Hop {
         }
     }
 
-    /// Brings the prefill's blocks here under a fresh local lease. They are fetched
-    /// from the pod the picker named (its IP, whatever `remote_host` says) on the
-    /// prefill's `remote_port`.
+    /// Brings the prefill's blocks here under a fresh local lease, charged to `peer`.
+    /// They are fetched from the pod the picker named (its IP, whatever `remote_host`
+    /// says) on the prefill's `remote_port`.
     async fn fetch(
         &self,
         target: SocketAddr,
         params: &KvTransferParams,
+        peer: IpAddr,
     ) -> Result<(LeaseGuard, Vec<SeqHash>), String> {
         let (Some(lease), Some(port), Some(ids)) = (
             &params.remote_request_id,
@@ -370,7 +374,7 @@ impl Hop {
         self.metrics.transfer_blocks.inc_by(blocks.len() as u64);
         let name = new_id();
         self.leases
-            .lend(&name, blocks)
+            .lend(&name, blocks, peer)
             .map_err(|e| format!("holding the fetched blocks: {e}"))?;
         let guard = LeaseGuard {
             leases: self.leases.clone(),
@@ -455,7 +459,7 @@ where
 
 /// A fresh request id and lease name: 128 random bits in hex, so that no client can
 /// name another request's lease.
-fn new_id() -> String {
+pub(crate) fn new_id() -> String {
     format!("{:032x}", rand::random::<u128>())
 }
 
@@ -504,6 +508,7 @@ mod tests {
             transfer: Transfer::new(Duration::from_secs(1), None),
             leases: Leases::new(
                 Duration::from_secs(1),
+                1 << 20,
                 1 << 20,
                 LeaseMetrics::register(&mut metrics),
             ),

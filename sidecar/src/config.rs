@@ -168,6 +168,12 @@ pub struct DisaggFlags {
     /// other pod is refused (403), so a client cannot make the sidecar connect anywhere.
     #[arg(long, env = "DYNAMO_SIDECAR_PREFILL_PEERS", value_delimiter = ',')]
     pub prefill_peers: Vec<String>,
+    /// Port of the block API of the prefill peers that `ip:port` and `dns:` entries name
+    /// [default: this sidecar's --grpc-port: the pods of a graph share one layout];
+    /// `file:` entries announce their own (`kv_events`). A prompt's blocks are fetched
+    /// from there only, whatever port the prefill's answer names.
+    #[arg(long, env = "DYNAMO_SIDECAR_PREFILL_PEER_GRPC_PORT")]
+    pub prefill_peer_grpc_port: Option<u16>,
     /// Time the prefill pod gets to answer the prefill leg; past it the request is
     /// prefilled here instead.
     #[arg(long, env = "DYNAMO_SIDECAR_PREFILL_TIMEOUT", default_value = "30", value_parser = parse_duration)]

@@ -89,8 +89,6 @@ impl Sidecar {
         let hop_metrics = HopMetrics::register(&mut metrics);
         let metrics = Arc::new(metrics);
         let store = blocks::open(&config.kv_tiers, hub.clone(), block_metrics)?;
-        let peers = PrefillPeers::parse(&config.disagg.prefill_peers)
-            .map_err(|e| anyhow::anyhow!("--prefill-peers: {e}"))?;
         let client = proxy::engine_client().context("building the engine HTTP client")?;
         let credential = config
             .block_api_token_file
@@ -107,6 +105,12 @@ impl Sidecar {
             metrics_listener.local_addr()?,
         );
 
+        let peer_block_port = config.disagg.prefill_peer_grpc_port;
+        let peers = PrefillPeers::parse(
+            &config.disagg.prefill_peers,
+            peer_block_port.unwrap_or(grpc_addr.port()),
+        )
+        .map_err(|e| anyhow::anyhow!("--prefill-peers: {e}"))?;
         let server = Server::new(&config.server);
         let stop_accepting = CancellationToken::new();
         let hop = PrefillHopLayer::new(Hop {

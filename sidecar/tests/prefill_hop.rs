@@ -165,13 +165,18 @@ struct Pods {
 }
 
 impl Pods {
-    /// `prefill_flags` and `decode_flags` go to the sidecars.
+    /// `prefill_flags` and `decode_flags` go to the sidecars; the decode sidecar knows
+    /// the prefill sidecar's gRPC port as its block API port, unless its flags say.
     async fn start(prefill_answer: Answer, prefill_flags: &[&str], decode_flags: &[&str]) -> Self {
         let prefill_engine = Engine::start(prefill_answer).await;
         let prefill = sidecar_with(&prefill_engine.url, None, None, prefill_flags).await;
         let decode_engine = Engine::start(Answer::Json(StatusCode::OK, json!({"ok": 1}))).await;
         let peers = format!("{}", prefill.proxy_addr);
+        let block_port = prefill.grpc_addr.port().to_string();
         let mut flags = vec!["--prefill-peers", &peers];
+        if !decode_flags.contains(&"--prefill-peer-grpc-port") {
+            flags.extend(["--prefill-peer-grpc-port", &block_port]);
+        }
         flags.extend(decode_flags);
         let decode = sidecar_with(&decode_engine.url, None, None, &flags).await;
         Self {
@@ -517,7 +522,14 @@ async fn a_transfer_that_does_not_finish_in_time_falls_back_to_local_prefill() {
         "remote_block_ids": [1000, 1001], "remote_request_id": "r", "remote_port": port,
         "remote_transport": KVBLOCKS_TRANSPORT}});
     let answer = Answer::Json(StatusCode::OK, params);
-    let pods = Pods::start(answer, &[], &["--kv-transfer-timeout", "300ms"]).await;
+    let port = port.to_string();
+    let decode_flags = [
+        "--kv-transfer-timeout",
+        "300ms",
+        "--prefill-peer-grpc-port",
+        &port,
+    ];
+    let pods = Pods::start(answer, &[], &decode_flags).await;
     let response = pods
         .send(&pods.prefill.proxy_addr.to_string(), request())
         .await;
@@ -528,6 +540,8 @@ async fn a_transfer_that_does_not_finish_in_time_falls_back_to_local_prefill() {
     };
     assert_eq!(*decoded, request());
     assert_eq!(pods.decode.leases.held(), (0, 0));
+    let refused = "dynamo_sidecar_kv_transfer_unannounced_port_total";
+    assert_eq!(metric(&pods.decode, refused, "").await, 0.0, "a timeout");
 }
 
 #[tokio::test]
@@ -584,4 +598,43 @@ async fn junk_leases_from_one_peer_leave_room_for_the_others_leases() {
         response.json::<Value>().await.unwrap(),
         json!({"fetched": 4, "same": true})
     );
+}
+
+#[tokio::test]
+async fn blocks_are_fetched_only_from_the_prefill_peers_announced_block_api_port() {
+    // Another server on the prefill pod's IP, which its answer names as `remote_port`.
+    let other = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = other.local_addr().unwrap().port();
+    let reached = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let _other = AbortOnDropHandle::new(tokio::spawn({
+        let reached = reached.clone();
+        async move {
+            let mut open = Vec::new();
+            while let Ok((socket, _)) = other.accept().await {
+                reached.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                open.push(socket);
+            }
+        }
+    }));
+    let params = json!({"kv_transfer_params": {"do_remote_prefill": true,
+        "remote_block_ids": [1000, 1001], "remote_request_id": "r", "remote_port": port,
+        "remote_transport": KVBLOCKS_TRANSPORT}});
+    let answer = Answer::Json(StatusCode::OK, params);
+    let pods = Pods::start(answer, &[], &["--kv-transfer-timeout", "300ms"]).await;
+    let response = pods
+        .send(&pods.prefill.proxy_addr.to_string(), request())
+        .await;
+    assert_eq!(response.status(), 200);
+    assert_eq!(hop_outcome(&response), "fallback_transfer_failed");
+    assert_eq!(
+        reached.load(std::sync::atomic::Ordering::SeqCst),
+        0,
+        "the decode sidecar connected to the port the answer named"
+    );
+    let refused = "dynamo_sidecar_kv_transfer_unannounced_port_total";
+    assert_eq!(metric(&pods.decode, refused, "").await, 1.0);
+    let [(_, decoded)] = &pods.decode_engine.requests()[..] else {
+        panic!("one decode request");
+    };
+    assert_eq!(*decoded, request(), "prefilled here");
 }

@@ -109,6 +109,14 @@ where
     }
 }
 
+/// The prefill pod of a request: where its prefill leg goes, and the port of its
+/// sidecar's block API.
+#[derive(Clone, Copy)]
+struct Prefill {
+    target: SocketAddr,
+    block_port: u16,
+}
+
 /// How the prefill leg ended, short of transfer parameters.
 enum Failed {
     /// The prefill pod's 4xx, for the client.
@@ -144,11 +152,12 @@ impl Hop {
         let Some(target) = target else {
             return self.refuse(format!("{PREFILLER_HEADER} must be one ip:port"));
         };
-        if !self.peers.allows(target).await {
+        let Some(block_port) = self.peers.block_api_port(target).await else {
             return self.refuse(format!(
                 "prefill pod {target} is not a prefill member of this pool"
             ));
-        }
+        };
+        let prefill = Prefill { target, block_port };
         let bytes = match read_body(body).await {
             Ok(bytes) => bytes,
             Err(e) => return e.into_response(),
@@ -164,7 +173,7 @@ impl Hop {
                 self.metrics
                     .prefill_seconds
                     .observe(started.elapsed().as_secs_f64());
-                self.decode(target, &client, params, peer).await
+                self.decode(prefill, &client, params, peer).await
             }
             Err(Failed::Client(response)) => {
                 return self.answered(response, HopOutcome::ClientError, None);
@@ -276,7 +285,7 @@ impl Hop {
     /// The engine's request after a prefill that answered `params`, for `peer`.
     async fn decode(
         &self,
-        target: SocketAddr,
+        prefill: Prefill,
         client: &Map<String, Value>,
         params: KvTransferParams,
         peer: IpAddr,
@@ -305,7 +314,7 @@ impl Hop {
             };
         }
         let started = Instant::now();
-        match self.fetch(target, &params, peer).await {
+        match self.fetch(prefill, &params, peer).await {
             Ok((local, hashes)) => {
                 let took = started.elapsed();
                 self.metrics.transfer_seconds.observe(took.as_secs_f64());
@@ -328,7 +337,7 @@ impl Hop {
                 }
             }
             Err(why) => {
-                tracing::warn!(prefill = %target, %why, "KV transfer failed; prefilling here");
+                tracing::warn!(prefill = %prefill.target, %why, "KV transfer failed; prefilling here");
                 Decode {
                     body: with_none(client),
                     outcome: HopOutcome::FallbackTransferFailed,
@@ -341,10 +350,10 @@ impl Hop {
 
     /// Brings the prefill's blocks here under a fresh local lease, charged to `peer`.
     /// They are fetched from the pod the picker named (its IP, whatever `remote_host`
-    /// says) on the prefill's `remote_port`.
+    /// says) on its announced block API port, which the prefill's `remote_port` must be.
     async fn fetch(
         &self,
-        target: SocketAddr,
+        prefill: Prefill,
         params: &KvTransferParams,
         peer: IpAddr,
     ) -> Result<(LeaseGuard, Vec<SeqHash>), String> {
@@ -355,11 +364,18 @@ impl Hop {
         ) else {
             return Err("the prefill's kv_transfer_params name no lease".into());
         };
+        if port != prefill.block_port {
+            self.metrics.transfer_unannounced_port.inc();
+            return Err(format!(
+                "the prefill's answer names port {port}, not its block API port {}",
+                prefill.block_port
+            ));
+        }
         if ids.len() > MAX_BLOCKS {
             return Err(format!("{} blocks to fetch", ids.len()));
         }
         let hashes: Vec<SeqHash> = ids.iter().copied().map(SeqHash).collect();
-        let from = SocketAddr::new(peer_ip(target.ip()), port);
+        let from = SocketAddr::new(peer_ip(prefill.target.ip()), prefill.block_port);
         let blocks = self
             .transfer
             .fetch(from, lease, &hashes)
@@ -504,7 +520,7 @@ mod tests {
         let mut metrics = Metrics::new();
         let hop = Hop {
             client: reqwest::Client::new(),
-            peers: PrefillPeers::parse(peers).unwrap(),
+            peers: PrefillPeers::parse(peers, 9100).unwrap(),
             transfer: Transfer::new(Duration::from_secs(1), None),
             leases: Leases::new(
                 Duration::from_secs(1),

@@ -1,5 +1,6 @@
 //! The sidecar's gRPC server (port 9100): the KV event stream and the KV block API
-//! (behind its guard, `blocks::guard`).
+//! (behind its guard, `blocks::guard`), their request messages bounded
+//! (`--grpc-message-timeout`, `--grpc-max-message-bytes`, `--grpc-max-connection-bytes`).
 
 use std::pin::Pin;
 use std::time::Duration;
@@ -8,7 +9,7 @@ use crate::blocks::service::BlockApiServer;
 use dynamo_kvstream::KvEventHub;
 use dynamo_kvstream::pb::kv_event_stream_server::{KvEventStream, KvEventStreamServer};
 use dynamo_kvstream::pb::{EventMessage, SubscribeRequest};
-use dynamo_server::GrpcConnection;
+use dynamo_server::{GrpcConnection, MessageLimitsLayer};
 use futures::{Stream, StreamExt};
 use tokio_util::sync::CancellationToken;
 use tonic::transport::Server;
@@ -21,6 +22,7 @@ pub async fn serve(
     incoming: impl Stream<Item = std::io::Result<GrpcConnection>> + Send + 'static,
     hub: KvEventHub,
     blocks: BlockApiServer,
+    limits: MessageLimitsLayer,
     stop: CancellationToken,
 ) -> Result<(), tonic::transport::Error> {
     let subscriptions = Subscriptions {
@@ -33,6 +35,7 @@ pub async fn serve(
         .initial_stream_window_size(dynamo_kvblocks::HTTP2_WINDOW_BYTES)
         .initial_connection_window_size(dynamo_kvblocks::HTTP2_WINDOW_BYTES)
         .max_frame_size(dynamo_kvblocks::HTTP2_FRAME_BYTES)
+        .layer(limits)
         .add_service(KvEventStreamServer::new(subscriptions))
         .add_service(blocks)
         .serve_with_incoming_shutdown(incoming, stop.cancelled_owned())

@@ -30,7 +30,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use dynamo_kvstream::{HubConfig, KvEventHub};
-use dynamo_server::Server;
+use dynamo_server::{MessageLimitsLayer, Server};
 use tokio::net::TcpListener;
 use tokio_util::sync::{CancellationToken, DropGuard};
 use tokio_util::task::AbortOnDropHandle;
@@ -87,6 +87,8 @@ impl Sidecar {
             LeaseMetrics::register(&mut metrics),
         );
         let hop_metrics = HopMetrics::register(&mut metrics);
+        let message_limits = MessageLimitsLayer::new(config.grpc.message_limits());
+        metrics.watch_grpc_messages(message_limits.stats());
         let metrics = Arc::new(metrics);
         let store = blocks::open(&config.kv_tiers, hub.clone(), block_metrics)?;
         let client = proxy::engine_client().context("building the engine HTTP client")?;
@@ -168,7 +170,8 @@ impl Sidecar {
         let (hub_for_grpc, stop_grpc) = (hub.clone(), CancellationToken::new());
         let (stop, incoming) = (stop_grpc.clone(), server.grpc_incoming(grpc_listener));
         background.push(spawn(async move {
-            if let Err(e) = grpc::serve(incoming, hub_for_grpc, blocks, stop).await {
+            let served = grpc::serve(incoming, hub_for_grpc, blocks, message_limits, stop);
+            if let Err(e) = served.await {
                 tracing::error!(error = %e, "the gRPC server stopped");
             }
         }));

@@ -21,7 +21,7 @@ use tonic::service::interceptor::InterceptedService;
 use tonic::{Request, Response, Status, Streaming};
 
 use super::budget::peer_of;
-use super::guard::Guard;
+use super::guard::{Guard, caller};
 use super::lease::Leases;
 use super::store::{BlockStore, OffloadCounts, Outcome};
 
@@ -266,7 +266,7 @@ impl KvBlocks for BlockApi {
         &self,
         request: Request<Streaming<LendRequest>>,
     ) -> Result<Response<LendReply>, Status> {
-        let lender = peer_of(request.remote_addr());
+        let lender = peer_of(caller(&request));
         let mut messages = request.into_inner();
         let (mut name, mut blocks, mut bytes) = (None::<String>, Vec::new(), 0u64);
         let mut refused = None;

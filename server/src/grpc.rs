@@ -2,16 +2,20 @@
 //! it is given, so this is where the connection budget and the first-bytes deadline
 //! apply. HTTP/2 keepalive (set on each tonic server) finds peers that vanish later.
 //! Each call sees its connection as a [`GrpcConnectInfo`], which the bounds on request
-//! messages (`grpc_messages`) keep their per-connection account in.
+//! messages (`grpc_messages`) keep their per-connection account in, and through which a
+//! call can cut its connection (a client that stopped reading its answer: HTTP/2 flow
+//! control stalls the answer where no handler can reach it, so only closing the
+//! connection frees what waits there).
 
 use std::io;
 use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::task::{Context, Poll};
 
 use futures::Stream;
+use futures::task::AtomicWaker;
 use hyper::http::Extensions;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
@@ -43,6 +47,9 @@ pub struct GrpcConnectInfo {
 struct Shared {
     /// Declared bytes of the request messages being received.
     receiving: AtomicU64,
+    cut: AtomicBool,
+    /// The connection's reader, woken to see the cut.
+    reader: AtomicWaker,
 }
 
 impl GrpcConnectInfo {
@@ -69,6 +76,21 @@ impl GrpcConnectInfo {
     /// Takes `bytes` back from the bytes being received.
     pub(crate) fn done_receiving(&self, bytes: u64) {
         self.shared.receiving.fetch_sub(bytes, Ordering::AcqRel);
+    }
+
+    /// Closes the connection, ending every call on it.
+    pub fn cut(&self) {
+        self.shared.cut.store(true, Ordering::Release);
+        self.shared.reader.wake();
+    }
+}
+
+impl GrpcConnection {
+    fn check_cut(&self) -> io::Result<()> {
+        match self.shared.cut.load(Ordering::Acquire) {
+            true => Err(io::ErrorKind::ConnectionAborted.into()),
+            false => Ok(()),
+        }
     }
 }
 
@@ -143,6 +165,8 @@ impl AsyncRead for GrpcConnection {
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
+        self.shared.reader.register(cx.waker());
+        self.check_cut()?;
         Pin::new(&mut self.tcp).poll_read(cx, buf)
     }
 }
@@ -153,6 +177,7 @@ impl AsyncWrite for GrpcConnection {
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
+        self.check_cut()?;
         Pin::new(&mut self.tcp).poll_write(cx, buf)
     }
 
@@ -169,6 +194,7 @@ impl AsyncWrite for GrpcConnection {
         cx: &mut Context<'_>,
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
+        self.check_cut()?;
         Pin::new(&mut self.tcp).poll_write_vectored(cx, bufs)
     }
 

@@ -120,7 +120,9 @@ pub struct Config {
 pub struct GrpcFlags {
     /// Longest a request message may take to arrive whole (each message of a streamed
     /// call too), counted from when the sidecar is ready for it; past it the call fails
-    /// (`DEADLINE_EXCEEDED`) and what it held is freed.
+    /// (`DEADLINE_EXCEEDED`) and what it held is freed. Also the longest a client may
+    /// leave a block of an answer (`Onboard`) untaken; past it the client's connection
+    /// is closed.
     #[arg(
         long,
         env = "DYNAMO_SIDECAR_GRPC_MESSAGE_TIMEOUT",

@@ -164,8 +164,13 @@ impl Sidecar {
         });
 
         let region_dir = config.kv_tiers.region_dir().map(ToOwned::to_owned);
-        let blocks =
-            blocks::service::service(store.clone(), leases.clone(), region_dir, credential);
+        let blocks = blocks::service::service(
+            store.clone(),
+            leases.clone(),
+            region_dir,
+            credential,
+            config.grpc.grpc_message_timeout,
+        );
         background.push(spawn(leases.clone().sweep()));
         let (hub_for_grpc, stop_grpc) = (hub.clone(), CancellationToken::new());
         let (stop, incoming) = (stop_grpc.clone(), server.grpc_incoming(grpc_listener));

@@ -1,7 +1,8 @@
-//! The lease budget (`--kv-lease-bytes`): the block bytes the sidecar holds for peers
-//! outside its tiers, in all and per peer. A peer is the address whose request made the
-//! bytes be held; its share (`--kv-lease-bytes-per-peer`) keeps one peer's junk from
-//! leaving no room for the others'.
+//! The lease budget (`--kv-lease-bytes`): the block bytes the sidecar holds for clients
+//! outside its tiers, in all and per peer: leases, lends still arriving, and answers'
+//! blocks on their way out. A lease's peer is the address whose request made it; its
+//! share (`--kv-lease-bytes-per-peer`) keeps one peer's junk from leaving no room for
+//! the others'. An answer's blocks are charged to no peer's share, only to the budget.
 
 use std::collections::HashMap;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
@@ -52,11 +53,11 @@ struct Held {
     by_peer: HashMap<IpAddr, u64>,
 }
 
-/// Bytes charged to the budget and to a peer's share until dropped.
+/// Bytes charged to the budget (and to a peer's share) until dropped.
 #[derive(Debug)]
 pub struct Charge {
     account: Arc<Account>,
-    peer: IpAddr,
+    peer: Option<IpAddr>,
     bytes: u64,
 }
 
@@ -72,24 +73,26 @@ impl LeaseBudget {
         }))
     }
 
-    pub fn budget(&self) -> u64 {
-        self.0.budget
-    }
-
     /// Bytes held now, in all.
     pub fn held(&self) -> u64 {
         self.0.held().bytes
     }
 
-    /// `bytes` charged to `peer`, if both the budget and the peer's share have room.
-    pub fn charge(&self, peer: IpAddr, bytes: u64) -> Result<Charge, OverBudget> {
-        let mut charge = Charge {
+    /// `bytes` charged to `peer` (none: to the budget only), if both the budget and the
+    /// peer's share have room.
+    pub fn charge(&self, peer: Option<IpAddr>, bytes: u64) -> Result<Charge, OverBudget> {
+        let mut charge = self.open(peer);
+        charge.grow(bytes)?;
+        Ok(charge)
+    }
+
+    /// A charge to `peer` of nothing yet, to [`Charge::grow`].
+    pub fn open(&self, peer: Option<IpAddr>) -> Charge {
+        Charge {
             account: self.0.clone(),
             peer,
             bytes: 0,
-        };
-        charge.grow(bytes)?;
-        Ok(charge)
+        }
     }
 }
 
@@ -108,7 +111,6 @@ impl Charge {
     pub fn grow(&mut self, bytes: u64) -> Result<(), OverBudget> {
         let account = &self.account;
         let mut held = account.held();
-        let peer_held = held.by_peer.get(&self.peer).copied().unwrap_or(0);
         if held.bytes + bytes > account.budget {
             return Err(OverBudget::Total {
                 bytes,
@@ -116,33 +118,47 @@ impl Charge {
                 budget: account.budget,
             });
         }
-        if peer_held + bytes > account.share {
-            return Err(OverBudget::Peer {
-                peer: self.peer,
-                bytes,
-                held: peer_held,
-                share: account.share,
-            });
+        if let Some(peer) = self.peer {
+            let peer_held = held.by_peer.get(&peer).copied().unwrap_or(0);
+            if peer_held + bytes > account.share {
+                return Err(OverBudget::Peer {
+                    peer,
+                    bytes,
+                    held: peer_held,
+                    share: account.share,
+                });
+            }
+            held.by_peer.insert(peer, peer_held + bytes);
         }
         held.bytes += bytes;
-        *held.by_peer.entry(self.peer).or_default() += bytes;
         account.gauge.set(held.bytes as i64);
         self.bytes += bytes;
         Ok(())
+    }
+
+    /// `bytes` of this charge (at most all of it) as a charge of its own, to go with
+    /// part of what it pays for.
+    pub fn split_off(&mut self, bytes: u64) -> Charge {
+        let bytes = bytes.min(self.bytes);
+        self.bytes -= bytes;
+        Charge {
+            account: self.account.clone(),
+            peer: self.peer,
+            bytes,
+        }
     }
 }
 
 impl Drop for Charge {
     fn drop(&mut self) {
-        if self.bytes == 0 {
-            return;
-        }
         let mut held = self.account.held();
         held.bytes -= self.bytes;
-        if let Some(peer_held) = held.by_peer.get_mut(&self.peer) {
+        if let Some(peer) = self.peer
+            && let Some(peer_held) = held.by_peer.get_mut(&peer)
+        {
             *peer_held -= self.bytes;
             if *peer_held == 0 {
-                held.by_peer.remove(&self.peer);
+                held.by_peer.remove(&peer);
             }
         }
         self.account.gauge.set(held.bytes as i64);
@@ -160,9 +176,9 @@ mod tests {
     fn a_peer_gets_its_share_and_the_others_the_rest() {
         let gauge = Gauge::default();
         let budget = LeaseBudget::new(100, 40, gauge.clone());
-        let a = budget.charge(A, 30).unwrap();
+        let a = budget.charge(Some(A), 30).unwrap();
         assert_eq!(
-            budget.charge(A, 20).unwrap_err(),
+            budget.charge(Some(A), 20).unwrap_err(),
             OverBudget::Peer {
                 peer: A,
                 bytes: 20,
@@ -170,8 +186,8 @@ mod tests {
                 share: 40
             }
         );
-        let mut b = budget.charge(B, 40).unwrap();
-        let c = budget.charge(IpAddr::from([10, 0, 0, 3]), 30).unwrap();
+        let mut b = budget.charge(Some(B), 40).unwrap();
+        let c = budget.charge(None, 30).unwrap();
         assert_eq!(gauge.get(), 100);
         assert_eq!(
             b.grow(1).unwrap_err(),
@@ -183,8 +199,15 @@ mod tests {
         );
         drop((a, c));
         assert_eq!((budget.held(), gauge.get()), (40, 40));
-        b.grow(0).unwrap();
+        let part = b.split_off(15);
         drop(b);
+        assert_eq!(
+            (part.bytes(), budget.held()),
+            (15, 15),
+            "the part still held"
+        );
+        assert!(budget.charge(Some(B), 26).is_err(), "and still B's");
+        drop(part);
         assert_eq!(budget.held(), 0);
         assert!(budget.0.held().by_peer.is_empty(), "no peer is left behind");
     }

@@ -8,7 +8,8 @@
 //!
 //! A lease is charged to the peer whose request made it. On a prefill pod that is the
 //! client of the prefill leg, which [`Leases::claim`]s the lease its engine will lend
-//! under the leg's request id; otherwise the caller that lends it.
+//! under the leg's request id; otherwise the caller that lends it. The charge runs from
+//! the first block of a `Lend` to the last block of the fetch's answer taken.
 
 use std::collections::HashMap;
 use std::net::IpAddr;
@@ -76,6 +77,8 @@ pub struct LeaseMetrics {
     pub refused: Family<Label, Counter>,
     /// Leases ended, by `how` (`fetched`, `released`, `expired`).
     pub ended: Family<Label, Counter>,
+    /// Block API answers whose client stopped taking their blocks, cut.
+    pub answers_cut: Counter,
 }
 
 impl LeaseMetrics {
@@ -89,7 +92,7 @@ impl LeaseMetrics {
         );
         r.register(
             "kv_lease_bytes",
-            "Payload bytes held under leases (the lease budget's use)",
+            "Payload bytes held under the lease budget: leases, lends arriving, answers' blocks on their way",
             m.held_bytes.clone(),
         );
         r.register("kv_leases_lent", "Leases taken", m.lent.clone());
@@ -102,6 +105,11 @@ impl LeaseMetrics {
             "kv_leases_ended",
             "Leases ended, by how (fetched, released, expired)",
             m.ended.clone(),
+        );
+        r.register(
+            "kv_answers_cut",
+            "Block API answers whose client stopped taking their blocks, cut with its connection",
+            m.answers_cut.clone(),
         );
         m
     }
@@ -125,8 +133,8 @@ struct Table {
 
 struct Lease {
     blocks: Vec<Block>,
-    /// The blocks' bytes, charged to the budget while the lease lives.
-    _charge: Charge,
+    /// The blocks' bytes.
+    charge: Charge,
     expires: Instant,
 }
 
@@ -152,8 +160,13 @@ impl Leases {
         self.duration
     }
 
-    pub fn budget(&self) -> u64 {
-        self.budget.budget()
+    /// The budget every lease, lend and answer is charged to.
+    pub fn budget(&self) -> &LeaseBudget {
+        &self.budget
+    }
+
+    pub fn metrics(&self) -> &LeaseMetrics {
+        &self.metrics
     }
 
     fn table(&self) -> MutexGuard<'_, Table> {
@@ -174,34 +187,48 @@ impl Leases {
         })
     }
 
-    /// Holds `blocks` under `name` until fetched, released or expired, charged to the
-    /// peer that claimed `name`, else to `lender`.
-    pub fn lend(&self, name: &str, blocks: Vec<Block>, lender: IpAddr) -> Result<(), Refused> {
-        let result = self.try_lend(name, blocks, lender);
-        match &result {
-            Ok(()) => self.metrics.lent.inc(),
-            Err(refused) => self.metrics.refused.get_or_create(&refused.label()).inc(),
-        };
-        result
+    /// A charge, empty so far, for the blocks of the lease to be lent as `name`: to the
+    /// peer that claimed `name`, else to `lender`. It grows as they arrive.
+    pub fn lending(&self, name: &str, lender: IpAddr) -> Charge {
+        let peer = self.table().claims.get(name).copied().unwrap_or(lender);
+        self.budget.open(Some(peer))
     }
 
-    fn try_lend(&self, name: &str, blocks: Vec<Block>, lender: IpAddr) -> Result<(), Refused> {
+    /// Holds `blocks` under `name` until fetched, released or expired; `charge` (from
+    /// [`Self::lending`]) grows to their bytes if short of them.
+    pub fn lend(&self, name: &str, blocks: Vec<Block>, charge: Charge) -> Result<(), Refused> {
+        let result = self.try_lend(name, blocks, charge);
+        match result {
+            Ok(()) => {
+                self.metrics.lent.inc();
+                Ok(())
+            }
+            Err(refused) => Err(self.refuse(refused)),
+        }
+    }
+
+    /// Counts a lease refused.
+    pub fn refuse(&self, why: Refused) -> Refused {
+        self.metrics.refused.get_or_create(&why.label()).inc();
+        why
+    }
+
+    fn try_lend(&self, name: &str, blocks: Vec<Block>, mut charge: Charge) -> Result<(), Refused> {
         if name.is_empty() {
             return Err(Refused::Unnamed);
         }
-        let bytes = blocks.iter().map(|b| b.payload.len() as u64).sum();
+        let bytes: u64 = blocks.iter().map(|b| b.payload.len() as u64).sum();
+        charge.grow(bytes.saturating_sub(charge.bytes()))?;
         let mut table = self.table();
         if table.leases.contains_key(name) {
             return Err(Refused::InUse(name.to_owned()));
         }
-        let peer = table.claims.get(name).copied().unwrap_or(lender);
-        let charge = self.budget.charge(peer, bytes)?;
         let expires = Instant::now() + self.duration;
         table.leases.insert(
             name.to_owned(),
             Lease {
                 blocks,
-                _charge: charge,
+                charge,
                 expires,
             },
         );
@@ -209,11 +236,11 @@ impl Leases {
         Ok(())
     }
 
-    /// Ends the lease and hands over its blocks; `None` when it is gone (never lent,
-    /// fetched, released or expired).
-    pub fn fetch(&self, name: &str) -> Option<Vec<Block>> {
+    /// Ends the lease and hands over its blocks, with their charge (held until they are
+    /// sent); `None` when it is gone (never lent, fetched, released or expired).
+    pub fn fetch(&self, name: &str) -> Option<(Vec<Block>, Charge)> {
         let lease = self.end(name, Instant::now(), Ended::Fetched)?;
-        Some(lease.blocks)
+        Some((lease.blocks, lease.charge))
     }
 
     /// Ends the lease without using it (its holder no longer wants the blocks).
@@ -248,6 +275,7 @@ impl Leases {
             .map(|(name, _)| name.clone())
             .collect();
         for name in &expired {
+            // Its charge is given back as it drops (the budget has a lock of its own).
             let lease = table.leases.remove(name).expect("listed");
             tracing::info!(
                 lease = %name,
@@ -311,6 +339,11 @@ mod tests {
         )
     }
 
+    /// Lends `blocks` as the engine on this host does.
+    fn lend(l: &Leases, name: &str, blocks: Vec<Block>) -> Result<(), Refused> {
+        l.lend(name, blocks, l.lending(name, ENGINE))
+    }
+
     fn ended(l: &Leases, how: Ended) -> u64 {
         l.metrics.ended.get_or_create(&how.label()).get()
     }
@@ -322,10 +355,13 @@ mod tests {
             test_block(1, None, b"abcd"),
             test_block(2, Some(1), b"efgh"),
         ];
-        l.lend("r1", blocks.clone(), ENGINE).unwrap();
+        lend(&l, "r1", blocks.clone()).unwrap();
         assert_eq!(l.held(), (1, 8));
-        assert_eq!(l.fetch("r1"), Some(blocks));
-        assert_eq!(l.fetch("r1"), None, "a fetched lease is gone");
+        let (fetched, charge) = l.fetch("r1").unwrap();
+        assert_eq!((fetched, charge.bytes()), (blocks, 8));
+        assert!(l.fetch("r1").is_none(), "a fetched lease is gone");
+        assert_eq!(l.held(), (0, 8), "charged until sent");
+        drop(charge);
         assert_eq!(l.held(), (0, 0));
         assert_eq!(ended(&l, Ended::Fetched), 1);
         assert!(!l.release("r1"));
@@ -334,26 +370,20 @@ mod tests {
     #[test]
     fn leases_past_the_budget_or_with_a_taken_name_are_refused_whole() {
         let l = leases(60_000, 10);
-        l.lend("a", vec![test_block(1, None, b"abcdef")], ENGINE)
-            .unwrap();
-        let err = l
-            .lend("b", vec![test_block(2, None, b"ghijkl")], ENGINE)
-            .unwrap_err();
+        lend(&l, "a", vec![test_block(1, None, b"abcdef")]).unwrap();
+        let err = lend(&l, "b", vec![test_block(2, None, b"ghijkl")]).unwrap_err();
         let over = OverBudget::Total {
             bytes: 6,
             held: 6,
             budget: 10,
         };
         assert_eq!(err, Refused::OverBudget(over));
-        let err = l
-            .lend("a", vec![test_block(3, None, b"x")], ENGINE)
-            .unwrap_err();
+        let err = lend(&l, "a", vec![test_block(3, None, b"x")]).unwrap_err();
         assert_eq!(err, Refused::InUse("a".into()));
-        assert_eq!(l.lend("", vec![], ENGINE), Err(Refused::Unnamed));
+        assert_eq!(lend(&l, "", vec![]), Err(Refused::Unnamed));
         assert_eq!(l.held(), (1, 6), "refused leases hold nothing");
         assert!(l.release("a"));
-        l.lend("b", vec![test_block(2, None, b"ghijkl")], ENGINE)
-            .unwrap();
+        lend(&l, "b", vec![test_block(2, None, b"ghijkl")]).unwrap();
         assert_eq!(l.metrics.lent.get(), 2);
         for (reason, n) in [("over_budget", 1), ("in_use", 1), ("unnamed", 1)] {
             let refused = l.metrics.refused.get_or_create(&[("reason", reason)]);
@@ -367,12 +397,9 @@ mod tests {
         let l = Leases::new(Duration::from_secs(60), 12, 6, LeaseMetrics::default());
         let first = l.claim("leg-1", PEER).unwrap();
         assert!(l.claim("leg-1", ENGINE).is_none(), "one claim a name");
-        l.lend("leg-1", vec![test_block(1, None, b"abcdef")], ENGINE)
-            .unwrap();
+        lend(&l, "leg-1", vec![test_block(1, None, b"abcdef")]).unwrap();
         let second = l.claim("leg-2", PEER).unwrap();
-        let err = l
-            .lend("leg-2", vec![test_block(2, None, b"g")], ENGINE)
-            .unwrap_err();
+        let err = lend(&l, "leg-2", vec![test_block(2, None, b"g")]).unwrap_err();
         assert!(
             matches!(
                 err,
@@ -380,8 +407,7 @@ mod tests {
             ),
             "{err}"
         );
-        l.lend("own", vec![test_block(3, None, b"h")], ENGINE)
-            .unwrap();
+        lend(&l, "own", vec![test_block(3, None, b"h")]).unwrap();
         assert_eq!(l.held(), (2, 7), "the lender's own lease had room");
         drop((first, second));
         assert!(l.table().claims.is_empty());
@@ -390,10 +416,8 @@ mod tests {
     #[test]
     fn expired_leases_are_gone_swept_or_not() {
         let l = leases(50, 1 << 20);
-        l.lend("swept", vec![test_block(1, None, b"ab")], ENGINE)
-            .unwrap();
-        l.lend("late", vec![test_block(2, None, b"cd")], ENGINE)
-            .unwrap();
+        lend(&l, "swept", vec![test_block(1, None, b"ab")]).unwrap();
+        lend(&l, "late", vec![test_block(2, None, b"cd")]).unwrap();
         let later = Instant::now() + Duration::from_millis(51);
         // Fetching after expiry, before a sweep: gone, and counted as expired.
         assert!(l.end("late", later, Ended::Fetched).is_none());

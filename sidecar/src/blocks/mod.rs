@@ -6,9 +6,11 @@
 //! - [`disk`] and [`object`]: the G3 and G4 tiers (host memory lives in the store);
 //! - [`lease`]: blocks held for a remote decode (disaggregated serving), within the
 //!   lease [`budget`];
-//! - [`service`]: the gRPC block API, behind its [`guard`];
+//! - [`service`]: the gRPC block API, behind its [`guard`]; an onboard's [`answer`]
+//!   is charged to the lease budget until taken;
 //! - [`metrics`]: `kvbm_*` and `dynamo_sidecar_kv_*`.
 
+pub mod answer;
 pub mod budget;
 pub mod disk;
 pub mod guard;

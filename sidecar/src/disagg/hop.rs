@@ -389,8 +389,9 @@ impl Hop {
         self.metrics.transfer_bytes.inc_by(bytes);
         self.metrics.transfer_blocks.inc_by(blocks.len() as u64);
         let name = new_id();
+        let charge = self.leases.lending(&name, peer);
         self.leases
-            .lend(&name, blocks, peer)
+            .lend(&name, blocks, charge)
             .map_err(|e| format!("holding the fetched blocks: {e}"))?;
         let guard = LeaseGuard {
             leases: self.leases.clone(),

@@ -435,8 +435,14 @@ async fn a_disaggregated_request_through_both_pods_sidecars() {
     std::fs::write(&token, "graph-secret").unwrap();
     let (prefill_sidecar, prefill_engine) = pod("prefill-0", &[], &token).await;
     let peer = prefill_sidecar.proxy_addr.to_string();
-    let (decode_sidecar, decode_engine) =
-        pod("decode-0", &["--prefill-peers", &peer], &token).await;
+    let block_port = prefill_sidecar.grpc_addr.port().to_string();
+    let decode_flags = [
+        "--prefill-peers",
+        &peer,
+        "--prefill-peer-grpc-port",
+        &block_port,
+    ];
+    let (decode_sidecar, decode_engine) = pod("decode-0", &decode_flags, &token).await;
     let tokens = prompt(1);
     let response = reqwest::Client::new()
         .post(format!(

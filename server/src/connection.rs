@@ -10,12 +10,14 @@
 //! - none otherwise: `idle_timeout` after the last request ended (or the connection
 //!   opened), shorter while the connection budget is nearly used (`Budget::idle_timeout`).
 
+use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
 use axum::body::Body;
+use axum::extract::ConnectInfo;
 use hyper::{Request, Response};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::time::Instant;
@@ -201,11 +203,13 @@ impl<T: AsyncWrite + Unpin> AsyncWrite for Tracked<T> {
     }
 }
 
-/// The app, counting each request in flight until its response body is done.
+/// The app, counting each request in flight until its response body is done. Each
+/// request carries the client's address (axum's `ConnectInfo<SocketAddr>`).
 #[derive(Clone)]
 pub struct Track<S> {
     pub inner: S,
     pub activity: Arc<Activity>,
+    pub peer: Option<SocketAddr>,
 }
 
 impl<S, B> tower::Service<Request<B>> for Track<S>
@@ -221,7 +225,10 @@ where
         self.inner.poll_ready(cx)
     }
 
-    fn call(&mut self, request: Request<B>) -> Self::Future {
+    fn call(&mut self, mut request: Request<B>) -> Self::Future {
+        if let Some(peer) = self.peer {
+            request.extensions_mut().insert(ConnectInfo(peer));
+        }
         let guard = self.activity.request_started();
         let response = self.inner.call(request);
         Box::pin(async move {

@@ -50,12 +50,11 @@ impl EndpointsFile {
         std::fs::rename(&partial, path)
     }
 
-    /// The addresses of the entries whose role is `role`.
-    pub fn addresses_of(&self, role: &str) -> impl Iterator<Item = &str> {
+    /// The entries whose role is `role`.
+    pub fn entries_of(&self, role: &str) -> impl Iterator<Item = &EndpointEntry> {
         self.endpoints
             .iter()
             .filter(move |e| e.role.as_deref() == Some(role))
-            .map(|e| e.address.as_str())
     }
 }
 
@@ -80,10 +79,10 @@ mod tests {
         let read = EndpointsFile::parse(&std::fs::read_to_string(&path).unwrap()).unwrap();
         assert_eq!(read, file);
         assert_eq!(
-            read.addresses_of("prefill").collect::<Vec<_>>(),
-            ["127.0.0.1:4000"]
+            read.entries_of("prefill").collect::<Vec<_>>(),
+            [&file.endpoints[0]]
         );
-        assert_eq!(read.addresses_of("decode").count(), 0);
+        assert_eq!(read.entries_of("decode").count(), 0);
         let names: Vec<_> = std::fs::read_dir(dir.path())
             .unwrap()
             .map(|e| e.unwrap().file_name())

@@ -65,6 +65,7 @@ impl Server {
     ) {
         let limits = &self.limits;
         let activity = Activity::new();
+        let peer = tcp.peer_addr().ok();
         let io = TokioIo::new(Tracked {
             io: tcp,
             activity: activity.clone(),
@@ -72,6 +73,7 @@ impl Server {
         let service = TowerToHyperService::new(Track {
             inner: RequestBodyTimeout::new(app, limits.body_timeout),
             activity: activity.clone(),
+            peer,
         });
         let mut builder = auto::Builder::new(TokioExecutor::new());
         // Our own header timer (`connection`) replaces hyper's.

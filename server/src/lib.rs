@@ -3,7 +3,8 @@
 //!
 //! - [`ServerLimits`]: the flags (header, idle and body timeouts, concurrent connections);
 //! - [`Server`]: the accept loops that apply them, for axum apps ([`Server::serve_http`])
-//!   and, with the `grpc` feature, tonic servers ([`Server::grpc_incoming`]);
+//!   and, with the `grpc` feature, tonic servers ([`Server::grpc_incoming`]), whose
+//!   request messages [`MessageLimitsLayer`] bounds;
 //! - [`shutdown_signal`] and [`init_logging`]: what every binary's `main` does;
 //! - [`on_every_worker`]: per-thread set-up done before serving;
 //! - [`metrics_endpoint`]: `/metrics` and `/healthz` on one port.
@@ -13,6 +14,8 @@ mod connection;
 pub mod endpoints_file;
 #[cfg(feature = "grpc")]
 mod grpc;
+#[cfg(feature = "grpc")]
+mod grpc_messages;
 mod guarded;
 mod http;
 mod limits;
@@ -29,7 +32,9 @@ use budget::{Budget, Slot};
 
 pub use budget::PRESSURE_IDLE_TIMEOUT;
 #[cfg(feature = "grpc")]
-pub use grpc::GrpcConnection;
+pub use grpc::{GrpcConnectInfo, GrpcConnection};
+#[cfg(feature = "grpc")]
+pub use grpc_messages::{MessageLimits, MessageLimitsLayer, MessageStats};
 pub use guarded::Guarded;
 pub use limits::{ServerLimits, parse_duration};
 pub use process::{init_logging, logged_shutdown_signal, shutdown_signal};

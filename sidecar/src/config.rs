@@ -7,7 +7,8 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use clap::Parser;
-use dynamo_server::{ServerLimits, parse_duration};
+use dynamo_kvblocks::MAX_MESSAGE_BYTES;
+use dynamo_server::{MessageLimits, ServerLimits, parse_duration};
 
 #[derive(Parser, Clone, Debug)]
 #[command(name = "dynamo-sidecar", version, about)]
@@ -103,11 +104,72 @@ pub struct Config {
     )]
     pub proxy_paths: Vec<String>,
     #[command(flatten)]
+    pub grpc: GrpcFlags,
+    #[command(flatten)]
     pub kv_tiers: KvTierFlags,
     #[command(flatten)]
     pub disagg: DisaggFlags,
     #[command(flatten)]
     pub server: ServerLimits,
+}
+
+/// Bounds on what clients of the gRPC port (the KV block API, the KV event stream) can
+/// make the sidecar hold: each call's message in flight, each connection's, and for how
+/// long.
+#[derive(clap::Args, Clone, Debug)]
+pub struct GrpcFlags {
+    /// Longest a request message may take to arrive whole (each message of a streamed
+    /// call too), counted from when the sidecar is ready for it; past it the call fails
+    /// (`DEADLINE_EXCEEDED`) and what it held is freed. Also the longest a client may
+    /// leave a block of an answer (`Onboard`) untaken; past it the client's connection
+    /// is closed.
+    #[arg(
+        long,
+        env = "DYNAMO_SIDECAR_GRPC_MESSAGE_TIMEOUT",
+        default_value = "10s",
+        value_parser = parse_duration
+    )]
+    pub grpc_message_timeout: Duration,
+    /// Largest request message [default and most: 64 MiB, the block API's own limit; a
+    /// block of a large model is several MB]. A call declaring a larger one fails
+    /// (`RESOURCE_EXHAUSTED`) before it is read.
+    #[arg(
+        long,
+        env = "DYNAMO_SIDECAR_GRPC_MAX_MESSAGE_BYTES",
+        default_value = "64MiB",
+        value_parser = message_bytes
+    )]
+    pub grpc_max_message_bytes: u64,
+    /// Bytes of request messages one connection may be sending at once, its calls
+    /// together (counted by each message's declared size from its first bytes until
+    /// whole). A message past it fails its call (`RESOURCE_EXHAUSTED`).
+    #[arg(
+        long,
+        env = "DYNAMO_SIDECAR_GRPC_MAX_CONNECTION_BYTES",
+        default_value = "256MiB",
+        value_parser = dynamo_kvblocks::parse_bytes
+    )]
+    pub grpc_max_connection_bytes: u64,
+}
+
+impl GrpcFlags {
+    pub fn message_limits(&self) -> MessageLimits {
+        MessageLimits {
+            timeout: self.grpc_message_timeout,
+            max_message_bytes: self.grpc_max_message_bytes,
+            max_connection_bytes: self.grpc_max_connection_bytes,
+        }
+    }
+}
+
+/// A message size: at least a byte, at most the block API's [`MAX_MESSAGE_BYTES`].
+fn message_bytes(s: &str) -> Result<u64, String> {
+    let bytes = dynamo_kvblocks::parse_bytes(s)?;
+    let most = MAX_MESSAGE_BYTES as u64;
+    match bytes {
+        1.. if bytes <= most => Ok(bytes),
+        _ => Err(format!("{s:?}: from 1 byte to {most} bytes")),
+    }
 }
 
 /// The KV block store's tiers (`DESIGN.md`, "KV blocks in the sidecar"). Each is off
@@ -168,6 +230,12 @@ pub struct DisaggFlags {
     /// other pod is refused (403), so a client cannot make the sidecar connect anywhere.
     #[arg(long, env = "DYNAMO_SIDECAR_PREFILL_PEERS", value_delimiter = ',')]
     pub prefill_peers: Vec<String>,
+    /// Port of the block API of the prefill peers that `ip:port` and `dns:` entries name
+    /// [default: this sidecar's --grpc-port: the pods of a graph share one layout];
+    /// `file:` entries announce their own (`kv_events`). A prompt's blocks are fetched
+    /// from there only, whatever port the prefill's answer names.
+    #[arg(long, env = "DYNAMO_SIDECAR_PREFILL_PEER_GRPC_PORT")]
+    pub prefill_peer_grpc_port: Option<u16>,
     /// Time the prefill pod gets to answer the prefill leg; past it the request is
     /// prefilled here instead.
     #[arg(long, env = "DYNAMO_SIDECAR_PREFILL_TIMEOUT", default_value = "30", value_parser = parse_duration)]
@@ -184,6 +252,20 @@ pub struct DisaggFlags {
     /// prefills itself).
     #[arg(long, env = "DYNAMO_SIDECAR_KV_LEASE_BYTES", default_value = "1GiB", value_parser = dynamo_kvblocks::parse_bytes)]
     pub kv_lease_bytes: u64,
+    /// Bytes the leases of one peer may hold at once [default: a quarter of
+    /// --kv-lease-bytes]. A lease is charged to the address whose request made it (on a
+    /// prefill pod, the client of the prefill leg), so one peer's junk leases cannot
+    /// leave the others no room.
+    #[arg(long, env = "DYNAMO_SIDECAR_KV_LEASE_BYTES_PER_PEER", value_parser = dynamo_kvblocks::parse_bytes)]
+    pub kv_lease_bytes_per_peer: Option<u64>,
+}
+
+impl DisaggFlags {
+    /// `--kv-lease-bytes-per-peer`, or its default.
+    pub fn lease_peer_share(&self) -> u64 {
+        self.kv_lease_bytes_per_peer
+            .unwrap_or(self.kv_lease_bytes / 4)
+    }
 }
 
 impl KvTierFlags {
@@ -245,6 +327,21 @@ mod tests {
         assert_eq!(c.metrics_addr(), "0.0.0.0:9090".parse().unwrap());
         assert_eq!(c.shutdown_grace, Duration::from_secs(30));
         assert_eq!(c.model_name, None);
+        assert_eq!(c.disagg.lease_peer_share(), 256 << 20);
+        let limits = c.grpc.message_limits();
+        assert_eq!(limits.timeout, Duration::from_secs(10));
+        assert_eq!(limits.max_message_bytes, 64 << 20);
+        assert_eq!(limits.max_connection_bytes, 256 << 20);
+    }
+
+    #[test]
+    fn a_message_limit_past_the_block_apis_own_is_refused() {
+        for bad in ["0", "65MiB"] {
+            let err = Config::try_parse_from(["dynamo-sidecar", "--grpc-max-message-bytes", bad])
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains("from 1 byte"), "{err}");
+        }
     }
 
     #[test]

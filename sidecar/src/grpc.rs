@@ -1,5 +1,7 @@
 //! The sidecar's gRPC server (port 9100): the KV event stream and the KV block API, both
-//! behind the guard (`blocks::guard`): which prompts a pod holds is the graph's business.
+//! behind the guard (`blocks::guard`: which prompts a pod holds is the graph's business),
+//! their request messages bounded (`--grpc-message-timeout`, `--grpc-max-message-bytes`,
+//! `--grpc-max-connection-bytes`).
 
 use std::pin::Pin;
 use std::time::Duration;
@@ -9,7 +11,7 @@ use crate::blocks::service::BlockApiServer;
 use dynamo_kvstream::KvEventHub;
 use dynamo_kvstream::pb::kv_event_stream_server::{KvEventStream, KvEventStreamServer};
 use dynamo_kvstream::pb::{EventMessage, SubscribeRequest};
-use dynamo_server::GrpcConnection;
+use dynamo_server::{GrpcConnection, MessageLimitsLayer};
 use futures::{Stream, StreamExt};
 use tokio_util::sync::CancellationToken;
 use tonic::service::interceptor::InterceptedService;
@@ -24,6 +26,7 @@ pub async fn serve(
     hub: KvEventHub,
     guard: Guard,
     blocks: BlockApiServer,
+    limits: MessageLimitsLayer,
     stop: CancellationToken,
 ) -> Result<(), tonic::transport::Error> {
     let subscriptions = Subscriptions {
@@ -36,6 +39,7 @@ pub async fn serve(
         .initial_stream_window_size(dynamo_kvblocks::HTTP2_WINDOW_BYTES)
         .initial_connection_window_size(dynamo_kvblocks::HTTP2_WINDOW_BYTES)
         .max_frame_size(dynamo_kvblocks::HTTP2_FRAME_BYTES)
+        .layer(limits)
         .add_service(InterceptedService::new(
             KvEventStreamServer::new(subscriptions),
             guard,

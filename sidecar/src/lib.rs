@@ -30,7 +30,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use dynamo_kvstream::{HubConfig, KvEventHub};
-use dynamo_server::Server;
+use dynamo_server::{MessageLimitsLayer, Server};
 use tokio::net::TcpListener;
 use tokio_util::sync::{CancellationToken, DropGuard};
 use tokio_util::task::AbortOnDropHandle;
@@ -83,13 +83,14 @@ impl Sidecar {
         let leases = Leases::new(
             config.disagg.kv_lease_duration,
             config.disagg.kv_lease_bytes,
+            config.disagg.lease_peer_share(),
             LeaseMetrics::register(&mut metrics),
         );
         let hop_metrics = HopMetrics::register(&mut metrics);
+        let message_limits = MessageLimitsLayer::new(config.grpc.message_limits());
+        metrics.watch_grpc_messages(message_limits.stats());
         let metrics = Arc::new(metrics);
         let store = blocks::open(&config.kv_tiers, hub.clone(), block_metrics)?;
-        let peers = PrefillPeers::parse(&config.disagg.prefill_peers)
-            .map_err(|e| anyhow::anyhow!("--prefill-peers: {e}"))?;
         let client = proxy::engine_client().context("building the engine HTTP client")?;
         let credential = config
             .block_api_token_file
@@ -106,6 +107,12 @@ impl Sidecar {
             metrics_listener.local_addr()?,
         );
 
+        let peer_block_port = config.disagg.prefill_peer_grpc_port;
+        let peers = PrefillPeers::parse(
+            &config.disagg.prefill_peers,
+            peer_block_port.unwrap_or(grpc_addr.port()),
+        )
+        .map_err(|e| anyhow::anyhow!("--prefill-peers: {e}"))?;
         let server = Server::new(&config.server);
         let stop_accepting = CancellationToken::new();
         let hop = PrefillHopLayer::new(Hop {
@@ -122,6 +129,7 @@ impl Sidecar {
             PathAllowlist::new(&config.proxy_paths),
             &metrics,
             hop,
+            leases.clone(),
         )
         .map_err(|e| anyhow::anyhow!("--engine-url: {e}"))?;
         let proxy = {
@@ -157,13 +165,19 @@ impl Sidecar {
 
         let region_dir = config.kv_tiers.region_dir().map(ToOwned::to_owned);
         let guard = blocks::guard::Guard::new(credential);
-        let blocks =
-            blocks::service::service(store.clone(), leases.clone(), region_dir, guard.clone());
+        let blocks = blocks::service::service(
+            store.clone(),
+            leases.clone(),
+            region_dir,
+            guard.clone(),
+            config.grpc.grpc_message_timeout,
+        );
         background.push(spawn(leases.clone().sweep()));
         let (hub_for_grpc, stop_grpc) = (hub.clone(), CancellationToken::new());
         let (stop, incoming) = (stop_grpc.clone(), server.grpc_incoming(grpc_listener));
         background.push(spawn(async move {
-            if let Err(e) = grpc::serve(incoming, hub_for_grpc, guard, blocks, stop).await {
+            let served = grpc::serve(incoming, hub_for_grpc, guard, blocks, message_limits, stop);
+            if let Err(e) = served.await {
                 tracing::error!(error = %e, "the gRPC server stopped");
             }
         }));

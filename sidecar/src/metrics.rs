@@ -3,10 +3,13 @@
 //! engine itself.
 
 use std::fmt;
+use std::sync::Arc;
 
 use dynamo_kvstream::KvEventHub;
+use dynamo_server::MessageStats;
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
+use prometheus_client::metrics::MetricType;
 use prometheus_client::metrics::counter::{ConstCounter, Counter};
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::{ConstGauge, Gauge};
@@ -135,6 +138,13 @@ impl Metrics {
             .register_collector(Box::new(HubCollector(hub)));
     }
 
+    /// `grpc_receiving_bytes` and `grpc_messages_refused_total{reason}`, read from
+    /// `stats` at scrape time.
+    pub fn watch_grpc_messages(&mut self, stats: Arc<MessageStats>) {
+        self.registry
+            .register_collector(Box::new(MessagesCollector(stats)));
+    }
+
     /// Where metrics with their own prefix register (`dynamo_sidecar_` is added to
     /// anything registered with [`Metrics::registry`]).
     pub fn unprefixed(&mut self) -> &mut Registry {
@@ -170,6 +180,32 @@ impl fmt::Debug for Metrics {
 }
 
 /// Reads [`dynamo_kvstream::HubStats`] at scrape time.
+#[derive(Debug)]
+struct MessagesCollector(Arc<MessageStats>);
+
+impl Collector for MessagesCollector {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), fmt::Error> {
+        let receiving =
+            ConstGauge::new(i64::try_from(self.0.receiving_bytes()).unwrap_or(i64::MAX));
+        receiving.encode(encoder.encode_descriptor(
+            "grpc_receiving_bytes",
+            "Declared bytes of the gRPC request messages being received",
+            None,
+            receiving.metric_type(),
+        )?)?;
+        let mut refused = encoder.encode_descriptor(
+            "grpc_messages_refused",
+            "gRPC calls failed for a request message too large, past its connection's bytes, or not whole in time, by reason",
+            None,
+            MetricType::Counter,
+        )?;
+        for (reason, n) in self.0.refused() {
+            ConstCounter::new(n).encode(refused.encode_family(&[("reason", reason)])?)?;
+        }
+        Ok(())
+    }
+}
+
 struct HubCollector(KvEventHub);
 
 impl fmt::Debug for HubCollector {
@@ -244,6 +280,7 @@ mod tests {
         let hub = KvEventHub::with_instance_id(HubConfig::default(), 3);
         let mut m = Metrics::new();
         m.watch_hub(hub.clone());
+        m.watch_grpc_messages(Arc::default());
         m.requests.get_or_create(&[("status", "2xx")]).inc();
         m.skipped
             .get_or_create(&[("reason", "unknown_parent")])
@@ -256,6 +293,8 @@ mod tests {
             "dynamo_sidecar_kv_last_event_id 1",
             "dynamo_sidecar_kv_snapshots_total 0",
             "dynamo_sidecar_relay_connected 0",
+            "dynamo_sidecar_grpc_receiving_bytes 0",
+            "dynamo_sidecar_grpc_messages_refused_total{reason=\"timeout\"} 0",
         ] {
             assert!(text.lines().any(|l| l == line), "{line} missing in\n{text}");
         }

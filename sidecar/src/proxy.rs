@@ -12,7 +12,8 @@
 //!    been sent or dropped.
 //! 5. `AllowlistLayer`: only `--proxy-paths` reach the engine.
 //! 6. `TransferParamsLayer`: a client's own `kv_transfer_params` never reach the engine;
-//!    only those the prefill hop set ([`FromHop`]).
+//!    only those the prefill hop set ([`FromHop`]), and a prefill leg's request, whose
+//!    lease is charged to its client.
 //! 7. `Forward`: the request on to the engine with its headers and body streamed as
 //!    they arrive, and the answer back the same way: SSE tokens pass as they come, those
 //!    that came together in one write (`upstream`). A client that leaves drops the
@@ -26,9 +27,15 @@ mod status_metrics;
 mod transfer_params;
 mod upstream;
 
+use std::net::{IpAddr, SocketAddr};
+
 use axum::Router;
+use axum::extract::ConnectInfo;
+use axum::http::Extensions;
 use tower::ServiceBuilder;
 
+use crate::blocks::budget::peer_of;
+use crate::blocks::lease::Leases;
 use crate::disagg::hop::PrefillHopLayer;
 use crate::metrics::Metrics;
 use allowlist::AllowlistLayer;
@@ -41,12 +48,14 @@ pub use transfer_params::FromHop;
 use transfer_params::TransferParamsLayer;
 
 /// The proxy to the engine at `engine` (an `http://` URL), passing `paths`, counted in
-/// `metrics`, behind the prefill `hop`.
+/// `metrics`, behind the prefill `hop`; prefill legs' leases are charged to their
+/// clients in `leases`.
 pub fn router(
     engine: &reqwest::Url,
     paths: PathAllowlist,
     metrics: &Metrics,
     hop: PrefillHopLayer,
+    leases: Leases,
 ) -> Result<Router, String> {
     let stack = ServiceBuilder::new()
         .layer(hop)
@@ -54,9 +63,14 @@ pub fn router(
         .layer(StatusMetricsLayer::new(metrics.requests.clone()))
         .layer(InFlightLayer::new(metrics.in_flight.clone()))
         .layer(AllowlistLayer::new(paths))
-        .layer(TransferParamsLayer)
+        .layer(TransferParamsLayer::new(leases))
         .service(Forward::new(engine)?);
     Ok(Router::new().fallback_service(stack))
+}
+
+/// The peer a request came from (`dynamo_server` gives each its client's address).
+pub fn client_ip(extensions: &Extensions) -> IpAddr {
+    peer_of(extensions.get::<ConnectInfo<SocketAddr>>().map(|c| c.0))
 }
 
 /// The HTTP client the sidecar asks its engine with (health, model, the prefill hop); the

@@ -7,9 +7,8 @@ mod common;
 
 use std::path::{Path, PathBuf};
 
-use bytes::Bytes;
 use common::*;
-use dynamo_kvblocks::{BlockClient, CREDENTIAL_FILE_ENV, ClientError, Credential, Layout};
+use dynamo_kvblocks::{BlockClient, CREDENTIAL_FILE_ENV, ClientError, Credential};
 use dynamo_kvcache::SeqHash;
 use dynamo_kvstream::pb::SubscribeRequest;
 use dynamo_kvstream::pb::kv_event_stream_client::KvEventStreamClient;
@@ -19,19 +18,7 @@ const BLOCK_BYTES: usize = 4096;
 
 /// A chain of `n` blocks, hashes `first..`.
 fn chain(first: u64, n: u64) -> Vec<dynamo_kvblocks::Block> {
-    let layout = Layout {
-        block_bytes: BLOCK_BYTES as u64,
-        block_size: 16,
-        layers: 2,
-        dtype: "bfloat16".into(),
-    };
-    (first..first + n)
-        .map(|h| {
-            let payload = Bytes::from(vec![h as u8; BLOCK_BYTES]);
-            let parent = (h > first).then(|| SeqHash(h - 1));
-            dynamo_kvblocks::Block::new(SeqHash(h), parent, 16, layout.clone(), payload)
-        })
-        .collect()
+    block_chain(first, n, BLOCK_BYTES)
 }
 
 fn hashes(blocks: &[dynamo_kvblocks::Block]) -> Vec<SeqHash> {

@@ -31,7 +31,8 @@ enum Answer {
     /// Sleeps, then answers.
     Late(Duration, Value),
     /// Lends `blocks` blocks to its sidecar (at the gRPC address) under the request's
-    /// `x-request-id`, waits `delay`, then answers the block-API engine's parameters.
+    /// `x-request-id`, waits `delay`, then answers the block-API engine's parameters
+    /// (none if the sidecar refused the lease).
     Lend {
         sidecar: SocketAddr,
         blocks: u64,
@@ -118,7 +119,11 @@ async fn respond(answer: Answer, headers: &HeaderMap, body: &Value) -> Response 
             let lease = headers["x-request-id"].to_str().unwrap().to_owned();
             let mut client = BlockClient::new(&format!("http://{sidecar}")).unwrap();
             let reply = client.lend(&lease, chain(blocks)).await.unwrap();
-            assert_eq!((reply.lent, reply.refused), (blocks, None));
+            if reply.refused.is_some() {
+                // As the mock engine: no lease, no transfer parameters.
+                return Json(json!({"kv_transfer_params": null})).into_response();
+            }
+            assert_eq!(reply.lent, blocks);
             tokio::time::sleep(delay).await;
             Json(json!({
                 "id": "cmpl-p", "object": "text_completion",
@@ -160,13 +165,18 @@ struct Pods {
 }
 
 impl Pods {
-    /// `prefill_flags` and `decode_flags` go to the sidecars.
+    /// `prefill_flags` and `decode_flags` go to the sidecars; the decode sidecar knows
+    /// the prefill sidecar's gRPC port as its block API port, unless its flags say.
     async fn start(prefill_answer: Answer, prefill_flags: &[&str], decode_flags: &[&str]) -> Self {
         let prefill_engine = Engine::start(prefill_answer).await;
         let prefill = sidecar_with(&prefill_engine.url, None, None, prefill_flags).await;
         let decode_engine = Engine::start(Answer::Json(StatusCode::OK, json!({"ok": 1}))).await;
         let peers = format!("{}", prefill.proxy_addr);
+        let block_port = prefill.grpc_addr.port().to_string();
         let mut flags = vec!["--prefill-peers", &peers];
+        if !decode_flags.contains(&"--prefill-peer-grpc-port") {
+            flags.extend(["--prefill-peer-grpc-port", &block_port]);
+        }
         flags.extend(decode_flags);
         let decode = sidecar_with(&decode_engine.url, None, None, &flags).await;
         Self {
@@ -512,7 +522,14 @@ async fn a_transfer_that_does_not_finish_in_time_falls_back_to_local_prefill() {
         "remote_block_ids": [1000, 1001], "remote_request_id": "r", "remote_port": port,
         "remote_transport": KVBLOCKS_TRANSPORT}});
     let answer = Answer::Json(StatusCode::OK, params);
-    let pods = Pods::start(answer, &[], &["--kv-transfer-timeout", "300ms"]).await;
+    let port = port.to_string();
+    let decode_flags = [
+        "--kv-transfer-timeout",
+        "300ms",
+        "--prefill-peer-grpc-port",
+        &port,
+    ];
+    let pods = Pods::start(answer, &[], &decode_flags).await;
     let response = pods
         .send(&pods.prefill.proxy_addr.to_string(), request())
         .await;
@@ -523,4 +540,101 @@ async fn a_transfer_that_does_not_finish_in_time_falls_back_to_local_prefill() {
     };
     assert_eq!(*decoded, request());
     assert_eq!(pods.decode.leases.held(), (0, 0));
+    let refused = "dynamo_sidecar_kv_transfer_unannounced_port_total";
+    assert_eq!(metric(&pods.decode, refused, "").await, 0.0, "a timeout");
+}
+
+#[tokio::test]
+async fn junk_leases_from_one_peer_leave_room_for_the_others_leases() {
+    // Room for four leases of 16 KiB; a peer's share (a quarter by default) is one.
+    let budget = ["--kv-lease-bytes", "64KiB"];
+    let pods = Pods::start(Answer::Hang, &budget, &[]).await;
+    *pods.prefill_engine.answer.lock().unwrap() = Answer::Lend {
+        sidecar: pods.prefill.grpc_addr,
+        blocks: 4,
+        delay: Duration::ZERO,
+    };
+    pods.block_api();
+    // A stranger on another address sends prefill legs straight to the prefill pod,
+    // and never fetches what they leave there.
+    let stranger = reqwest::Client::builder()
+        .local_address(std::net::IpAddr::from([127, 0, 0, 2]))
+        .build()
+        .unwrap();
+    for i in 0..4 {
+        let leg = json!({"model": "m", "prompt": "junk", "max_tokens": 1,
+                         "kv_transfer_params": {"do_remote_decode": true}});
+        let answer = stranger
+            .post(format!("http://{}/v1/completions", pods.prefill.proxy_addr))
+            .header("x-request-id", format!("junk-{i}"))
+            .json(&leg)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(answer.status(), 200);
+    }
+    assert_eq!(
+        pods.prefill.leases.held(),
+        (1, 16 << 10),
+        "the stranger's share"
+    );
+    let refused = "reason=\"peer_over_budget\"";
+    assert_eq!(
+        metric(
+            &pods.prefill,
+            "dynamo_sidecar_kv_leases_refused_total",
+            refused
+        )
+        .await,
+        3.0
+    );
+
+    // A real disaggregated request still finds room for its lease.
+    let response = pods
+        .send(&pods.prefill.proxy_addr.to_string(), request())
+        .await;
+    assert_eq!(hop_outcome(&response), "remote");
+    assert_eq!(
+        response.json::<Value>().await.unwrap(),
+        json!({"fetched": 4, "same": true})
+    );
+}
+
+#[tokio::test]
+async fn blocks_are_fetched_only_from_the_prefill_peers_announced_block_api_port() {
+    // Another server on the prefill pod's IP, which its answer names as `remote_port`.
+    let other = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = other.local_addr().unwrap().port();
+    let reached = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let _other = AbortOnDropHandle::new(tokio::spawn({
+        let reached = reached.clone();
+        async move {
+            let mut open = Vec::new();
+            while let Ok((socket, _)) = other.accept().await {
+                reached.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                open.push(socket);
+            }
+        }
+    }));
+    let params = json!({"kv_transfer_params": {"do_remote_prefill": true,
+        "remote_block_ids": [1000, 1001], "remote_request_id": "r", "remote_port": port,
+        "remote_transport": KVBLOCKS_TRANSPORT}});
+    let answer = Answer::Json(StatusCode::OK, params);
+    let pods = Pods::start(answer, &[], &["--kv-transfer-timeout", "300ms"]).await;
+    let response = pods
+        .send(&pods.prefill.proxy_addr.to_string(), request())
+        .await;
+    assert_eq!(response.status(), 200);
+    assert_eq!(hop_outcome(&response), "fallback_transfer_failed");
+    assert_eq!(
+        reached.load(std::sync::atomic::Ordering::SeqCst),
+        0,
+        "the decode sidecar connected to the port the answer named"
+    );
+    let refused = "dynamo_sidecar_kv_transfer_unannounced_port_total";
+    assert_eq!(metric(&pods.decode, refused, "").await, 1.0);
+    let [(_, decoded)] = &pods.decode_engine.requests()[..] else {
+        panic!("one decode request");
+    };
+    assert_eq!(*decoded, request(), "prefilled here");
 }

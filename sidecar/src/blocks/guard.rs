@@ -7,7 +7,10 @@
 //! blocks or learn which prompts it holds. Checked on the call's headers, before its body
 //! is decoded and before any lease, region or subscription is made.
 
+use std::net::SocketAddr;
+
 use dynamo_kvblocks::Credential;
+use dynamo_server::GrpcConnectInfo;
 use tonic::service::Interceptor;
 use tonic::{Request, Status};
 
@@ -24,11 +27,18 @@ impl Guard {
     fn admits(&self, request: &Request<()>) -> bool {
         match &self.credential {
             Some(credential) => credential.admits(request.metadata()),
-            None => request
-                .remote_addr()
-                .is_some_and(|peer| peer.ip().to_canonical().is_loopback()),
+            None => on_this_host(caller(request)),
         }
     }
+}
+
+/// The address a call came from, when it came through `dynamo_server`'s listener.
+pub fn caller<T>(request: &Request<T>) -> Option<SocketAddr> {
+    GrpcConnectInfo::of(request.extensions()).and_then(GrpcConnectInfo::remote_addr)
+}
+
+pub fn on_this_host(peer: Option<SocketAddr>) -> bool {
+    peer.is_some_and(|peer| peer.ip().to_canonical().is_loopback())
 }
 
 impl Interceptor for Guard {
@@ -45,31 +55,22 @@ impl Interceptor for Guard {
 
 #[cfg(test)]
 mod tests {
-    use std::net::SocketAddr;
-
-    use tonic::transport::server::TcpConnectInfo;
-
     use super::*;
-
-    fn from(peer: &str) -> Request<()> {
-        let mut request = Request::new(());
-        request.extensions_mut().insert(TcpConnectInfo {
-            local_addr: None,
-            remote_addr: Some(peer.parse::<SocketAddr>().unwrap()),
-        });
-        request
-    }
 
     #[test]
     fn without_a_credential_only_loopback_is_served() {
-        let mut guard = Guard::new(None);
+        let from = |peer: &str| Some(peer.parse::<SocketAddr>().unwrap());
         for peer in ["127.0.0.1:5000", "[::1]:5000", "[::ffff:127.0.0.1]:5000"] {
-            assert!(guard.call(from(peer)).is_ok(), "{peer}");
+            assert!(on_this_host(from(peer)), "{peer}");
         }
         for peer in ["10.0.0.7:5000", "[fd00::7]:5000", "[::ffff:10.0.0.7]:5000"] {
-            let refused = guard.call(from(peer)).unwrap_err();
-            assert_eq!(refused.code(), tonic::Code::Unauthenticated, "{peer}");
+            assert!(!on_this_host(from(peer)), "{peer}");
         }
-        assert!(guard.call(Request::new(())).is_err(), "no peer address");
+        let refused = Guard::new(None).call(Request::new(())).unwrap_err();
+        assert_eq!(
+            refused.code(),
+            tonic::Code::Unauthenticated,
+            "no peer address"
+        );
     }
 }

@@ -3,9 +3,16 @@
 //! what its engine lent until the decode pod's sidecar fetches it; the decode pod's
 //! sidecar holds what it fetched until its engine onboards it. Expiry means no block is
 //! ever stranded by a decode that was cancelled or died; a byte budget bounds what all
-//! leases hold at once, and a lease past it is refused whole.
+//! leases hold at once, and what those of one peer hold (`super::budget`), and a lease
+//! past either is refused whole.
+//!
+//! A lease is charged to the peer whose request made it. On a prefill pod that is the
+//! client of the prefill leg, which [`Leases::claim`]s the lease its engine will lend
+//! under the leg's request id; otherwise the caller that lends it. The charge runs from
+//! the first block of a `Lend` to the last block of the fetch's answer taken.
 
 use std::collections::HashMap;
+use std::net::IpAddr;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -14,6 +21,7 @@ use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 
+use super::budget::{Charge, LeaseBudget, OverBudget};
 use crate::metrics::{Label, Metrics};
 
 /// How a lease ended, as counted.
@@ -38,12 +46,24 @@ impl Ended {
 /// Why a lease was not taken.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum Refused {
-    #[error("{bytes} bytes would pass the lease budget of {budget} bytes ({held} held)")]
-    OverBudget { bytes: u64, held: u64, budget: u64 },
+    #[error(transparent)]
+    OverBudget(#[from] OverBudget),
     #[error("lease {0:?} is already held")]
     InUse(String),
     #[error("a lease needs a name")]
     Unnamed,
+}
+
+impl Refused {
+    fn label(&self) -> Label {
+        let reason = match self {
+            Refused::OverBudget(OverBudget::Total { .. }) => "over_budget",
+            Refused::OverBudget(OverBudget::Peer { .. }) => "peer_over_budget",
+            Refused::InUse(_) => "in_use",
+            Refused::Unnamed => "unnamed",
+        };
+        [("reason", reason)]
+    }
 }
 
 #[derive(Clone, Debug, Default)]
@@ -51,11 +71,14 @@ pub struct LeaseMetrics {
     /// Leases held now, and their bytes.
     pub held: Gauge,
     pub held_bytes: Gauge,
-    /// Leases taken, and refused.
+    /// Leases taken, and refused by `reason` (`over_budget`, `peer_over_budget`,
+    /// `in_use`, `unnamed`).
     pub lent: Counter,
-    pub refused: Counter,
+    pub refused: Family<Label, Counter>,
     /// Leases ended, by `how` (`fetched`, `released`, `expired`).
     pub ended: Family<Label, Counter>,
+    /// Block API answers whose client stopped taking their blocks, cut.
+    pub answers_cut: Counter,
 }
 
 impl LeaseMetrics {
@@ -69,19 +92,24 @@ impl LeaseMetrics {
         );
         r.register(
             "kv_lease_bytes",
-            "Payload bytes held under leases",
+            "Payload bytes held under the lease budget: leases, lends arriving, answers' blocks on their way",
             m.held_bytes.clone(),
         );
         r.register("kv_leases_lent", "Leases taken", m.lent.clone());
         r.register(
             "kv_leases_refused",
-            "Leases refused (over budget, or a name in use)",
+            "Leases refused, by reason (over the budget or the peer's share of it, a name in use)",
             m.refused.clone(),
         );
         r.register(
             "kv_leases_ended",
             "Leases ended, by how (fetched, released, expired)",
             m.ended.clone(),
+        );
+        r.register(
+            "kv_answers_cut",
+            "Block API answers whose client stopped taking their blocks, cut with its connection",
+            m.answers_cut.clone(),
         );
         m
     }
@@ -92,29 +120,38 @@ impl LeaseMetrics {
 pub struct Leases {
     inner: Arc<Mutex<Table>>,
     duration: Duration,
-    budget: u64,
+    budget: LeaseBudget,
     metrics: LeaseMetrics,
 }
 
 #[derive(Default)]
 struct Table {
     leases: HashMap<String, Lease>,
-    bytes: u64,
+    /// The peer each lease about to be lent is charged to, by lease name.
+    claims: HashMap<String, IpAddr>,
 }
 
 struct Lease {
     blocks: Vec<Block>,
-    bytes: u64,
+    /// The blocks' bytes.
+    charge: Charge,
     expires: Instant,
 }
 
+/// A lease name claimed for a peer, until dropped.
+pub struct Claim {
+    leases: Leases,
+    name: String,
+}
+
 impl Leases {
-    /// Leases that last `duration` unless fetched, holding at most `budget` bytes.
-    pub fn new(duration: Duration, budget: u64, metrics: LeaseMetrics) -> Self {
+    /// Leases that last `duration` unless fetched, holding at most `budget` bytes, and
+    /// at most `peer_share` of them for one peer.
+    pub fn new(duration: Duration, budget: u64, peer_share: u64, metrics: LeaseMetrics) -> Self {
         Self {
             inner: Arc::default(),
             duration,
-            budget,
+            budget: LeaseBudget::new(budget, peer_share, metrics.held_bytes.clone()),
             metrics,
         }
     }
@@ -123,47 +160,75 @@ impl Leases {
         self.duration
     }
 
-    pub fn budget(&self) -> u64 {
-        self.budget
+    /// The budget every lease, lend and answer is charged to.
+    pub fn budget(&self) -> &LeaseBudget {
+        &self.budget
+    }
+
+    pub fn metrics(&self) -> &LeaseMetrics {
+        &self.metrics
     }
 
     fn table(&self) -> MutexGuard<'_, Table> {
         self.inner.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Holds `blocks` under `name` until fetched, released or expired.
-    pub fn lend(&self, name: &str, blocks: Vec<Block>) -> Result<(), Refused> {
-        let result = self.try_lend(name, blocks);
-        match &result {
-            Ok(()) => self.metrics.lent.inc(),
-            Err(_) => self.metrics.refused.inc(),
-        };
-        result
+    /// Charges the lease that will be lent as `name` to `peer` while the claim lives
+    /// (a prefill leg's request id, for its client); `None` if `name` is claimed already.
+    pub fn claim(&self, name: &str, peer: IpAddr) -> Option<Claim> {
+        let mut table = self.table();
+        if table.claims.contains_key(name) {
+            return None;
+        }
+        table.claims.insert(name.to_owned(), peer);
+        Some(Claim {
+            leases: self.clone(),
+            name: name.to_owned(),
+        })
     }
 
-    fn try_lend(&self, name: &str, blocks: Vec<Block>) -> Result<(), Refused> {
+    /// A charge, empty so far, for the blocks of the lease to be lent as `name`: to the
+    /// peer that claimed `name`, else to `lender`. It grows as they arrive.
+    pub fn lending(&self, name: &str, lender: IpAddr) -> Charge {
+        let peer = self.table().claims.get(name).copied().unwrap_or(lender);
+        self.budget.open(Some(peer))
+    }
+
+    /// Holds `blocks` under `name` until fetched, released or expired; `charge` (from
+    /// [`Self::lending`]) grows to their bytes if short of them.
+    pub fn lend(&self, name: &str, blocks: Vec<Block>, charge: Charge) -> Result<(), Refused> {
+        let result = self.try_lend(name, blocks, charge);
+        match result {
+            Ok(()) => {
+                self.metrics.lent.inc();
+                Ok(())
+            }
+            Err(refused) => Err(self.refuse(refused)),
+        }
+    }
+
+    /// Counts a lease refused.
+    pub fn refuse(&self, why: Refused) -> Refused {
+        self.metrics.refused.get_or_create(&why.label()).inc();
+        why
+    }
+
+    fn try_lend(&self, name: &str, blocks: Vec<Block>, mut charge: Charge) -> Result<(), Refused> {
         if name.is_empty() {
             return Err(Refused::Unnamed);
         }
-        let bytes = blocks.iter().map(|b| b.payload.len() as u64).sum();
+        let bytes: u64 = blocks.iter().map(|b| b.payload.len() as u64).sum();
+        charge.grow(bytes.saturating_sub(charge.bytes()))?;
         let mut table = self.table();
         if table.leases.contains_key(name) {
             return Err(Refused::InUse(name.to_owned()));
         }
-        if table.bytes + bytes > self.budget {
-            return Err(Refused::OverBudget {
-                bytes,
-                held: table.bytes,
-                budget: self.budget,
-            });
-        }
-        table.bytes += bytes;
         let expires = Instant::now() + self.duration;
         table.leases.insert(
             name.to_owned(),
             Lease {
                 blocks,
-                bytes,
+                charge,
                 expires,
             },
         );
@@ -171,11 +236,11 @@ impl Leases {
         Ok(())
     }
 
-    /// Ends the lease and hands over its blocks; `None` when it is gone (never lent,
-    /// fetched, released or expired).
-    pub fn fetch(&self, name: &str) -> Option<Vec<Block>> {
+    /// Ends the lease and hands over its blocks, with their charge (held until they are
+    /// sent); `None` when it is gone (never lent, fetched, released or expired).
+    pub fn fetch(&self, name: &str) -> Option<(Vec<Block>, Charge)> {
         let lease = self.end(name, Instant::now(), Ended::Fetched)?;
-        Some(lease.blocks)
+        Some((lease.blocks, lease.charge))
     }
 
     /// Ends the lease without using it (its holder no longer wants the blocks).
@@ -186,7 +251,6 @@ impl Leases {
     fn end(&self, name: &str, now: Instant, how: Ended) -> Option<Lease> {
         let mut table = self.table();
         let lease = table.leases.remove(name)?;
-        table.bytes -= lease.bytes;
         self.publish(&table);
         drop(table);
         // A lease past its time is gone even if the sweep has not reached it yet.
@@ -211,8 +275,8 @@ impl Leases {
             .map(|(name, _)| name.clone())
             .collect();
         for name in &expired {
+            // Its charge is given back as it drops (the budget has a lock of its own).
             let lease = table.leases.remove(name).expect("listed");
-            table.bytes -= lease.bytes;
             tracing::info!(
                 lease = %name,
                 blocks = lease.blocks.len(),
@@ -241,15 +305,20 @@ impl Leases {
         }
     }
 
-    /// Leases held now and their bytes.
+    /// Leases held now, and the bytes the lease budget holds.
     pub fn held(&self) -> (usize, u64) {
-        let table = self.table();
-        (table.leases.len(), table.bytes)
+        let leases = self.table().leases.len();
+        (leases, self.budget.held())
     }
 
     fn publish(&self, table: &Table) {
         self.metrics.held.set(table.leases.len() as i64);
-        self.metrics.held_bytes.set(table.bytes as i64);
+    }
+}
+
+impl Drop for Claim {
+    fn drop(&mut self) {
+        self.leases.table().claims.remove(&self.name);
     }
 }
 
@@ -258,12 +327,21 @@ mod tests {
     use super::*;
     use crate::blocks::test_block;
 
+    const ENGINE: IpAddr = IpAddr::V4(std::net::Ipv4Addr::LOCALHOST);
+    const PEER: IpAddr = IpAddr::V4(std::net::Ipv4Addr::new(10, 0, 0, 7));
+
     fn leases(duration_ms: u64, budget: u64) -> Leases {
         Leases::new(
             Duration::from_millis(duration_ms),
             budget,
+            budget,
             LeaseMetrics::default(),
         )
+    }
+
+    /// Lends `blocks` as the engine on this host does.
+    fn lend(l: &Leases, name: &str, blocks: Vec<Block>) -> Result<(), Refused> {
+        l.lend(name, blocks, l.lending(name, ENGINE))
     }
 
     fn ended(l: &Leases, how: Ended) -> u64 {
@@ -277,10 +355,13 @@ mod tests {
             test_block(1, None, b"abcd"),
             test_block(2, Some(1), b"efgh"),
         ];
-        l.lend("r1", blocks.clone()).unwrap();
+        lend(&l, "r1", blocks.clone()).unwrap();
         assert_eq!(l.held(), (1, 8));
-        assert_eq!(l.fetch("r1"), Some(blocks));
-        assert_eq!(l.fetch("r1"), None, "a fetched lease is gone");
+        let (fetched, charge) = l.fetch("r1").unwrap();
+        assert_eq!((fetched, charge.bytes()), (blocks, 8));
+        assert!(l.fetch("r1").is_none(), "a fetched lease is gone");
+        assert_eq!(l.held(), (0, 8), "charged until sent");
+        drop(charge);
         assert_eq!(l.held(), (0, 0));
         assert_eq!(ended(&l, Ended::Fetched), 1);
         assert!(!l.release("r1"));
@@ -289,33 +370,54 @@ mod tests {
     #[test]
     fn leases_past_the_budget_or_with_a_taken_name_are_refused_whole() {
         let l = leases(60_000, 10);
-        l.lend("a", vec![test_block(1, None, b"abcdef")]).unwrap();
-        let err = l
-            .lend("b", vec![test_block(2, None, b"ghijkl")])
-            .unwrap_err();
-        assert_eq!(
-            err,
-            Refused::OverBudget {
-                bytes: 6,
-                held: 6,
-                budget: 10
-            }
-        );
-        let err = l.lend("a", vec![test_block(3, None, b"x")]).unwrap_err();
+        lend(&l, "a", vec![test_block(1, None, b"abcdef")]).unwrap();
+        let err = lend(&l, "b", vec![test_block(2, None, b"ghijkl")]).unwrap_err();
+        let over = OverBudget::Total {
+            bytes: 6,
+            held: 6,
+            budget: 10,
+        };
+        assert_eq!(err, Refused::OverBudget(over));
+        let err = lend(&l, "a", vec![test_block(3, None, b"x")]).unwrap_err();
         assert_eq!(err, Refused::InUse("a".into()));
-        assert_eq!(l.lend("", vec![]), Err(Refused::Unnamed));
+        assert_eq!(lend(&l, "", vec![]), Err(Refused::Unnamed));
         assert_eq!(l.held(), (1, 6), "refused leases hold nothing");
         assert!(l.release("a"));
-        l.lend("b", vec![test_block(2, None, b"ghijkl")]).unwrap();
-        assert_eq!((l.metrics.lent.get(), l.metrics.refused.get()), (2, 3));
+        lend(&l, "b", vec![test_block(2, None, b"ghijkl")]).unwrap();
+        assert_eq!(l.metrics.lent.get(), 2);
+        for (reason, n) in [("over_budget", 1), ("in_use", 1), ("unnamed", 1)] {
+            let refused = l.metrics.refused.get_or_create(&[("reason", reason)]);
+            assert_eq!(refused.get(), n, "{reason}");
+        }
         assert_eq!(ended(&l, Ended::Released), 1);
+    }
+
+    #[test]
+    fn a_lease_is_charged_to_the_peer_that_claimed_its_name() {
+        let l = Leases::new(Duration::from_secs(60), 12, 6, LeaseMetrics::default());
+        let first = l.claim("leg-1", PEER).unwrap();
+        assert!(l.claim("leg-1", ENGINE).is_none(), "one claim a name");
+        lend(&l, "leg-1", vec![test_block(1, None, b"abcdef")]).unwrap();
+        let second = l.claim("leg-2", PEER).unwrap();
+        let err = lend(&l, "leg-2", vec![test_block(2, None, b"g")]).unwrap_err();
+        assert!(
+            matches!(
+                err,
+                Refused::OverBudget(OverBudget::Peer { peer: PEER, .. })
+            ),
+            "{err}"
+        );
+        lend(&l, "own", vec![test_block(3, None, b"h")]).unwrap();
+        assert_eq!(l.held(), (2, 7), "the lender's own lease had room");
+        drop((first, second));
+        assert!(l.table().claims.is_empty());
     }
 
     #[test]
     fn expired_leases_are_gone_swept_or_not() {
         let l = leases(50, 1 << 20);
-        l.lend("swept", vec![test_block(1, None, b"ab")]).unwrap();
-        l.lend("late", vec![test_block(2, None, b"cd")]).unwrap();
+        lend(&l, "swept", vec![test_block(1, None, b"ab")]).unwrap();
+        lend(&l, "late", vec![test_block(2, None, b"cd")]).unwrap();
         let later = Instant::now() + Duration::from_millis(51);
         // Fetching after expiry, before a sweep: gone, and counted as expired.
         assert!(l.end("late", later, Ended::Fetched).is_none());

@@ -4,10 +4,14 @@
 //! - [`store`]: carries out `dynamo_kvblocks::placement`'s decisions and publishes what
 //!   each tier holds into the pod's KV event stream;
 //! - [`disk`] and [`object`]: the G3 and G4 tiers (host memory lives in the store);
-//! - [`lease`]: blocks held for a remote decode (disaggregated serving);
-//! - [`service`]: the gRPC block API, behind its [`guard`];
+//! - [`lease`]: blocks held for a remote decode (disaggregated serving), within the
+//!   lease [`budget`];
+//! - [`service`]: the gRPC block API, behind its [`guard`]; an onboard's [`answer`]
+//!   is charged to the lease budget until taken;
 //! - [`metrics`]: `kvbm_*` and `dynamo_sidecar_kv_*`.
 
+pub mod answer;
+pub mod budget;
 pub mod disk;
 pub mod guard;
 pub mod lease;

@@ -6,6 +6,7 @@ use std::path::PathBuf;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use dynamo_kvblocks::pb::kv_blocks_server::{KvBlocks, KvBlocksServer};
 use dynamo_kvblocks::pb::{
@@ -15,19 +16,19 @@ use dynamo_kvblocks::pb::{
 use dynamo_kvblocks::region::Region;
 use dynamo_kvblocks::{Block, MAX_MESSAGE_BYTES, from_region, wire_tier};
 use dynamo_kvcache::SeqHash;
+use dynamo_server::GrpcConnectInfo;
 use futures::{Stream, StreamExt};
-use tokio_stream::wrappers::ReceiverStream;
 use tonic::service::interceptor::InterceptedService;
 use tonic::{Request, Response, Status, Streaming};
 
-use super::guard::Guard;
-use super::lease::Leases;
+use super::answer;
+use super::budget::{Charge, LeaseBudget, peer_of};
+use super::guard::{Guard, caller, on_this_host};
+use super::lease::{Leases, Refused};
 use super::store::{BlockStore, OffloadCounts, Outcome};
 
 /// Most hashes one lookup or onboard may name: a 1M-token context in 16-token blocks.
 const MAX_CHAIN: usize = 1 << 16;
-/// Blocks read ahead of a slow onboarding client.
-const ONBOARD_AHEAD: usize = 4;
 /// Largest shared region granted: a few hundred blocks of a large model.
 const MAX_REGION_BYTES: u64 = 1 << 30;
 /// Regions kept open; opening one more closes the oldest (a client that restarted
@@ -38,12 +39,14 @@ const MAX_REGIONS: usize = 8;
 pub type BlockApiServer = InterceptedService<KvBlocksServer<BlockApi>, Guard>;
 
 /// The gRPC service of `store` (the tiers, if any) and `leases`, for whom `guard` admits;
-/// with `region_dir`, it shares memory with clients there.
+/// with `region_dir`, it shares memory with clients there. A client must take each block
+/// of an answer within `take_timeout`.
 pub fn service(
     store: Option<BlockStore>,
     leases: Leases,
     region_dir: Option<PathBuf>,
     guard: Guard,
+    take_timeout: Duration,
 ) -> BlockApiServer {
     if let Some(dir) = &region_dir {
         remove_orphans(dir);
@@ -57,6 +60,7 @@ pub fn service(
         store,
         leases,
         regions,
+        take_timeout,
     })
     .max_decoding_message_size(MAX_MESSAGE_BYTES)
     .max_encoding_message_size(MAX_MESSAGE_BYTES);
@@ -67,6 +71,7 @@ pub struct BlockApi {
     store: Option<BlockStore>,
     leases: Leases,
     regions: Arc<Regions>,
+    take_timeout: Duration,
 }
 
 impl BlockApi {
@@ -141,18 +146,34 @@ impl Regions {
     }
 }
 
-/// Where an onboarding's blocks come from: the tiers (none configured: nothing), or a
-/// lease's blocks, each served only where it is the block asked for at its position.
+/// Where an onboarding's blocks come from, in chain order, each with its charge to the
+/// lease budget: the tiers (none configured: nothing), each block charged as it is read
+/// (none past the budget: the answer ends there); or a lease's blocks, each served only
+/// where it is the block asked for at its position, under the lease's charge.
 enum Source {
-    Tiers(Option<BlockStore>),
-    Lease(Vec<Block>),
+    Tiers(Option<BlockStore>, LeaseBudget),
+    Lease(std::vec::IntoIter<Block>, Charge),
 }
 
 impl Source {
-    async fn get(&mut self, position: usize, hash: SeqHash) -> Option<Block> {
+    async fn next(&mut self, hash: SeqHash) -> Option<(Block, Charge)> {
         match self {
-            Source::Tiers(store) => store.as_ref()?.onboard(hash).await,
-            Source::Lease(blocks) => blocks.get(position).filter(|b| b.hash == hash).cloned(),
+            Source::Tiers(store, budget) => {
+                let block = store.as_ref()?.onboard(hash).await?;
+                let bytes = block.payload.len() as u64;
+                match budget.charge(None, bytes) {
+                    Ok(charge) => Some((block, charge)),
+                    Err(over) => {
+                        tracing::debug!(%over, "ending an onboard early");
+                        None
+                    }
+                }
+            }
+            Source::Lease(blocks, charge) => {
+                let block = blocks.next().filter(|b| b.hash == hash)?;
+                let charge = charge.split_off(block.payload.len() as u64);
+                Some((block, charge))
+            }
         }
     }
 }
@@ -224,19 +245,24 @@ impl KvBlocks for BlockApi {
             None => None,
         };
         let mut source = match &request.get_ref().lease {
-            Some(lease) => Source::Lease(self.leases.fetch(lease).ok_or_else(|| {
-                Status::not_found(format!(
-                    "lease {lease:?} is gone (expired, fetched or never lent): recompute"
-                ))
-            })?),
-            None => Source::Tiers(self.store.clone()),
+            Some(lease) => {
+                let (blocks, charge) = self.leases.fetch(lease).ok_or_else(|| {
+                    Status::not_found(format!(
+                        "lease {lease:?} is gone (expired, fetched or never lent): recompute"
+                    ))
+                })?;
+                Source::Lease(blocks.into_iter(), charge)
+            }
+            None => Source::Tiers(self.store.clone(), self.leases.budget().clone()),
         };
-        let (tx, rx) = tokio::sync::mpsc::channel(ONBOARD_AHEAD);
+        let connection = GrpcConnectInfo::of(request.extensions()).cloned();
+        let cut = self.leases.metrics().answers_cut.clone();
+        let (mut answer, taken) = answer::answer(self.take_timeout, connection, cut);
         tokio::spawn(async move {
             // Payloads go back to back into the region; what does not fit goes inline.
             let mut offset = 0;
-            for (i, hash) in chain.into_iter().enumerate() {
-                let Some(block) = source.get(i, hash).await else {
+            for hash in chain {
+                let Some((block, charge)) = source.next(hash).await else {
                     break;
                 };
                 let len = block.payload.len() as u64;
@@ -252,24 +278,30 @@ impl KvBlocks for BlockApi {
                     }
                     _ => pb::Block::from(&block),
                 };
-                if tx.send(Ok(message)).await.is_err() {
-                    break;
+                if !answer.send(message, charge).await {
+                    return;
                 }
             }
+            drop(source);
+            answer.finish().await;
         });
-        Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
+        Ok(Response::new(Box::pin(taken)))
     }
 
     async fn lend(
         &self,
         request: Request<Streaming<LendRequest>>,
     ) -> Result<Response<LendReply>, Status> {
+        let lender = peer_of(caller(&request));
         let mut messages = request.into_inner();
-        let (mut name, mut blocks, mut bytes) = (None::<String>, Vec::new(), 0u64);
+        // Blocks are charged as they arrive, so a lend still arriving counts too.
+        let (mut lending, mut blocks) = (None::<(String, Charge)>, Vec::new());
         let mut refused = None;
         while let Some(message) = messages.next().await {
             let LendRequest { lease, block } = message?;
-            if *name.get_or_insert_with(|| lease.clone()) != lease {
+            let (name, charge) =
+                lending.get_or_insert_with(|| (lease.clone(), self.leases.lending(&lease, lender)));
+            if *name != lease {
                 return Err(Status::invalid_argument(
                     "every message of one Lend call names the same lease",
                 ));
@@ -279,19 +311,23 @@ impl KvBlocks for BlockApi {
             };
             let hash = message.hash;
             match self.received(message)? {
-                Some(block) => {
-                    bytes += block.payload.len() as u64;
-                    blocks.push(block);
-                }
+                Some(block) => match charge.grow(block.payload.len() as u64) {
+                    Ok(()) => blocks.push(block),
+                    Err(over) => {
+                        refused = Some(self.leases.refuse(Refused::from(over)).to_string())
+                    }
+                },
                 None => refused = Some(format!("block {hash:016x} did not check out")),
             }
-            if refused.is_some() || bytes > self.leases.budget() {
+            if refused.is_some() {
                 break;
             }
         }
-        let (name, count) = (name.unwrap_or_default(), blocks.len() as u64);
+        let (name, charge) =
+            lending.unwrap_or_else(|| (String::new(), self.leases.lending("", lender)));
+        let count = blocks.len() as u64;
         let refused = refused.or_else(|| {
-            let lent = self.leases.lend(&name, blocks);
+            let lent = self.leases.lend(&name, blocks, charge);
             lent.err().map(|e| e.to_string())
         });
         let lent = if refused.is_some() { 0 } else { count };
@@ -308,10 +344,7 @@ impl KvBlocks for BlockApi {
     ) -> Result<Response<OpenRegionReply>, Status> {
         // Shared memory serves the engine beside this sidecar only: a caller elsewhere
         // could not map it, and could only push the engine's regions out.
-        let local = request
-            .remote_addr()
-            .is_some_and(|peer| peer.ip().to_canonical().is_loopback());
-        if !local {
+        if !on_this_host(caller(&request)) {
             return Err(Status::permission_denied(
                 "shared memory regions are for the engine on this sidecar's host",
             ));
@@ -327,42 +360,34 @@ impl KvBlocks for BlockApi {
 
 #[cfg(test)]
 mod tests {
-    use std::net::SocketAddr;
-    use std::time::Duration;
-
-    use tonic::transport::server::TcpConnectInfo;
-
     use super::*;
     use crate::blocks::lease::LeaseMetrics;
 
-    fn open_region_from(peer: &str) -> Request<OpenRegionRequest> {
-        let mut request = Request::new(OpenRegionRequest { bytes: 4096 });
-        request.extensions_mut().insert(TcpConnectInfo {
-            local_addr: None,
-            remote_addr: Some(peer.parse::<SocketAddr>().unwrap()),
-        });
-        request
-    }
-
+    /// (The guard's tests say which addresses are this host's; a real loopback client
+    /// gets its region in `tests/block_auth.rs`.)
     #[tokio::test]
-    async fn only_a_caller_on_this_host_gets_shared_memory() {
+    async fn a_caller_the_sidecar_cannot_place_on_its_host_gets_no_shared_memory() {
         let dir = tempfile::tempdir().unwrap();
         let api = BlockApi {
             store: None,
-            leases: Leases::new(Duration::from_secs(1), 1 << 20, LeaseMetrics::default()),
+            leases: Leases::new(
+                Duration::from_secs(1),
+                1 << 20,
+                1 << 20,
+                LeaseMetrics::default(),
+            ),
             regions: Arc::new(Regions {
                 dir: Some(dir.path().to_owned()),
                 open: Mutex::new(BTreeMap::new()),
                 next: AtomicU64::new(1),
             }),
+            take_timeout: Duration::from_secs(1),
         };
-        for peer in ["10.0.0.7:5000", "[::ffff:10.0.0.7]:5000"] {
-            let refused = api.open_region(open_region_from(peer)).await.unwrap_err();
-            assert_eq!(refused.code(), tonic::Code::PermissionDenied, "{peer}");
-        }
+        let refused = api
+            .open_region(Request::new(OpenRegionRequest { bytes: 4096 }))
+            .await
+            .unwrap_err();
+        assert_eq!(refused.code(), tonic::Code::PermissionDenied);
         assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
-        let granted = api.open_region(open_region_from("127.0.0.1:5000")).await;
-        let path = granted.unwrap().into_inner().path;
-        assert!(std::path::Path::new(&path).starts_with(dir.path()));
     }
 }

@@ -109,6 +109,14 @@ where
     }
 }
 
+/// The prefill pod of a request: where its prefill leg goes, and the port of its
+/// sidecar's block API.
+#[derive(Clone, Copy)]
+struct Prefill {
+    target: SocketAddr,
+    block_port: u16,
+}
+
 /// How the prefill leg ended, short of transfer parameters.
 enum Failed {
     /// The prefill pod's 4xx, for the client.
@@ -132,6 +140,8 @@ impl Hop {
     {
         let (mut parts, body) = request.into_parts();
         let named = parts.headers.remove(PREFILLER_HEADER);
+        // The lease of the blocks fetched for this request is charged to its client.
+        let peer = crate::proxy::client_ip(&parts.extensions);
         if !HOP_PATHS.contains(&parts.uri.path()) {
             return call(&mut inner, Request::from_parts(parts, body)).await;
         }
@@ -142,11 +152,12 @@ impl Hop {
         let Some(target) = target else {
             return self.refuse(format!("{PREFILLER_HEADER} must be one ip:port"));
         };
-        if !self.peers.allows(target).await {
+        let Some(block_port) = self.peers.block_api_port(target).await else {
             return self.refuse(format!(
                 "prefill pod {target} is not a prefill member of this pool"
             ));
-        }
+        };
+        let prefill = Prefill { target, block_port };
         let bytes = match read_body(body).await {
             Ok(bytes) => bytes,
             Err(e) => return e.into_response(),
@@ -162,7 +173,7 @@ impl Hop {
                 self.metrics
                     .prefill_seconds
                     .observe(started.elapsed().as_secs_f64());
-                self.decode(target, &client, params).await
+                self.decode(prefill, &client, params, peer).await
             }
             Err(Failed::Client(response)) => {
                 return self.answered(response, HopOutcome::ClientError, None);
@@ -271,12 +282,13 @@ impl Hop {
         }
     }
 
-    /// The engine's request after a prefill that answered `params`.
+    /// The engine's request after a prefill that answered `params`, for `peer`.
     async fn decode(
         &self,
-        target: SocketAddr,
+        prefill: Prefill,
         client: &Map<String, Value>,
         params: KvTransferParams,
+        peer: IpAddr,
     ) -> Decode {
         let with = |params: &KvTransferParams| {
             let mut body = client.clone();
@@ -302,7 +314,7 @@ impl Hop {
             };
         }
         let started = Instant::now();
-        match self.fetch(target, &params).await {
+        match self.fetch(prefill, &params, peer).await {
             Ok((local, hashes)) => {
                 let took = started.elapsed();
                 self.metrics.transfer_seconds.observe(took.as_secs_f64());
@@ -325,7 +337,7 @@ impl Hop {
                 }
             }
             Err(why) => {
-                tracing::warn!(prefill = %target, %why, "KV transfer failed; prefilling here");
+                tracing::warn!(prefill = %prefill.target, %why, "KV transfer failed; prefilling here");
                 Decode {
                     body: with_none(client),
                     outcome: HopOutcome::FallbackTransferFailed,
@@ -336,13 +348,14 @@ impl Hop {
         }
     }
 
-    /// Brings the prefill's blocks here under a fresh local lease. They are fetched
-    /// from the pod the picker named (its IP, whatever `remote_host` says) on the
-    /// prefill's `remote_port`.
+    /// Brings the prefill's blocks here under a fresh local lease, charged to `peer`.
+    /// They are fetched from the pod the picker named (its IP, whatever `remote_host`
+    /// says) on its announced block API port, which the prefill's `remote_port` must be.
     async fn fetch(
         &self,
-        target: SocketAddr,
+        prefill: Prefill,
         params: &KvTransferParams,
+        peer: IpAddr,
     ) -> Result<(LeaseGuard, Vec<SeqHash>), String> {
         let (Some(lease), Some(port), Some(ids)) = (
             &params.remote_request_id,
@@ -351,11 +364,18 @@ impl Hop {
         ) else {
             return Err("the prefill's kv_transfer_params name no lease".into());
         };
+        if port != prefill.block_port {
+            self.metrics.transfer_unannounced_port.inc();
+            return Err(format!(
+                "the prefill's answer names port {port}, not its block API port {}",
+                prefill.block_port
+            ));
+        }
         if ids.len() > MAX_BLOCKS {
             return Err(format!("{} blocks to fetch", ids.len()));
         }
         let hashes: Vec<SeqHash> = ids.iter().copied().map(SeqHash).collect();
-        let from = SocketAddr::new(peer_ip(target.ip()), port);
+        let from = SocketAddr::new(peer_ip(prefill.target.ip()), prefill.block_port);
         let blocks = self
             .transfer
             .fetch(from, lease, &hashes)
@@ -369,8 +389,9 @@ impl Hop {
         self.metrics.transfer_bytes.inc_by(bytes);
         self.metrics.transfer_blocks.inc_by(blocks.len() as u64);
         let name = new_id();
+        let charge = self.leases.lending(&name, peer);
         self.leases
-            .lend(&name, blocks)
+            .lend(&name, blocks, charge)
             .map_err(|e| format!("holding the fetched blocks: {e}"))?;
         let guard = LeaseGuard {
             leases: self.leases.clone(),
@@ -455,7 +476,7 @@ where
 
 /// A fresh request id and lease name: 128 random bits in hex, so that no client can
 /// name another request's lease.
-fn new_id() -> String {
+pub(crate) fn new_id() -> String {
     format!("{:032x}", rand::random::<u128>())
 }
 
@@ -500,10 +521,11 @@ mod tests {
         let mut metrics = Metrics::new();
         let hop = Hop {
             client: reqwest::Client::new(),
-            peers: PrefillPeers::parse(peers).unwrap(),
+            peers: PrefillPeers::parse(peers, 9100).unwrap(),
             transfer: Transfer::new(Duration::from_secs(1), None),
             leases: Leases::new(
                 Duration::from_secs(1),
+                1 << 20,
                 1 << 20,
                 LeaseMetrics::register(&mut metrics),
             ),

@@ -18,6 +18,9 @@ pub struct HopMetrics {
     pub transfer_seconds: Histogram,
     pub transfer_bytes: Counter,
     pub transfer_blocks: Counter,
+    /// Transfers not made: the prefill's answer named a port other than its sidecar's
+    /// announced block API port.
+    pub transfer_unannounced_port: Counter,
 }
 
 impl HopMetrics {
@@ -30,6 +33,7 @@ impl HopMetrics {
             transfer_seconds: Histogram::new(exponential_buckets(1e-4, 2.0, 17)),
             transfer_bytes: Counter::default(),
             transfer_blocks: Counter::default(),
+            transfer_unannounced_port: Counter::default(),
         };
         let r = metrics.registry();
         r.register(
@@ -56,6 +60,11 @@ impl HopMetrics {
             "kv_transfer_blocks",
             "KV blocks fetched from prefill pods",
             m.transfer_blocks.clone(),
+        );
+        r.register(
+            "kv_transfer_unannounced_port",
+            "KV transfers not made: the prefill's answer named a port other than its sidecar's block API",
+            m.transfer_unannounced_port.clone(),
         );
         m
     }

@@ -4,21 +4,28 @@
 //! request's lease or point it anywhere. Those the hop made ([`FromHop`]) pass; of a
 //! client's, only the prefill leg's request (`do_remote_decode`, as a decode pod's hop
 //! sends it to this prefill pod) passes, rewritten to exactly that; any other is dropped.
+//!
+//! The lease the engine lends for a prefill leg (named by the leg's `x-request-id`) is
+//! claimed for the leg's client until the answer ends, so it is charged to that peer's
+//! share of the lease budget (`blocks::lease`).
 
 use std::task::{Context, Poll};
 
 use axum::body::{Body, Bytes};
 use axum::extract::Request;
+use axum::http::request::Parts;
 use axum::http::{HeaderValue, header};
 use dynamo_llm::ApiError;
 use dynamo_llm::disagg::KvTransferParams;
+use dynamo_server::Guarded;
 use futures::StreamExt;
 use futures::future::BoxFuture;
 use serde_json::{Map, Value};
 use tower::{Layer, Service};
 
 use super::error::ProxyError;
-use crate::disagg::hop::{HOP_PATHS, MAX_BODY_BYTES};
+use crate::blocks::lease::{Claim, Leases};
+use crate::disagg::hop::{HOP_PATHS, MAX_BODY_BYTES, new_id};
 
 /// Marks a request whose transfer parameters the prefill hop set (an extension: no
 /// client can send one).
@@ -26,29 +33,43 @@ use crate::disagg::hop::{HOP_PATHS, MAX_BODY_BYTES};
 pub struct FromHop;
 
 #[derive(Clone)]
-pub struct TransferParamsLayer;
+pub struct TransferParamsLayer {
+    leases: Leases,
+}
+
+impl TransferParamsLayer {
+    pub fn new(leases: Leases) -> Self {
+        Self { leases }
+    }
+}
 
 impl<S> Layer<S> for TransferParamsLayer {
     type Service = TransferParams<S>;
 
     fn layer(&self, inner: S) -> TransferParams<S> {
-        TransferParams { inner }
+        TransferParams {
+            inner,
+            leases: self.leases.clone(),
+        }
     }
 }
 
 #[derive(Clone)]
 pub struct TransferParams<S> {
     inner: S,
+    leases: Leases,
 }
 
-impl<S> Service<Request> for TransferParams<S>
+impl<S, B> Service<Request> for TransferParams<S>
 where
-    S: Service<Request, Error = ProxyError> + Clone + Send + 'static,
+    S: Service<Request, Response = http::Response<B>, Error = ProxyError> + Clone + Send + 'static,
     S::Future: Send,
 {
-    type Response = S::Response;
+    /// The answer, holding a prefill leg's claim to its end: an engine lends when its
+    /// prefill is done, with a streamed answer at its end.
+    type Response = http::Response<Guarded<B, Option<Claim>>>;
     type Error = ProxyError;
-    type Future = BoxFuture<'static, Result<S::Response, ProxyError>>;
+    type Future = BoxFuture<'static, Result<Self::Response, ProxyError>>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), ProxyError>> {
         self.inner.poll_ready(cx)
@@ -61,12 +82,17 @@ where
         if request.extensions().get::<FromHop>().is_some()
             || !HOP_PATHS.contains(&request.uri().path())
         {
-            return Box::pin(inner.call(request));
+            let answered = inner.call(request);
+            return Box::pin(
+                async move { Ok(answered.await?.map(|body| Guarded::new(body, None))) },
+            );
         }
+        let leases = self.leases.clone();
         Box::pin(async move {
             let (mut parts, body) = request.into_parts();
             let body = read(body).await?;
-            let body = match client_free(&body)? {
+            let Cleaned { rewritten, leg } = client_free(&body)?;
+            let body = match rewritten {
                 Some(rewritten) => {
                     parts.headers.insert(
                         header::CONTENT_LENGTH,
@@ -76,18 +102,55 @@ where
                 }
                 None => body,
             };
-            inner
+            let claim = leg.then(|| claim_lease(&leases, &mut parts));
+            let response = inner
                 .call(Request::from_parts(parts, Body::from(body)))
-                .await
+                .await?;
+            Ok(response.map(|body| Guarded::new(body, claim)))
         })
     }
 }
 
-/// The body without the client's transfer parameters (but the prefill leg's request);
-/// `None` when it has none to drop. A body this parser cannot read is the engine's to
-/// refuse, unless it may name the field (literally, or through a `\u` escape): the
-/// engine's parser might read it (Python's takes `NaN`, say).
-fn client_free(body: &[u8]) -> Result<Option<Bytes>, ProxyError> {
+/// Claims the lease of a prefill leg for its client: the leg's `x-request-id` (what the
+/// engine names it by), or a fresh one where it has none or another leg holds it.
+fn claim_lease(leases: &Leases, parts: &mut Parts) -> Claim {
+    let client = super::client_ip(&parts.extensions);
+    let named = parts
+        .headers
+        .get("x-request-id")
+        .and_then(|v| v.to_str().ok())
+        .filter(|id| !id.is_empty());
+    if let Some(claim) = named.and_then(|id| leases.claim(id, client)) {
+        return claim;
+    }
+    loop {
+        let id = new_id();
+        if let Some(claim) = leases.claim(&id, client) {
+            let id = HeaderValue::from_str(&id).expect("hex");
+            parts.headers.insert("x-request-id", id);
+            return claim;
+        }
+    }
+}
+
+/// A client's body, checked.
+#[derive(Debug, PartialEq)]
+struct Cleaned {
+    /// The body without the client's transfer parameters; `None` when it had none to drop.
+    rewritten: Option<Bytes>,
+    /// Whether it is a prefill leg's request.
+    leg: bool,
+}
+
+/// The body without the client's transfer parameters (but the prefill leg's request).
+/// A body this parser cannot read is the engine's to refuse, unless it may name the
+/// field (literally, or through a `\u` escape): the engine's parser might read it
+/// (Python's takes `NaN`, say).
+fn client_free(body: &[u8]) -> Result<Cleaned, ProxyError> {
+    let untouched = Cleaned {
+        rewritten: None,
+        leg: false,
+    };
     let Ok(mut map) = serde_json::from_slice::<Map<String, Value>>(body) else {
         let contains = |needle: &[u8]| body.windows(needle.len()).any(|w| w == needle);
         if contains(KvTransferParams::FIELD.as_bytes()) || contains(b"\\u") {
@@ -96,28 +159,34 @@ fn client_free(body: &[u8]) -> Result<Option<Bytes>, ProxyError> {
                 None,
             )));
         }
-        return Ok(None);
+        return Ok(untouched);
     };
     let Some(sent) = map.get(KvTransferParams::FIELD) else {
-        return Ok(None);
+        return Ok(untouched);
     };
     let leg = KvTransferParams::of(&map).filter(|p| p.do_remote_decode);
     let kept = leg.map(|_| KvTransferParams::remote_decode());
+    let leg = kept.is_some();
     if kept
         .as_ref()
         .and_then(|p| serde_json::to_value(p).ok())
         .as_ref()
         == Some(sent)
     {
-        return Ok(None);
+        return Ok(Cleaned {
+            rewritten: None,
+            leg,
+        });
     }
     map.remove(KvTransferParams::FIELD);
     if let Some(kept) = kept {
         kept.put(&mut map);
     }
-    Ok(Some(Bytes::from(
-        serde_json::to_vec(&map).expect("JSON serializes"),
-    )))
+    let rewritten = Bytes::from(serde_json::to_vec(&map).expect("JSON serializes"));
+    Ok(Cleaned {
+        rewritten: Some(rewritten),
+        leg,
+    })
 }
 
 /// The whole body (as the hop reads it, up to its limit); a client that leaves
@@ -145,7 +214,14 @@ mod tests {
         let bytes = serde_json::to_vec(&body).unwrap();
         client_free(&bytes)
             .unwrap()
+            .rewritten
             .map(|b| serde_json::from_slice(&b).unwrap())
+    }
+
+    fn is_leg(body: Value) -> bool {
+        client_free(&serde_json::to_vec(&body).unwrap())
+            .unwrap()
+            .leg
     }
 
     #[test]
@@ -161,16 +237,23 @@ mod tests {
         assert_eq!(rewritten(Value::Object(leg.clone())), None);
         let widened = json!({"model": "m", "prompt": "hi", "kv_transfer_params": {
             "do_remote_decode": true, "remote_host": "10.0.0.9"}});
-        assert_eq!(rewritten(widened), Some(Value::Object(leg)));
+        assert!(is_leg(widened.clone()));
+        assert_eq!(rewritten(widened), Some(Value::Object(leg.clone())));
+        assert!(is_leg(Value::Object(leg)));
+        assert!(!is_leg(plain));
     }
 
     #[test]
     fn an_escaped_name_is_dropped_and_an_unreadable_body_naming_it_refused() {
         let escaped = br#"{"model":"m","kv\u005ftransfer_params":{"remote_request_id":"x"}}"#;
-        let out = client_free(escaped).unwrap().unwrap();
+        let out = client_free(escaped).unwrap().rewritten.unwrap();
         assert_eq!(out.as_ref(), br#"{"model":"m"}"#);
         let nan = br#"{"model":"m","temperature":NaN,"kv_transfer_params":{}}"#;
         assert!(matches!(client_free(nan), Err(ProxyError::BodyRefused(_))));
-        assert!(matches!(client_free(b"not json"), Ok(None)));
+        let untouched = Cleaned {
+            rewritten: None,
+            leg: false,
+        };
+        assert_eq!(client_free(b"not json").unwrap(), untouched);
     }
 }

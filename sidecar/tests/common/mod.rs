@@ -531,3 +531,102 @@ impl Drop for SidecarProcess {
         let _ = self.child.wait();
     }
 }
+
+/// Generous for a gRPC call that ends at once, or after a timeout of a second or so.
+pub const ENDS: Duration = Duration::from_secs(10);
+
+/// A raw HTTP/2 connection to a sidecar's gRPC port, for requests no gRPC client sends
+/// (half a message) and answers no gRPC client leaves unread.
+pub struct RawGrpc {
+    addr: SocketAddr,
+    send: hyper::client::conn::http2::SendRequest<axum::body::Body>,
+    /// Drives the connection; ends when it closes.
+    pub driver: tokio::task::JoinHandle<()>,
+}
+
+/// A call whose request body the test writes, and its answer's head.
+pub struct RawCall {
+    pub body: mpsc::Sender<std::io::Result<Bytes>>,
+    pub answer: tokio::task::JoinHandle<hyper::Response<hyper::body::Incoming>>,
+}
+
+impl RawGrpc {
+    /// A connection whose client lets the sidecar send `window` bytes of each answer
+    /// before it reads them (`None`: HTTP/2's default).
+    pub async fn open(addr: SocketAddr, window: Option<u32>) -> Self {
+        let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let (send, driver) =
+            hyper::client::conn::http2::Builder::new(hyper_util::rt::TokioExecutor::new())
+                .initial_stream_window_size(window)
+                .handshake(hyper_util::rt::TokioIo::new(tcp))
+                .await
+                .unwrap();
+        let driver = tokio::spawn(async move {
+            let _ = driver.await;
+        });
+        Self { addr, send, driver }
+    }
+
+    /// Starts a call of `path` that sends `first`, then whatever the test sends on
+    /// its `body` (which ends the request when dropped).
+    pub async fn call(&mut self, path: &str, first: &[Bytes]) -> RawCall {
+        let (body, chunks) = mpsc::channel(16);
+        for chunk in first {
+            body.send(Ok(chunk.clone())).await.unwrap();
+        }
+        let stream = tokio_stream::wrappers::ReceiverStream::new(chunks);
+        let request = hyper::Request::post(format!("http://{}{path}", self.addr))
+            .header("content-type", "application/grpc")
+            .header("te", "trailers")
+            .body(axum::body::Body::from_stream(stream))
+            .unwrap();
+        self.send.ready().await.unwrap();
+        let answer = self.send.send_request(request);
+        let answer = tokio::spawn(async move { answer.await.unwrap() });
+        RawCall { body, answer }
+    }
+}
+
+impl Drop for RawGrpc {
+    fn drop(&mut self) {
+        self.driver.abort();
+    }
+}
+
+impl RawCall {
+    /// The gRPC status the call ended with (a trailers-only answer's).
+    pub async fn status(self) -> tonic::Code {
+        let answer = tokio::time::timeout(ENDS, self.answer)
+            .await
+            .expect("the call ends")
+            .unwrap();
+        let status = answer.headers()["grpc-status"].to_str().unwrap();
+        tonic::Code::from_i32(status.parse().unwrap())
+    }
+}
+
+/// The 5-byte prefix of a gRPC message of `len` bytes.
+pub fn grpc_prefix(len: u32) -> Bytes {
+    let mut prefix = vec![0];
+    prefix.extend(len.to_be_bytes());
+    prefix.into()
+}
+
+/// A chain of `n` blocks of `bytes` each, hashes `first..`, each payload its hash's low
+/// byte over and over.
+pub fn block_chain(first: u64, n: u64, bytes: usize) -> Vec<dynamo_kvblocks::Block> {
+    let layout = dynamo_kvblocks::Layout {
+        block_bytes: bytes as u64,
+        block_size: 16,
+        layers: 2,
+        dtype: "bfloat16".into(),
+    };
+    (first..first + n)
+        .map(|h| {
+            let payload = Bytes::from(vec![h as u8; bytes]);
+            let parent = (h > first).then(|| dynamo_kvcache::SeqHash(h - 1));
+            let hash = dynamo_kvcache::SeqHash(h);
+            dynamo_kvblocks::Block::new(hash, parent, 16, layout.clone(), payload)
+        })
+        .collect()
+}

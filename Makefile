@@ -59,7 +59,7 @@ nextest: model pyenv helm k8s ## Run every test (tests tokenize with the model d
 # starts as the workspace's, so the fuzzed code builds with the same dependency versions.
 # docs/fuzzing.md says how to run longer.
 FUZZ_SECONDS ?= 30
-FUZZ_TARGETS := zmtp_decode kv_event_path block_record disagg_json tool_calls reasoning encode
+FUZZ_TARGETS := zmtp_decode kv_event_path block_record block_request disagg_json tool_calls reasoning encode
 
 fuzz: model ## Run each fuzz target for FUZZ_SECONDS seconds (installs cargo-fuzz when missing)
 	@$(CARGO) fuzz --version >/dev/null 2>&1 || $(CARGO) install --locked cargo-fuzz

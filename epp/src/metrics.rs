@@ -235,7 +235,19 @@ impl Default for Metrics {
     }
 }
 
+/// The prefill hop outcome the picker counts itself: no hop, as the prompt fills no KV
+/// block (the others are the decode pods' reports, `HopOutcome`).
+pub const SHORT_PROMPT_OUTCOME: &str = "local_short_prompt";
+
 impl Metrics {
+    /// Counts a disaggregated request sent without a prefill hop, as its prompt fills no
+    /// KV block (nothing to transfer): its decode pod prefills it.
+    pub fn prefill_hop_skipped(&self) {
+        self.prefill_hops
+            .get_or_create(&vec![("outcome", SHORT_PROMPT_OUTCOME.to_owned())])
+            .inc();
+    }
+
     /// Counts a decode pod's report of its prefill hop: `header` reads a response header.
     pub fn prefill_hop(&self, header: impl Fn(&str) -> Option<String>) {
         let Some(outcome) = header(PREFILL_HOP_HEADER).and_then(|v| HopOutcome::parse(&v)) else {
@@ -423,7 +435,8 @@ impl Metrics {
         );
         r.register(
             "dynamo_epp_prefill_hops",
-            "Disaggregated requests by how the prefill hop ended (remote, fallback_*, ...)",
+            "Disaggregated requests by how the prefill hop ended (remote, fallback_*, ...), \
+             or local_short_prompt: none was made, the prompt filling no KV block",
             m.prefill_hops.clone(),
         );
         r.register(

@@ -408,6 +408,9 @@ impl Router {
         if job.output_blocks > 0 {
             st.core.expect_output(request, job.output_blocks);
         }
+        if prefill.is_some() && route.prefill.is_none() {
+            self.metrics.prefill_hop_skipped();
+        }
         let prefill = route.prefill.zip(prefill.map(|(_, r)| r));
         for d in prefill.iter().map(|(d, _)| d).chain([&route.serving]) {
             self.count_pick(st, d, job);
@@ -776,6 +779,7 @@ mod tests {
     use dynamo_kvcache::{KvEvent, SaturationThreshold, StoredBlock, Tier};
 
     use super::*;
+    use crate::metrics::SHORT_PROMPT_OUTCOME;
 
     const MODEL: &str = "m";
 
@@ -1136,6 +1140,26 @@ mod tests {
             0,
             "prefill is over at the first token"
         );
+    }
+
+    #[tokio::test]
+    async fn a_prompt_filling_no_block_is_prefilled_on_its_decode_pod_without_a_hop() {
+        let metrics = Arc::new(Metrics::new());
+        let r = Arc::new(Router::new(RouterConfig::default(), MODEL, metrics.clone()));
+        r.add_endpoint(WorkerId(1), spec(8001, Role::Prefill));
+        r.add_endpoint(WorkerId(2), spec(8002, Role::Decode));
+        let short: Vec<u32> = (0..15).collect();
+        let a = r.route(request(short)).await.unwrap();
+        assert_eq!((a.address, a.prefill), (addr(8002), None));
+        assert_eq!(
+            r.endpoints()[0].load,
+            0,
+            "the prefill pod has nothing to do"
+        );
+        let text = metrics.encode();
+        let skipped =
+            format!(r#"dynamo_epp_prefill_hops_total{{outcome="{SHORT_PROMPT_OUTCOME}"}} 1"#);
+        assert!(text.contains(&skipped), "{text}");
     }
 
     #[tokio::test]

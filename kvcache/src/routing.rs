@@ -150,7 +150,9 @@ impl RoutingCore {
     /// two legs: a prefill engine by KV overlap (`scores`) and prefill load, then a
     /// decode engine among `serving` by decode load alone, since the prompt's KV arrives
     /// from the prefill engine whatever the decode engine holds. Without, one aggregated
-    /// pick among `serving`. `request` is accounted on the serving engine.
+    /// pick among `serving`, also when the prompt fills no block: there is nothing to
+    /// transfer, so the serving engine prefills it. `request` is accounted on the serving
+    /// engine.
     pub fn pick_route(
         &mut self,
         scores: &OverlapScores,
@@ -160,7 +162,8 @@ impl RoutingCore {
         prompt: &[SeqHash],
         now: Duration,
     ) -> Result<Route, PickError> {
-        let Some((prefill_engines, prefill_request)) = prefill else {
+        let Some((prefill_engines, prefill_request)) = prefill.filter(|_| !prompt.is_empty())
+        else {
             let serving = self.pick(Side::Aggregated, scores, serving, request, prompt, now)?;
             return Ok(Route {
                 serving,

@@ -277,6 +277,20 @@ async fn a_header_naming_a_pod_outside_the_pool_is_refused_without_connecting() 
 }
 
 #[tokio::test]
+async fn a_4xx_too_long_to_pass_on_whole_reaches_the_client_as_an_error_of_its_own() {
+    let long = "x".repeat(20 << 20);
+    let error = json!({"error": {"message": long, "type": "invalid_request_error"}});
+    let pods = Pods::start(Answer::Json(StatusCode::BAD_REQUEST, error), &[], &[]).await;
+    let prefill = pods.prefill.proxy_addr.to_string();
+    let response = pods.send(&prefill, request()).await;
+    assert_eq!(response.status(), 400);
+    assert_eq!(hop_outcome(&response), "client_error");
+    let answer: Value = response.json().await.expect("whole JSON, not a cut one");
+    assert_eq!(answer["error"]["code"], "prefill_answer_too_large");
+    assert!(pods.decode_engine.requests().is_empty());
+}
+
+#[tokio::test]
 async fn a_4xx_from_prefill_goes_to_the_client_and_a_5xx_falls_back() {
     let error = json!({"error": {"message": "prompt too long", "type": "invalid_request_error"}});
     let pods = Pods::start(

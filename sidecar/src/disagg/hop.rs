@@ -255,6 +255,22 @@ impl Hop {
         // The request itself is wrong (as llm-d's sidecar, 4xx go to the client); but a
         // busy prefill pod (429) is no reason to refuse what this pod can prefill.
         if status.is_client_error() && status != StatusCode::TOO_MANY_REQUESTS {
+            let Some(body) = body else {
+                // Passing on the part that fits would hand the client invalid JSON.
+                let error = ApiError {
+                    status,
+                    code: Some("prefill_answer_too_large"),
+                    ..ApiError::bad_request(
+                        format!(
+                            "the prefill pod refused the request ({status}) with an answer \
+                             longer than {} MiB",
+                            MAX_PREFILL_ANSWER_BYTES >> 20
+                        ),
+                        None,
+                    )
+                };
+                return Err(Failed::Client(error.into_response()));
+            };
             let mut response = Response::new(Body::from(body));
             *response.status_mut() = status;
             if let Some(kind) = headers.get(header::CONTENT_TYPE) {
@@ -268,6 +284,13 @@ impl Hop {
             let why = format!("the prefill pod answered {status}");
             return Err(Failed::Fallback(HopOutcome::FallbackPrefillFailed, why));
         }
+        let Some(body) = body else {
+            let why = format!(
+                "the prefill answer is longer than {} MiB",
+                MAX_PREFILL_ANSWER_BYTES >> 20
+            );
+            return Err(Failed::Fallback(HopOutcome::FallbackPrefillFailed, why));
+        };
         match serde_json::from_slice::<Value>(&body) {
             Ok(Value::Object(answer)) => KvTransferParams::of(&answer)
                 .filter(|p| p.do_remote_prefill)
@@ -495,17 +518,22 @@ async fn read_body(body: Body) -> Result<Bytes, ApiError> {
     Ok(Bytes::from(out))
 }
 
-async fn read_limited(answer: reqwest::Response, limit: usize) -> Result<Bytes, reqwest::Error> {
+/// A prefill answer's body, or `None` when it is longer than `limit` (what was read of it
+/// is no whole answer, so nothing of it is used).
+async fn read_limited(
+    answer: reqwest::Response,
+    limit: usize,
+) -> Result<Option<Bytes>, reqwest::Error> {
     let mut out = Vec::new();
     let mut chunks = answer.bytes_stream();
     while let Some(chunk) = chunks.next().await {
         let chunk = chunk?;
-        out.extend_from_slice(&chunk[..chunk.len().min(limit - out.len())]);
-        if out.len() >= limit {
-            break;
+        if out.len() + chunk.len() > limit {
+            return Ok(None);
         }
+        out.extend_from_slice(&chunk);
     }
-    Ok(Bytes::from(out))
+    Ok(Some(Bytes::from(out)))
 }
 
 #[cfg(test)]

@@ -19,7 +19,7 @@ use std::time::Duration;
 use anyhow::{Context, bail};
 use dynamo_crds::BackendFramework;
 use dynamo_server::endpoints_file::{EndpointEntry, EndpointsFile};
-use dynamo_server::parse_duration;
+use dynamo_server::{Throttled, parse_duration};
 use dynamo_wiring::admin::{GraphStatus, PlannerStatus, ProcessStatus, ReplicaStatus};
 use dynamo_wiring::credential::{self, CREDENTIAL_FILE_ENV};
 use tokio::sync::Mutex;
@@ -855,7 +855,12 @@ async fn probe_readiness(runner: Arc<Mutex<Runner>>) {
         if ready != r.ready
             && let Err(err) = r.set_ready(ready)
         {
-            eprintln!("{err:#}");
+            // Retried every round until the list can be written: said once in a while.
+            static UNRECORDED: Throttled = Throttled::new(Duration::from_secs(10));
+            UNRECORDED.log(|skipped| match skipped {
+                0 => eprintln!("{err:#}"),
+                n => eprintln!("{err:#} ({n} more times since)"),
+            });
         }
         drop(r);
         tokio::time::sleep(Duration::from_millis(500)).await;

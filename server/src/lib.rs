@@ -7,7 +7,8 @@
 //!   request messages [`MessageLimitsLayer`] bounds;
 //! - [`shutdown_signal`] and [`init_logging`]: what every binary's `main` does;
 //! - [`on_every_worker`]: per-thread set-up done before serving;
-//! - [`metrics_endpoint`]: `/metrics` and `/healthz` on one port.
+//! - [`metrics_endpoint`]: `/metrics` and `/healthz` on one port;
+//! - [`Throttled`]: a warning that may repeat at a high rate, logged once per interval.
 
 mod budget;
 mod connection;
@@ -21,6 +22,7 @@ mod http;
 mod limits;
 pub mod metrics_endpoint;
 mod process;
+mod throttled;
 mod workers;
 
 use std::sync::Arc;
@@ -38,6 +40,7 @@ pub use grpc_messages::{MessageLimits, MessageLimitsLayer, MessageStats};
 pub use guarded::Guarded;
 pub use limits::{ServerLimits, parse_duration};
 pub use process::{init_logging, logged_shutdown_signal, shutdown_signal};
+pub use throttled::Throttled;
 pub use workers::on_every_worker;
 
 /// One process's serving policy: its [`ServerLimits`] and the connection budget every

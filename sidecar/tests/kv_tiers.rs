@@ -272,6 +272,28 @@ async fn a_corrupt_offload_is_refused_and_a_failing_disk_drops_without_failing_t
 }
 
 #[tokio::test]
+async fn a_failing_disk_says_so_once_in_a_while_not_once_per_block() {
+    let dir = tempfile::tempdir().unwrap();
+    let dir_arg = dir.path().to_str().unwrap().to_owned();
+    let sidecar = SidecarProcess::start(&["--kv-disk-dir", &dir_arg, "--kv-disk-bytes", "4MiB"]);
+    let mut client = BlockClient::new(&format!("http://{}", sidecar.grpc)).unwrap();
+    let partial = dir.path().join(".partial");
+    eventually("the disk tier is set up", || async { partial.is_dir() }).await;
+    std::fs::remove_dir(&partial).unwrap();
+    std::fs::write(&partial, b"not a directory").unwrap();
+    for first in (1..=200).step_by(8) {
+        client.offload(chain(first, 8)).await.unwrap();
+    }
+    let dropped = "dynamo_sidecar_kv_dropped_blocks_total";
+    eventually("every write has failed and been counted", || async {
+        sidecar.metric(dropped, "reason=\"disk_error\"").await == 200.0
+    })
+    .await;
+    let warnings = sidecar.logged("a KV block could not be written to disk");
+    assert_eq!(warnings.len(), 1, "{warnings:#?}");
+}
+
+#[tokio::test]
 async fn a_sidecar_killed_mid_write_leaves_only_whole_blocks() {
     let dir = tempfile::tempdir().unwrap();
     let dir_arg = dir.path().to_str().unwrap().to_owned();

@@ -8,11 +8,13 @@
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
 
 use dynamo_kvblocks::placement::{Action, Offered, Placement, PlacementConfig, TIERS};
 use dynamo_kvblocks::{Block, record};
 use dynamo_kvcache::{KvEvent, RemovedBlock, SeqHash, StoredBlock, Tier};
 use dynamo_kvstream::KvEventHub;
+use dynamo_server::Throttled;
 use tokio::sync::Semaphore;
 
 use super::disk::DiskTier;
@@ -23,6 +25,15 @@ use super::object::ObjectTier;
 const SLOT_UNIT: u64 = 1024;
 /// Object records listed at start to re-index the object tier.
 const OBJECT_LIST_LIMIT: usize = 1_000_000;
+
+/// A full disk or a failing object store fails every block: one line per interval each.
+const WARN_EVERY: Duration = Duration::from_secs(10);
+static DISK_WRITE: Throttled = Throttled::new(WARN_EVERY);
+static DISK_READ: Throttled = Throttled::new(WARN_EVERY);
+static DISK_DELETE: Throttled = Throttled::new(WARN_EVERY);
+static OBJECT_WRITE: Throttled = Throttled::new(WARN_EVERY);
+static OBJECT_READ: Throttled = Throttled::new(WARN_EVERY);
+static OBJECT_DELETE: Throttled = Throttled::new(WARN_EVERY);
 
 /// What a block of `record_bytes` counts against a tier: whole 4 KiB filesystem blocks,
 /// the least a file takes, so that a disk tier of many small blocks stays within its
@@ -296,7 +307,9 @@ impl BlockStore {
                     let ok = match written {
                         Ok(Ok(())) => true,
                         Ok(Err(e)) => {
-                            tracing::warn!(error = %e, "a KV block could not be written to disk");
+                            DISK_WRITE.log(|skipped| {
+                                tracing::warn!(error = %e, skipped, "a KV block could not be written to disk")
+                            });
                             false
                         }
                         Err(_) => false,
@@ -316,7 +329,9 @@ impl BlockStore {
                     drop(permit);
                     if let Err(e) = &written {
                         store.inner.metrics.object_write_failures.inc();
-                        tracing::warn!(error = %e, "a KV block could not be written to the object store");
+                        OBJECT_WRITE.log(|skipped| {
+                            tracing::warn!(error = %e, skipped, "a KV block could not be written to the object store")
+                        });
                     }
                     store.finish(block, tier, source, written.is_ok(), "object_error");
                 });
@@ -432,7 +447,9 @@ impl BlockStore {
                 if let Some(disk) = &self.inner.disk
                     && let Err(e) = disk.tier.delete(hash, parent)
                 {
-                    tracing::warn!(error = %e, "a KV block file could not be deleted");
+                    DISK_DELETE.log(|skipped| {
+                        tracing::warn!(error = %e, skipped, "a KV block file could not be deleted")
+                    });
                 }
             }
             Tier::Object => {
@@ -440,7 +457,9 @@ impl BlockStore {
                     let object = object.tier.clone();
                     tokio::spawn(async move {
                         if let Err(e) = object.delete(hash, parent).await {
-                            tracing::warn!(error = %e, "a KV block object could not be deleted");
+                            OBJECT_DELETE.log(|skipped| {
+                                tracing::warn!(error = %e, skipped, "a KV block object could not be deleted")
+                            });
                         }
                     });
                 }
@@ -467,7 +486,9 @@ impl BlockStore {
             Ok(Ok(Some(block))) => Read::Found(block),
             Ok(Ok(None)) | Err(_) => Read::Missing,
             Ok(Err(e)) => {
-                tracing::warn!(error = %e, "a KV block could not be read from disk");
+                DISK_READ.log(|skipped| {
+                    tracing::warn!(error = %e, skipped, "a KV block could not be read from disk")
+                });
                 Read::Corrupt
             }
         }
@@ -481,12 +502,16 @@ impl BlockStore {
             Ok(Some(block)) => Read::Found(block),
             Ok(None) => Read::Missing,
             Err(e) if e.is_corrupt() => {
-                tracing::warn!(error = %e, "a KV block object is not a block record");
+                OBJECT_READ.log(|skipped| {
+                    tracing::warn!(error = %e, skipped, "a KV block object is not a block record")
+                });
                 Read::Corrupt
             }
             Err(e) => {
                 self.inner.metrics.object_read_failures.inc();
-                tracing::warn!(error = %e, "a KV block could not be read from the object store");
+                OBJECT_READ.log(|skipped| {
+                    tracing::warn!(error = %e, skipped, "a KV block could not be read from the object store")
+                });
                 Read::Unavailable
             }
         }

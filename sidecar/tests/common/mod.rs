@@ -456,6 +456,8 @@ pub struct SidecarProcess {
     pub proxy: SocketAddr,
     pub grpc: SocketAddr,
     pub metrics: SocketAddr,
+    /// Every line it logged so far.
+    log: Arc<Mutex<Vec<String>>>,
 }
 
 impl SidecarProcess {
@@ -485,12 +487,15 @@ impl SidecarProcess {
             .expect("the sidecar binary starts");
         let stdout = BufReader::new(child.stdout.take().unwrap());
         let (tx, rx) = std::sync::mpsc::channel();
+        let log = Arc::new(Mutex::new(Vec::new()));
         // Keeps reading, so the sidecar never blocks on a full pipe.
+        let kept = log.clone();
         std::thread::spawn(move || {
             for line in stdout.lines().map_while(Result::ok) {
                 if line.contains("dynamo-sidecar serving") {
-                    let _ = tx.send(line);
+                    let _ = tx.send(line.clone());
                 }
+                kept.lock().unwrap().push(line);
             }
         });
         let line = rx.recv_timeout(WAIT).expect("the sidecar logs its ports");
@@ -510,7 +515,24 @@ impl SidecarProcess {
             proxy,
             grpc,
             metrics,
+            log,
         }
+    }
+
+    /// The lines it logged so far that contain `text`.
+    pub fn logged(&self, text: &str) -> Vec<String> {
+        let log = self.log.lock().unwrap();
+        log.iter().filter(|l| l.contains(text)).cloned().collect()
+    }
+
+    /// The sum of `name`'s samples whose labels contain `filter`, from its `/metrics`.
+    pub async fn metric(&self, name: &str, filter: &str) -> f64 {
+        let url = format!("http://{}/metrics", self.metrics);
+        let text = reqwest::get(url).await.unwrap().text().await.unwrap();
+        text.lines()
+            .filter(|l| l.starts_with(name) && l.contains(filter))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum()
     }
 
     /// A line of `/proc/PID/status`, in bytes (the kernel reports kB).

@@ -11,6 +11,7 @@ use tonic::Request;
 use tonic::transport::{Channel, Endpoint};
 
 use crate::credential::Credential;
+use crate::mac::{BlockKey, authentic};
 use crate::pb::kv_blocks_client::KvBlocksClient;
 use crate::pb::{
     self, LendReply, LendRequest, LookupRequest, OffloadReply, OnboardRequest, OpenRegionRequest,
@@ -41,17 +42,26 @@ impl ClientError {
 }
 
 /// `blocks` as messages: payloads in `region` (its id and memory) while they fit, then
-/// inline.
+/// inline; with `key`, each block not sealed yet is sealed (a caller may seal off the
+/// async workers first, as the mock engine does).
 fn outgoing(
     region: Option<&(u64, Region)>,
-    blocks: &[Block],
+    key: Option<&BlockKey>,
+    blocks: Vec<Block>,
 ) -> Result<Vec<pb::Block>, ClientError> {
+    let blocks: Vec<Block> = match key {
+        Some(key) => blocks
+            .into_iter()
+            .map(|b| if b.mac.is_some() { b } else { key.seal(b) })
+            .collect(),
+        None => blocks,
+    };
     let Some((id, shared)) = region else {
         return Ok(blocks.iter().map(pb::Block::from).collect());
     };
     let mut offset = 0;
     let mut messages = Vec::with_capacity(blocks.len());
-    for block in blocks {
+    for block in &blocks {
         let len = block.payload.len() as u64;
         if offset + len <= shared.len() {
             shared.write(offset, &block.payload)?;
@@ -77,6 +87,8 @@ pub struct BlockClient {
     regions: Option<Arc<Regions>>,
     /// Sent with every call (the graph's, when the sidecar requires one).
     credential: Option<Credential>,
+    /// The credential's: seals what is sent, and what comes back must carry its MAC.
+    key: Option<BlockKey>,
 }
 
 /// One region per direction, each used by one call at a time; a call that finds its
@@ -105,15 +117,23 @@ impl BlockClient {
             inner,
             regions: None,
             credential: None,
+            key: None,
         })
     }
 
-    /// The client, sending `credential` with every call.
+    /// The client, sending `credential` with every call and sealing and checking
+    /// blocks with its key.
     pub fn with_credential(self, credential: Credential) -> Self {
         Self {
+            key: Some(BlockKey::of(&credential)),
             credential: Some(credential),
             ..self
         }
+    }
+
+    /// The key blocks are sealed with, if the client has a credential.
+    pub fn block_key(&self) -> Option<&BlockKey> {
+        self.key.as_ref()
     }
 
     /// `message` as a call, with the credential.
@@ -161,7 +181,7 @@ impl BlockClient {
     pub async fn offload(&mut self, blocks: Vec<Block>) -> Result<OffloadReply, ClientError> {
         let regions = self.regions.clone();
         let region = regions.as_ref().and_then(|r| r.offload.try_lock().ok());
-        let messages = outgoing(region.as_deref(), &blocks)?;
+        let messages = outgoing(region.as_deref(), self.key.as_ref(), blocks)?;
         // The sidecar has copied every payload out before it replies.
         let reply = self
             .inner
@@ -181,7 +201,7 @@ impl BlockClient {
         let regions = self.regions.clone();
         let region = regions.as_ref().and_then(|r| r.offload.try_lock().ok());
         let lease = lease.to_owned();
-        let messages = outgoing(region.as_deref(), &blocks)?
+        let messages = outgoing(region.as_deref(), self.key.as_ref(), blocks)?
             .into_iter()
             .map(move |block| LendRequest {
                 lease: lease.clone(),
@@ -212,8 +232,8 @@ impl BlockClient {
     }
 
     /// The blocks `hashes` names, in order, up to the first one the sidecar no longer
-    /// holds or that fails its checksum here: never a block that is not what its writer
-    /// wrote.
+    /// holds or that fails its checksum or (with a credential) its MAC here: never a
+    /// block that is not what a writer of this graph wrote.
     pub async fn onboard(&mut self, hashes: &[SeqHash]) -> Result<Vec<Block>, ClientError> {
         self.onboard_from(hashes, None).await
     }
@@ -257,7 +277,11 @@ impl BlockClient {
             };
             let expected = hashes.get(blocks.len()).copied();
             match block {
-                Some(block) if expected == Some(block.hash) => blocks.push(block),
+                Some(block)
+                    if expected == Some(block.hash) && authentic(self.key.as_ref(), &block) =>
+                {
+                    blocks.push(block)
+                }
                 _ => break,
             }
         }

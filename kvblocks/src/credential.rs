@@ -53,6 +53,11 @@ impl Credential {
             .ok_or_else(|| CredentialError::Invalid(path.into()))
     }
 
+    /// The secret's bytes, for deriving keys from ([`crate::BlockKey`]).
+    pub(crate) fn secret(&self) -> &[u8] {
+        self.0.as_bytes()
+    }
+
     /// Puts the credential in a request's `metadata`.
     pub fn attach(&self, metadata: &mut MetadataMap) {
         metadata.insert(HEADER, self.0.clone());

@@ -5,6 +5,8 @@
 
 pub mod client;
 pub mod credential;
+pub mod layout_rules;
+pub mod mac;
 pub mod placement;
 pub mod record;
 pub mod region;
@@ -14,6 +16,8 @@ use dynamo_kvcache::{SeqHash, Tier};
 
 pub use client::{BlockClient, ClientError};
 pub use credential::{CREDENTIAL_FILE_ENV, Credential, CredentialError};
+pub use layout_rules::{LayoutError, LayoutRules};
+pub use mac::{BlockKey, MAC_BYTES, Mac, authentic};
 
 /// Generated from `proto/dynamo/kvblocks/v1/kv_blocks.proto`.
 pub mod pb {
@@ -96,6 +100,8 @@ pub struct Block {
     pub payload: Bytes,
     /// [`checksum`] of `payload` as its writer computed it.
     pub checksum: u64,
+    /// Its writer's [`BlockKey::mac`]; `None` in a graph without a credential.
+    pub mac: Option<Mac>,
 }
 
 impl Block {
@@ -114,6 +120,7 @@ impl Block {
             tokens,
             layout,
             payload,
+            mac: None,
         }
     }
 
@@ -157,6 +164,7 @@ impl From<&Block> for pb::Block {
             layout: Some((&b.layout).into()),
             payload: b.payload.clone(),
             region: None,
+            mac: b.mac.map_or_else(Vec::new, |m| m.to_vec()),
         }
     }
 }
@@ -181,6 +189,7 @@ pub fn from_region(
     if sum != message.checksum || slice.len != layout.block_bytes {
         return Ok(None);
     }
+    let mac = mac_of(message.hash, &message.mac)?;
     Ok(Some(Block {
         hash: SeqHash(message.hash),
         parent: message.parent.map(SeqHash),
@@ -188,7 +197,19 @@ pub fn from_region(
         layout,
         payload,
         checksum: sum,
+        mac,
     }))
+}
+
+/// The MAC a message carries: none (empty) or [`MAC_BYTES`] bytes.
+fn mac_of(hash: u64, bytes: &[u8]) -> Result<Option<Mac>, BlockError> {
+    if bytes.is_empty() {
+        return Ok(None);
+    }
+    bytes
+        .try_into()
+        .map(Some)
+        .map_err(|_| BlockError::MacLength(hash, bytes.len()))
 }
 
 impl pb::Block {
@@ -213,6 +234,8 @@ pub enum BlockError {
     NotInRegion(u64),
     #[error("block {0:#x}: {1}")]
     Region(u64, String),
+    #[error("block {0:#x} carries a MAC of {1} bytes, not {MAC_BYTES}")]
+    MacLength(u64, usize),
 }
 
 impl TryFrom<pb::Block> for Block {
@@ -225,6 +248,7 @@ impl TryFrom<pb::Block> for Block {
             return Err(BlockError::InRegion(b.hash));
         }
         let layout = b.layout.ok_or(BlockError::NoLayout(b.hash))?.into();
+        let mac = mac_of(b.hash, &b.mac)?;
         Ok(Self {
             hash: SeqHash(b.hash),
             parent: b.parent.map(SeqHash),
@@ -232,6 +256,7 @@ impl TryFrom<pb::Block> for Block {
             layout,
             payload: b.payload,
             checksum: b.checksum,
+            mac,
         })
     }
 }
@@ -271,7 +296,7 @@ mod tests {
 
     #[test]
     fn a_block_survives_the_wire_and_a_flipped_byte_is_caught() {
-        let block = Block::new(
+        let mut block = Block::new(
             SeqHash(7),
             Some(SeqHash(6)),
             16,
@@ -281,6 +306,12 @@ mod tests {
         assert!(block.verify());
         let back = Block::try_from(pb::Block::from(&block)).unwrap();
         assert_eq!(back, block);
+        block.mac = Some([9; MAC_BYTES]);
+        let back = Block::try_from(pb::Block::from(&block)).unwrap();
+        assert_eq!(back, block, "the MAC crosses the wire");
+        let mut short_mac = pb::Block::from(&block);
+        short_mac.mac = b"short".to_vec();
+        assert_eq!(Block::try_from(short_mac), Err(BlockError::MacLength(7, 5)));
         let flipped = Block {
             payload: Bytes::from_static(b"abce"),
             ..block.clone()

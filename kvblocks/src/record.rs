@@ -1,21 +1,24 @@
 //! A block at rest: the bytes of one block as the disk and object tiers store it (one
 //! file or object per block), and its name there.
 //!
-//! Layout, little-endian: magic `DKVB`, version (1 byte), flags (bit 0: has a parent),
-//! 2 reserved bytes, hash (8), parent (8), tokens (4), block_size (4), layers (4),
-//! dtype length (2) and dtype (UTF-8, at most [`MAX_DTYPE_BYTES`]), payload length (8),
-//! checksum (8), then the payload. A record is read back only when the whole of it is
-//! there; the checksum is carried and checked by the reader (`Block::verify`), so a torn
-//! or rotten record is never served.
+//! Layout, little-endian: magic `DKVB`, version (1 byte), flags (bit 0: has a parent,
+//! bit 1: has a MAC), 2 reserved bytes, hash (8), parent (8), tokens (4), block_size (4),
+//! layers (4), dtype length (2) and dtype (UTF-8, at most [`MAX_DTYPE_BYTES`]), payload
+//! length (8), checksum (8), the MAC (32, only with bit 1), then the payload. A record is
+//! read back only when the whole of it is there; the checksum and MAC are carried and
+//! checked by the reader (`Block::verify`, `BlockKey::admits`), so a torn, rotten or
+//! forged record is never served. Version 1 records (no MAC) read as
+//! [`RecordError::Version`]: the tiers are a cache, and recomputing is always correct.
 
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 use dynamo_kvcache::SeqHash;
 
-use crate::{Block, Layout};
+use crate::{Block, Layout, MAC_BYTES, Mac};
 
 const MAGIC: &[u8; 4] = b"DKVB";
-const VERSION: u8 = 1;
+const VERSION: u8 = 2;
 const HAS_PARENT: u8 = 1;
+const HAS_MAC: u8 = 2;
 /// Longest dtype name a record may carry ("float8_e4m3fnuz" is 15).
 pub const MAX_DTYPE_BYTES: usize = 64;
 /// Bytes before the dtype name.
@@ -42,14 +45,17 @@ pub enum RecordError {
 pub fn encode(block: &Block) -> Bytes {
     let dtype = block.layout.dtype.as_bytes();
     let dtype = &dtype[..dtype.len().min(MAX_DTYPE_BYTES)];
-    let mut out = BytesMut::with_capacity(header_len(dtype.len()) + block.payload.len());
+    let mac_len = block.mac.map_or(0, |_| MAC_BYTES);
+    let mut out = BytesMut::with_capacity(header_len(dtype.len()) + mac_len + block.payload.len());
     out.put_slice(MAGIC);
     out.put_u8(VERSION);
-    out.put_u8(if block.parent.is_some() {
+    let parent_flag = if block.parent.is_some() {
         HAS_PARENT
     } else {
         0
-    });
+    };
+    let mac_flag = if block.mac.is_some() { HAS_MAC } else { 0 };
+    out.put_u8(parent_flag | mac_flag);
     out.put_u16_le(0);
     out.put_u64_le(block.hash.0);
     out.put_u64_le(block.parent.map_or(0, |p| p.0));
@@ -60,13 +66,18 @@ pub fn encode(block: &Block) -> Bytes {
     out.put_slice(dtype);
     out.put_u64_le(block.payload.len() as u64);
     out.put_u64_le(block.checksum);
+    if let Some(mac) = &block.mac {
+        out.put_slice(mac);
+    }
     out.put_slice(&block.payload);
     out.freeze()
 }
 
 /// Bytes of `block`'s record: what it takes on disk or in the object store.
 pub fn encoded_len(block: &Block) -> u64 {
-    (header_len(block.layout.dtype.len().min(MAX_DTYPE_BYTES)) + block.payload.len()) as u64
+    let mac_len = block.mac.map_or(0, |_| MAC_BYTES);
+    (header_len(block.layout.dtype.len().min(MAX_DTYPE_BYTES)) + mac_len + block.payload.len())
+        as u64
 }
 
 fn header_len(dtype_len: usize) -> usize {
@@ -101,7 +112,8 @@ pub fn decode(record: Bytes) -> Result<Block, RecordError> {
     if dtype_len > MAX_DTYPE_BYTES {
         return Err(RecordError::Dtype(dtype_len));
     }
-    let start = header_len(dtype_len);
+    let mac_len = if flags & HAS_MAC != 0 { MAC_BYTES } else { 0 };
+    let start = header_len(dtype_len) + mac_len;
     if total < start {
         return Err(RecordError::Truncated(total));
     }
@@ -109,6 +121,11 @@ pub fn decode(record: Bytes) -> Result<Block, RecordError> {
     head.advance(dtype_len);
     let declared = head.get_u64_le();
     let checksum = head.get_u64_le();
+    let mac = (mac_len > 0).then(|| {
+        let mut mac: Mac = [0; MAC_BYTES];
+        head.copy_to_slice(&mut mac);
+        mac
+    });
     let present = total - start;
     if declared != present as u64 {
         return Err(RecordError::PayloadLength { declared, present });
@@ -125,6 +142,7 @@ pub fn decode(record: Bytes) -> Result<Block, RecordError> {
         },
         payload: record.slice(start..),
         checksum,
+        mac,
     })
 }
 
@@ -176,8 +194,12 @@ mod tests {
 
     #[test]
     fn a_record_reads_back_as_its_block() {
-        for parent in [None, Some(SeqHash(u64::MAX))] {
-            let b = block(parent);
+        let parents = [None, Some(SeqHash(u64::MAX))];
+        for (parent, mac) in parents.into_iter().zip([None, Some([7; MAC_BYTES])]) {
+            let b = Block {
+                mac,
+                ..block(parent)
+            };
             let record = encode(&b);
             assert_eq!(record.len() as u64, encoded_len(&b));
             let back = decode(record).unwrap();
@@ -196,6 +218,13 @@ mod tests {
         *flipped.last_mut().unwrap() ^= 1;
         let b = decode(Bytes::from(flipped)).unwrap();
         assert!(!b.verify(), "the checksum catches what the framing cannot");
+    }
+
+    #[test]
+    fn a_version_1_record_is_refused() {
+        let mut record = encode(&block(None)).to_vec();
+        record[4] = 1;
+        assert_eq!(decode(Bytes::from(record)), Err(RecordError::Version(1)));
     }
 
     #[test]

@@ -89,14 +89,26 @@ impl Sidecar {
         let hop_metrics = HopMetrics::register(&mut metrics);
         let message_limits = MessageLimitsLayer::new(config.grpc.message_limits());
         metrics.watch_grpc_messages(message_limits.stats());
-        let metrics = Arc::new(metrics);
-        let store = blocks::open(&config.kv_tiers, hub.clone(), block_metrics)?;
-        let client = proxy::engine_client().context("building the engine HTTP client")?;
         let credential = config
             .block_api_token_file
             .as_deref()
             .map(dynamo_kvblocks::Credential::read)
             .transpose()?;
+        let admission = blocks::admission::Admission::new(
+            dynamo_kvblocks::LayoutRules {
+                block_size: config.block_size,
+            },
+            credential.as_ref().map(dynamo_kvblocks::BlockKey::of),
+        )
+        .registered(&mut metrics);
+        let metrics = Arc::new(metrics);
+        let store = blocks::open(
+            &config.kv_tiers,
+            hub.clone(),
+            block_metrics,
+            admission.clone(),
+        )?;
+        let client = proxy::engine_client().context("building the engine HTTP client")?;
 
         let proxy_listener = bind(config.listen, "--listen").await?;
         let grpc_listener = bind(config.grpc_addr(), "--grpc-port").await?;
@@ -167,6 +179,7 @@ impl Sidecar {
         let guard = blocks::guard::Guard::new(credential);
         let blocks = blocks::service::service(
             store.clone(),
+            admission,
             leases.clone(),
             region_dir,
             guard.clone(),

@@ -8,7 +8,7 @@ mod common;
 use std::path::{Path, PathBuf};
 
 use common::*;
-use dynamo_kvblocks::{BlockClient, CREDENTIAL_FILE_ENV, ClientError, Credential};
+use dynamo_kvblocks::{BlockClient, BlockKey, CREDENTIAL_FILE_ENV, ClientError, Credential};
 use dynamo_kvcache::SeqHash;
 use dynamo_kvstream::pb::SubscribeRequest;
 use dynamo_kvstream::pb::kv_event_stream_client::KvEventStreamClient;
@@ -64,7 +64,9 @@ async fn a_client_without_the_graphs_credential_gets_nothing() {
     let mut member = BlockClient::new(&url)
         .unwrap()
         .with_credential(Credential::read(&ours).unwrap());
-    let lent = chain(100, 2);
+    // Sealed as the client seals them, so that what comes back compares equal.
+    let key = BlockKey::of(&Credential::read(&ours).unwrap());
+    let lent: Vec<_> = chain(100, 2).into_iter().map(|b| key.seal(b)).collect();
     let reply = member.lend("lease-1", lent.clone()).await.unwrap();
     assert_eq!((reply.lent, reply.refused), (2, None));
     let blocks = chain(1, 3);
@@ -118,7 +120,8 @@ async fn a_client_without_the_graphs_credential_gets_nothing() {
     assert!(member.share_memory(1 << 20).await.unwrap());
     assert_eq!(member.offload(blocks.clone()).await.unwrap().stored, 3);
     assert_eq!(member.lookup(&hashes(&blocks)).await.unwrap().len(), 3);
-    assert_eq!(member.onboard(&hashes(&blocks)).await.unwrap(), blocks);
+    let sealed: Vec<_> = blocks.into_iter().map(|b| key.seal(b)).collect();
+    assert_eq!(member.onboard(&hashes(&sealed)).await.unwrap(), sealed);
     let config = SubscriberConfig {
         credential: Some(Credential::read(&ours).unwrap()),
         ..SubscriberConfig::default()

@@ -1,6 +1,7 @@
 //! The KV block store (`DESIGN.md`, "KV blocks in the sidecar"): the tiers the engine
 //! offloads its KV blocks to and onboards them back from, served as the block API.
 //!
+//! - [`admission`]: what a block must be to be stored or served (checksum, layout, MAC);
 //! - [`store`]: carries out `dynamo_kvblocks::placement`'s decisions and publishes what
 //!   each tier holds into the pod's KV event stream;
 //! - [`disk`] and [`object`]: the G3 and G4 tiers (host memory lives in the store);
@@ -10,6 +11,7 @@
 //!   is charged to the lease budget until taken;
 //! - [`metrics`]: `kvbm_*` and `dynamo_sidecar_kv_*`.
 
+pub mod admission;
 pub mod answer;
 pub mod budget;
 pub mod disk;
@@ -29,6 +31,7 @@ use dynamo_kvblocks::placement::{PlacementConfig, TierLimits};
 use dynamo_kvstream::KvEventHub;
 
 use crate::config::KvTierFlags;
+use admission::Admission;
 use disk::DiskTier;
 use metrics::BlockMetrics;
 use object::ObjectTier;
@@ -42,6 +45,7 @@ pub fn open(
     flags: &KvTierFlags,
     hub: KvEventHub,
     metrics: Arc<BlockMetrics>,
+    admission: Arc<Admission>,
 ) -> anyhow::Result<Option<BlockStore>> {
     let limits = |bytes: Option<u64>, min_reuse| {
         bytes.filter(|&b| b > 0).map(|capacity_bytes| TierLimits {
@@ -73,7 +77,7 @@ pub fn open(
     };
     let buffer = flags.kv_write_buffer_bytes;
     Ok(Some(BlockStore::open(
-        placement, disk, object, buffer, hub, metrics,
+        placement, disk, object, buffer, hub, metrics, admission,
     )))
 }
 

@@ -21,6 +21,7 @@ use futures::{Stream, StreamExt};
 use tonic::service::interceptor::InterceptedService;
 use tonic::{Request, Response, Status, Streaming};
 
+use super::admission::{Admission, Refusal};
 use super::answer;
 use super::budget::{Charge, LeaseBudget, peer_of};
 use super::guard::{Guard, caller, on_this_host};
@@ -43,6 +44,7 @@ pub type BlockApiServer = InterceptedService<KvBlocksServer<BlockApi>, Guard>;
 /// of an answer within `take_timeout`.
 pub fn service(
     store: Option<BlockStore>,
+    admission: Arc<Admission>,
     leases: Leases,
     region_dir: Option<PathBuf>,
     guard: Guard,
@@ -58,6 +60,7 @@ pub fn service(
     });
     let api = KvBlocksServer::new(BlockApi {
         store,
+        admission,
         leases,
         regions,
         take_timeout,
@@ -69,20 +72,25 @@ pub fn service(
 
 pub struct BlockApi {
     store: Option<BlockStore>,
+    admission: Arc<Admission>,
     leases: Leases,
     regions: Arc<Regions>,
     take_timeout: Duration,
 }
 
 impl BlockApi {
-    /// The block a message carries, verified; `None` if it does not check out.
-    fn received(&self, message: pb::Block) -> Result<Option<Block>, Status> {
-        Ok(match &message.region {
+    /// The block a message carries if it is admitted (checksum, layout, MAC).
+    fn received(&self, message: pb::Block) -> Result<Result<Block, Refusal>, Status> {
+        let block = match &message.region {
             Some(slice) => {
                 let region = self.regions.get(slice.region_id)?;
                 from_region(message, &region).ok().flatten()
             }
-            None => Block::try_from(message).ok().filter(Block::verify),
+            None => Block::try_from(message).ok(),
+        };
+        Ok(match block {
+            Some(block) => self.admission.check(&block).map(|()| block),
+            None => Err(Refusal::Corrupt),
         })
     }
 }
@@ -197,12 +205,16 @@ impl KvBlocks for BlockApi {
         request: Request<Streaming<pb::Block>>,
     ) -> Result<Response<OffloadReply>, Status> {
         let mut blocks = request.into_inner();
-        let mut counts = OffloadCounts::default();
+        let (mut counts, mut refused) = (OffloadCounts::default(), 0);
         while let Some(message) = blocks.next().await {
             let outcome = match (&self.store, self.received(message?)?) {
-                (Some(store), Some(block)) => store.offload_verified(block),
-                (Some(store), None) => store.refuse_corrupt(),
-                (None, _) => Outcome::Dropped,
+                (Some(store), Ok(block)) => store.offload_verified(block),
+                (Some(store), Err(Refusal::Corrupt)) => store.refuse_corrupt(),
+                (None, Ok(_) | Err(Refusal::Corrupt)) => Outcome::Dropped,
+                (_, Err(_)) => {
+                    refused += 1;
+                    continue;
+                }
             };
             counts.count(outcome);
         }
@@ -211,6 +223,7 @@ impl KvBlocks for BlockApi {
             duplicates: counts.duplicates,
             dropped: counts.dropped,
             corrupt: counts.corrupt,
+            refused,
         }))
     }
 
@@ -311,13 +324,13 @@ impl KvBlocks for BlockApi {
             };
             let hash = message.hash;
             match self.received(message)? {
-                Some(block) => match charge.grow(block.payload.len() as u64) {
+                Ok(block) => match charge.grow(block.payload.len() as u64) {
                     Ok(()) => blocks.push(block),
                     Err(over) => {
                         refused = Some(self.leases.refuse(Refused::from(over)).to_string())
                     }
                 },
-                None => refused = Some(format!("block {hash:016x} did not check out")),
+                Err(why) => refused = Some(format!("block {hash:016x} refused: {why}")),
             }
             if refused.is_some() {
                 break;
@@ -370,6 +383,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let api = BlockApi {
             store: None,
+            admission: Arc::default(),
             leases: Leases::new(
                 Duration::from_secs(1),
                 1 << 20,

@@ -6,6 +6,7 @@
 //! hands it to a bounded number of background writes) and returns; a write that finds
 //! no free slot is dropped and counted. Reads verify every block before it is served.
 
+use super::admission::Admission;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
@@ -63,6 +64,8 @@ struct Inner {
     object: Option<LowerTier<ObjectTier>>,
     hub: KvEventHub,
     metrics: Arc<BlockMetrics>,
+    /// What a copy read back from disk or the object store must pass to be served.
+    admission: Arc<Admission>,
 }
 
 /// A lower tier and its write slots (KiB of writes in flight).
@@ -88,6 +91,7 @@ impl BlockStore {
         write_buffer: u64,
         hub: KvEventHub,
         metrics: Arc<BlockMetrics>,
+        admission: Arc<Admission>,
     ) -> Self {
         let slots = || {
             let units = (write_buffer / SLOT_UNIT).clamp(1, Semaphore::MAX_PERMITS as u64);
@@ -109,6 +113,7 @@ impl BlockStore {
                 }),
                 hub,
                 metrics,
+                admission,
             }),
         };
         store.reindex_disk();
@@ -190,11 +195,13 @@ impl BlockStore {
             Tier::Gpu => Read::Missing,
         };
         let m = &self.inner.metrics;
-        // Host memory holds what was verified on the way in, and the client verifies
-        // what it receives; copies from files and objects are verified here, before they
-        // are trusted with a place in host memory.
+        // Host memory holds what was admitted on the way in, and the client verifies
+        // what it receives; copies from files and objects are admitted again here (a
+        // file may have been altered, a shared bucket written by another graph), before
+        // they are trusted with a place in host memory.
+        let admitted = |b: &Block| self.inner.admission.check(b).is_ok();
         let block = match read {
-            Read::Found(b) if b.hash == hash && (tier == Tier::Host || b.verify()) => b,
+            Read::Found(b) if b.hash == hash && (tier == Tier::Host || admitted(&b)) => b,
             Read::Unavailable => return None,
             bad => {
                 if !matches!(bad, Read::Missing) {
@@ -351,7 +358,7 @@ impl BlockStore {
             };
             let mut state = store.state();
             match block {
-                Read::Found(block) if block.verify() => {
+                Read::Found(block) if store.inner.admission.check(&block).is_ok() => {
                     store.write(&mut state, block, to, Source::Demoted(from))
                 }
                 bad => {
@@ -694,7 +701,15 @@ mod tests {
         let hub = KvEventHub::new(HubConfig::default());
         // Room for four 64 KiB writes (and their record headers) in flight.
         let buffer = 4 * (KIB_64 as u64 + SLOT_UNIT);
-        let store = BlockStore::open(placement, Some(disk), None, buffer, hub, metrics.clone());
+        let store = BlockStore::open(
+            placement,
+            Some(disk),
+            None,
+            buffer,
+            hub,
+            metrics.clone(),
+            Arc::default(),
+        );
         // No await between offloads: on this one thread no write can finish and give its
         // room back, so exactly the buffer's worth is written and the rest dropped.
         for i in 0..16 {

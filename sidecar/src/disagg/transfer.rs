@@ -1,7 +1,7 @@
 //! Moving a prompt's KV blocks from the prefill pod's sidecar to this one: the portable
 //! transport, the block API's `Onboard` with the prefill's lease over gRPC/TCP. Every
-//! block is checked against its checksum and its place in the chain on arrival (the
-//! block client does both), so a block that is not the one the prefill produced never
+//! block is checked against its checksum, its place in the chain and, with the graph's
+//! credential, its MAC on arrival (the block client does all three), so a block that is not the one the prefill produced never
 //! reaches the engine.
 
 use std::collections::HashMap;

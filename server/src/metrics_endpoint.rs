@@ -5,6 +5,8 @@ use axum::http::header;
 use axum::routing::get;
 use tokio::net::TcpListener;
 
+use crate::{Server, ServerLimits};
+
 /// Where [`serve`] answers health checks (the operator's planner pods' probes use it).
 pub const HEALTH_PATH: &str = "/healthz";
 
@@ -29,5 +31,9 @@ where
     let app = Router::new()
         .route("/metrics", get(metrics))
         .route(HEALTH_PATH, get(|| async { "ok\n" }));
-    axum::serve(listener, app).await
+    // The same limits as every other listener of ours (the defaults of `ServerLimits`),
+    // as the processes serving only this (operator, planner) take no limit flags.
+    Server::new(&ServerLimits::default())
+        .serve_http(listener, app, std::future::pending())
+        .await
 }

@@ -28,7 +28,7 @@ use cluster::{
 };
 use dynamo_local::prometheus::{LocalPrometheus, ScrapeTarget};
 use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::core::v1::{Container, Pod};
+use k8s_openapi::api::core::v1::{Container, Pod, Secret};
 use kube::api::{Api, ListParams};
 use kube::{Client, ResourceExt as _};
 use serde_json::Value;
@@ -91,6 +91,38 @@ fn pod_env(container: &Container, namespace: &str) -> Vec<(String, String)> {
             (e.name.clone(), value)
         })
         .collect()
+}
+
+/// The kubelet's part in the container's Secret volumes (there is no kubelet here): each
+/// Secret's keys written under `dir`, and values of `env` that are paths into a mount
+/// moved there.
+async fn mount_secrets(
+    client: &Client,
+    namespace: &str,
+    deployment: &Deployment,
+    env: &mut [(String, String)],
+    dir: &Path,
+) {
+    let spec = deployment.spec.as_ref().unwrap();
+    let pod = spec.template.spec.as_ref().unwrap();
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), namespace);
+    for mount in pod.containers[0].volume_mounts.iter().flatten() {
+        let volume = pod.volumes.iter().flatten().find(|v| v.name == mount.name);
+        let Some(name) = volume.and_then(|v| v.secret.as_ref()?.secret_name.clone()) else {
+            continue;
+        };
+        let local = dir.join(&mount.name);
+        std::fs::create_dir_all(&local).unwrap();
+        let secret = secrets.get(&name).await.unwrap();
+        for (key, value) in secret.data.iter().flatten() {
+            std::fs::write(local.join(key), &value.0).unwrap();
+        }
+        for (_, value) in env.iter_mut() {
+            if let Some(rest) = value.strip_prefix(mount.mount_path.as_str()) {
+                *value = format!("{}{rest}", local.display());
+            }
+        }
+    }
 }
 
 /// Sets the value that follows `flag` in `args`.
@@ -471,7 +503,8 @@ async fn the_picker_follows_the_pool_with_its_generated_role() {
     apply_samples(&cp, ns, &[name]);
     wait_ready(&cp, &client, ns, name).await;
 
-    let (container, account) = pod_identity(&deployment(&client, ns, name, "epp").await);
+    let epp = deployment(&client, ns, name, "epp").await;
+    let (container, account) = pod_identity(&epp);
     assert_eq!(
         container.command.as_deref(),
         Some(&["dynamo-epp".to_string()][..]),
@@ -485,10 +518,13 @@ async fn the_picker_follows_the_pool_with_its_generated_role() {
     set_flag(&mut args, "--metrics-port", &metrics_port.to_string());
     let user = format!("system:serviceaccount:{ns}:{account}");
     let dir = tempfile::tempdir().unwrap();
+    // The graph's credential, which the picker sends when it subscribes to the pods.
+    let mut env = pod_env(&container, ns);
+    mount_secrets(&client, ns, &epp, &mut env, dir.path()).await;
     let mut command = Command::new(sibling_binary("dynamo-epp"));
     command
         .args(&args)
-        .envs(pod_env(&container, ns))
+        .envs(env)
         .env("KUBECONFIG", cp.kubeconfig_as(&user).unwrap())
         .env("RUST_LOG", "info");
     let mut picker = Process::spawn("dynamo-epp", command, dir.path());

@@ -87,35 +87,18 @@ impl LayoutRules {
 #[cfg(test)]
 mod tests {
     use bytes::Bytes;
-    use dynamo_kvcache::SeqHash;
 
     use super::*;
-    use crate::{Block, Layout};
-
-    fn block() -> Block {
-        let layout = Layout {
-            block_bytes: 4,
-            block_size: 16,
-            layers: 2,
-            dtype: "bfloat16".into(),
-        };
-        Block::new(
-            SeqHash(7),
-            Some(SeqHash(6)),
-            16,
-            layout,
-            Bytes::from_static(b"abcd"),
-        )
-    }
+    use crate::{Block, Layout, test_block};
 
     #[test]
     fn each_bad_layout_is_refused_with_its_reason() {
         let rules = LayoutRules {
             block_size: Some(16),
         };
-        assert_eq!(rules.check(&block()), Ok(()));
+        assert_eq!(rules.check(&test_block()), Ok(()));
         let bad = |edit: fn(&mut Block)| {
-            let mut b = block();
+            let mut b = test_block();
             edit(&mut b);
             rules.check(&b).unwrap_err()
         };
@@ -141,14 +124,14 @@ mod tests {
             LayoutError::Layers
         );
         let unknown_size = LayoutRules::default();
-        assert_eq!(unknown_size.check(&block()), Ok(()));
+        assert_eq!(unknown_size.check(&test_block()), Ok(()));
         assert_eq!(
             unknown_size.check(&Block {
                 layout: Layout {
                     block_size: u32::MAX,
-                    ..block().layout
+                    ..test_block().layout
                 },
-                ..block()
+                ..test_block()
             }),
             Err(LayoutError::BlockSize)
         );

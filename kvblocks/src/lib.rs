@@ -281,28 +281,31 @@ pub fn wire_tier(tier: Tier) -> pb::Tier {
     }
 }
 
+/// A small valid block (hash 7, parent 6, 4 bytes) for this crate's tests.
+#[cfg(test)]
+pub(crate) fn test_block() -> Block {
+    let layout = Layout {
+        block_bytes: 4,
+        block_size: 16,
+        layers: 2,
+        dtype: "bfloat16".into(),
+    };
+    Block::new(
+        SeqHash(7),
+        Some(SeqHash(6)),
+        16,
+        layout,
+        Bytes::from_static(b"abcd"),
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn layout() -> Layout {
-        Layout {
-            block_bytes: 4,
-            block_size: 16,
-            layers: 2,
-            dtype: "bfloat16".into(),
-        }
-    }
-
     #[test]
     fn a_block_survives_the_wire_and_a_flipped_byte_is_caught() {
-        let mut block = Block::new(
-            SeqHash(7),
-            Some(SeqHash(6)),
-            16,
-            layout(),
-            Bytes::from_static(b"abcd"),
-        );
+        let mut block = test_block();
         assert!(block.verify());
         let back = Block::try_from(pb::Block::from(&block)).unwrap();
         assert_eq!(back, block);

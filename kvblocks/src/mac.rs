@@ -79,7 +79,7 @@ mod tests {
     use dynamo_kvcache::SeqHash;
 
     use super::*;
-    use crate::Layout;
+    use crate::test_block;
 
     fn key(token: &str) -> BlockKey {
         let file = tempfile::NamedTempFile::new().unwrap();
@@ -87,28 +87,12 @@ mod tests {
         BlockKey::of(&Credential::read(file.path()).unwrap())
     }
 
-    fn block() -> Block {
-        let layout = Layout {
-            block_bytes: 4,
-            block_size: 16,
-            layers: 2,
-            dtype: "bfloat16".into(),
-        };
-        Block::new(
-            SeqHash(7),
-            Some(SeqHash(6)),
-            16,
-            layout,
-            Bytes::from_static(b"abcd"),
-        )
-    }
-
     #[test]
     fn a_sealed_block_is_admitted_and_any_change_or_other_key_is_not() {
         let ours = key("graph-a");
-        let sealed = ours.seal(block());
+        let sealed = ours.seal(test_block());
         assert!(ours.admits(&sealed));
-        assert!(!ours.admits(&block()), "no MAC, no admission");
+        assert!(!ours.admits(&test_block()), "no MAC, no admission");
         assert!(!key("graph-b").admits(&sealed));
         let changes = [
             Block {
@@ -134,7 +118,7 @@ mod tests {
         let mut layout = sealed.clone();
         layout.layout.dtype = "float16".into();
         assert!(!ours.admits(&layout));
-        assert!(authentic(None, &block()), "no key: checksum only");
-        assert!(!authentic(Some(&ours), &block()));
+        assert!(authentic(None, &test_block()), "no key: checksum only");
+        assert!(!authentic(Some(&ours), &test_block()));
     }
 }

@@ -286,7 +286,7 @@ async fn a_failing_disk_says_so_once_in_a_while_not_once_per_block() {
     }
     let dropped = "dynamo_sidecar_kv_dropped_blocks_total";
     eventually("every write has failed and been counted", || async {
-        sidecar.metric(dropped, "reason=\"disk_error\"").await == 200.0
+        metric_at(sidecar.metrics, dropped, "reason=\"disk_error\"").await == 200.0
     })
     .await;
     let warnings = sidecar.logged("a KV block could not be written to disk");

@@ -525,16 +525,6 @@ impl SidecarProcess {
         log.iter().filter(|l| l.contains(text)).cloned().collect()
     }
 
-    /// The sum of `name`'s samples whose labels contain `filter`, from its `/metrics`.
-    pub async fn metric(&self, name: &str, filter: &str) -> f64 {
-        let url = format!("http://{}/metrics", self.metrics);
-        let text = reqwest::get(url).await.unwrap().text().await.unwrap();
-        text.lines()
-            .filter(|l| l.starts_with(name) && l.contains(filter))
-            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-            .sum()
-    }
-
     /// A line of `/proc/PID/status`, in bytes (the kernel reports kB).
     pub fn status_bytes(&self, field: &str) -> u64 {
         let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id())).unwrap();

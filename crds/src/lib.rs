@@ -34,6 +34,6 @@ pub use dgdsa::{
     DynamoGraphDeploymentScalingAdapterStatus,
 };
 pub use manifests::{GENERATED_CRD_DIRS, crd_manifests, crds, generated_files};
-pub use role::{EngineRole, ServiceRole};
+pub use role::ServiceRole;
 #[cfg(feature = "validate")]
 pub use validate::{DynamoObject, Problem, Validated, ValidationError, validate_manifest};

@@ -6,6 +6,8 @@
 //! "default" component), the worker's command (`python3 -m dynamo.vllm`, say) telling its
 //! operator what runs. So the role falls back to the main container's command.
 
+use dynamo_names::Role;
+
 use crate::{ComponentSpec, ComponentType};
 
 /// The role of a service.
@@ -18,29 +20,7 @@ pub enum ServiceRole {
     /// The SLA planner.
     Planner,
     /// Engine workers, each pod with a sidecar.
-    Engine(EngineRole),
-}
-
-/// What an engine worker does with a request.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum EngineRole {
-    /// Prefill and decode in one (an aggregated graph).
-    Aggregated,
-    /// Prefill only; decode pods pull its KV blocks.
-    Prefill,
-    /// Decode only, after a prefill pod.
-    Decode,
-}
-
-impl EngineRole {
-    /// As pod labels, the picker's endpoint files and metrics spell it.
-    pub const fn as_str(self) -> &'static str {
-        match self {
-            EngineRole::Aggregated => "aggregated",
-            EngineRole::Prefill => "prefill",
-            EngineRole::Decode => "decode",
-        }
-    }
+    Engine(Role),
 }
 
 /// Python modules and programs that start a Dynamo frontend or planner, as Dynamo's
@@ -60,9 +40,9 @@ impl ComponentSpec {
     pub fn role(&self) -> ServiceRole {
         let engine = |sub: Option<&str>| {
             ServiceRole::Engine(match sub.map(str::to_ascii_lowercase).as_deref() {
-                Some("prefill") => EngineRole::Prefill,
-                Some("decode") => EngineRole::Decode,
-                _ => EngineRole::Aggregated,
+                Some("prefill") => Role::Prefill,
+                Some("decode") => Role::Decode,
+                _ => Role::Aggregated,
             })
         };
         let sub = self.sub_component_type.as_deref();
@@ -70,8 +50,8 @@ impl ComponentSpec {
             Some(ComponentType::Frontend) => ServiceRole::Frontend,
             Some(ComponentType::Epp) => ServiceRole::Epp,
             Some(ComponentType::Planner) => ServiceRole::Planner,
-            Some(ComponentType::Prefill) => ServiceRole::Engine(EngineRole::Prefill),
-            Some(ComponentType::Decode) => ServiceRole::Engine(EngineRole::Decode),
+            Some(ComponentType::Prefill) => ServiceRole::Engine(Role::Prefill),
+            Some(ComponentType::Decode) => ServiceRole::Engine(Role::Decode),
             Some(ComponentType::Worker) => engine(sub),
             Some(ComponentType::Main | ComponentType::Default) | None => {
                 match self.launched_program() {
@@ -136,16 +116,13 @@ mod tests {
             ("componentType: planner", ServiceRole::Planner),
             (
                 "componentType: worker",
-                ServiceRole::Engine(EngineRole::Aggregated),
+                ServiceRole::Engine(Role::Aggregated),
             ),
             (
                 "{componentType: worker, subComponentType: Prefill}",
-                ServiceRole::Engine(EngineRole::Prefill),
+                ServiceRole::Engine(Role::Prefill),
             ),
-            (
-                "componentType: decode",
-                ServiceRole::Engine(EngineRole::Decode),
-            ),
+            ("componentType: decode", ServiceRole::Engine(Role::Decode)),
             (
                 "{extraPodSpec: {mainContainer: {command: [python3, -m, dynamo.frontend]}}}",
                 ServiceRole::Frontend,
@@ -156,9 +133,9 @@ mod tests {
             ),
             (
                 "{subComponentType: decode, extraPodSpec: {mainContainer: {command: [python3, -m, dynamo.vllm]}}}",
-                ServiceRole::Engine(EngineRole::Decode),
+                ServiceRole::Engine(Role::Decode),
             ),
-            ("{}", ServiceRole::Engine(EngineRole::Aggregated)),
+            ("{}", ServiceRole::Engine(Role::Aggregated)),
         ];
         for (yaml, role) in cases {
             assert_eq!(service(yaml).role(), role, "{yaml}");

@@ -9,7 +9,7 @@ use anyhow::Context;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use dynamo_kvblocks::parse_bytes;
 use dynamo_kvblocks::placement::{PlacementConfig, TierLimits};
-use dynamo_kvcache::{ApproxConfig, DEFAULT_PREFILL_LOAD_SCALE, RouterMode, SchedulerConfig};
+use dynamo_kvcache::{ApproxConfig, RouterKnobs, RouterMode, SchedulerConfig};
 use dynamo_llm::ModelDir;
 use dynamo_mocker::{EngineConfig, KvBlocksConfig, KvGeometry};
 use serde::Serialize;
@@ -286,15 +286,9 @@ pub struct ReplayArgs {
         env = "DYNAMO_E2E_CONCURRENCY"
     )]
     pub concurrency: Option<usize>,
-    /// Weight of prefill blocks against decode blocks in the router's cost.
-    #[arg(long, default_value_t = DEFAULT_PREFILL_LOAD_SCALE, env = "DYNAMO_E2E_PREFILL_LOAD_SCALE")]
-    pub prefill_load_scale: f64,
-    /// 0 picks the cheapest engine; above 0 samples a softmax over costs.
-    #[arg(long, default_value_t = 0.0, env = "DYNAMO_E2E_TEMPERATURE")]
-    pub temperature: f64,
-    /// How long the approx index trusts a routing decision.
-    #[arg(long, default_value_t = 120.0, env = "DYNAMO_E2E_APPROX_TTL_S")]
-    pub approx_ttl_s: f64,
+    /// The picker's cost knobs, under its names.
+    #[command(flatten)]
+    pub router: RouterKnobs,
     /// KV block tier configs to compare (conversations only), each run with every router
     /// mode: `off`, or tiers joined by `+` among `host=SIZE`, `disk=SIZE`,
     /// `object=SIZE`, e.g. `off,host=2GB,host=512MB+disk=8GB`. Sizes are each engine's
@@ -1042,19 +1036,16 @@ fn run_replay(args: ReplayArgs) -> anyhow::Result<()> {
             .collect::<anyhow::Result<_>>()?,
     };
     anyhow::ensure!(args.workers > 0, "--workers must be at least 1");
-    anyhow::ensure!(
-        args.approx_ttl_s.is_finite() && args.approx_ttl_s >= 0.0,
-        "--approx-ttl-s must be >= 0"
-    );
+    args.router.check().map_err(anyhow::Error::msg)?;
     let engine = args.engine.config();
     engine.validate()?;
     let scheduler = SchedulerConfig {
-        prefill_load_scale: args.prefill_load_scale,
-        temperature: args.temperature,
+        prefill_load_scale: args.router.overlap_score_weight,
+        temperature: args.router.router_temperature,
         ..SchedulerConfig::default()
     };
     let approx = ApproxConfig {
-        ttl: Duration::from_secs_f64(args.approx_ttl_s),
+        ttl: args.router.approx_ttl,
         ..ApproxConfig::default()
     };
     anyhow::ensure!(
@@ -1162,17 +1153,18 @@ fn run_replay(args: ReplayArgs) -> anyhow::Result<()> {
         format!("{} engines x {blocks}", args.workers)
     };
     let mut title = format!(
-        "Replay: {}; {}; {graph}; router prefill_load_scale {}, temperature {}",
+        "Replay: {}; {}; {graph}; router overlap_score_weight {}, router_temperature {}",
         workload.describe(),
         w.describe_arrivals(args.concurrency),
-        args.prefill_load_scale,
-        args.temperature
+        args.router.overlap_score_weight,
+        args.router.router_temperature
     );
     let mut config = json!({
         "workers": args.workers,
         "engine": engine,
-        "router": {"prefill_load_scale": args.prefill_load_scale, "temperature": args.temperature,
-                   "approx_ttl_s": args.approx_ttl_s},
+        "router": {"overlap_score_weight": args.router.overlap_score_weight,
+                   "router_temperature": args.router.router_temperature,
+                   "approx_ttl_s": args.router.approx_ttl.as_secs_f64()},
     });
     if !w.request_rate.is_empty() {
         config["request_rates"] = json!(w.request_rate);

@@ -41,6 +41,7 @@ use dynamo_loadgen::report::{DisaggStats, Report};
 use dynamo_loadgen::workload::Workload;
 use dynamo_mocker::replay::{Collector, Percentiles, ReplayReport, Router};
 use dynamo_mocker::{Driver, Engine, EngineConfig, Request, SimCluster, StepOutcome};
+use dynamo_names::Role;
 
 use crate::replay::{KvRouter, RouterSetup, check_arrivals};
 
@@ -121,13 +122,6 @@ impl fmt::Display for Topology {
             Self::Disaggregated { prefill, decode } => write!(f, "{prefill}p{decode}d"),
         }
     }
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Role {
-    Aggregated,
-    Prefill,
-    Decode,
 }
 
 /// The link a disaggregated prefill's KV crosses.

@@ -7,9 +7,10 @@ use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
 use clap::Parser;
-use dynamo_crds::{BackendFramework, DynamoGraphDeployment, EngineRole};
+use dynamo_crds::{BackendFramework, DynamoGraphDeployment};
 use dynamo_e2e::disagg::Topology;
 use dynamo_local::plan::{Caps, Graph, ReplicaPorts, RunOptions};
+use dynamo_names::Role;
 use dynamo_operator::reconcile::{Observed, OperatorConfig, reconcile};
 use dynamo_wiring::{DYNAMO_BINARY, EPP_BINARY, MOCKER_BINARY, SIDECAR_BINARY};
 
@@ -313,7 +314,7 @@ fn the_disaggregation_benchmark_graphs_are_the_topologies_they_are_named_after()
         let context = path.display().to_string();
         let topology = Topology::parse(mode).unwrap_or_else(|e| panic!("{context}: {e}"));
         let graph = Graph::from_dgd(&dgd, &options).unwrap_or_else(|e| panic!("{context}: {e}"));
-        let count = |role: EngineRole| -> usize {
+        let count = |role: Role| -> usize {
             graph
                 .workers
                 .values()
@@ -322,9 +323,9 @@ fn the_disaggregation_benchmark_graphs_are_the_topologies_they_are_named_after()
                 .sum()
         };
         let shape = (
-            count(EngineRole::Aggregated),
-            count(EngineRole::Prefill),
-            count(EngineRole::Decode),
+            count(Role::Aggregated),
+            count(Role::Prefill),
+            count(Role::Decode),
         );
         let expected = match topology {
             Topology::Aggregated { engines } => (engines, 0, 0),
@@ -347,7 +348,7 @@ fn the_disaggregation_benchmark_graphs_are_the_topologies_they_are_named_after()
             ));
             assert_eq!(parse(&sidecar, &context), Some(SIDECAR_BINARY));
             let has = |argv: &[String], flag: &str| argv.iter().any(|w| w == flag);
-            let disaggregated = worker.role != EngineRole::Aggregated;
+            let disaggregated = worker.role != Role::Aggregated;
             assert_eq!(
                 has(&engine, "--kv-blocks-url"),
                 disaggregated,
@@ -363,7 +364,7 @@ fn the_disaggregation_benchmark_graphs_are_the_topologies_they_are_named_after()
             }
             assert_eq!(
                 has(&sidecar, "--prefill-peers"),
-                worker.role == EngineRole::Decode,
+                worker.role == Role::Decode,
                 "{context}: {sidecar:?}"
             );
         }

@@ -30,7 +30,7 @@ async fn both_workers_routable(graph: &LocalGraph) {
         let ready = metric_sum(
             &metrics,
             "dynamo_epp_endpoints",
-            &[("role", "worker"), ("state", "ready")],
+            &[("role", "aggregated"), ("state", "ready")],
         );
         if ready >= 2.0 {
             return;

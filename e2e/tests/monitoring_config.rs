@@ -1,12 +1,13 @@
 //! config/monitoring/: the Prometheus rules pass the real `promtool` (syntax and their
 //! unit tests), and the Grafana dashboard and the rules query only metrics the code base
-//! exports: each family they may use is listed here with the source file that registers
-//! it, and each listed name is checked against that source.
+//! exports: each family they may use is listed here by its constant in `dynamo_names`,
+//! and the source file that registers it is checked to register it under that constant.
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+use dynamo_names::metrics::{frontend, planner};
 use serde_json::Value;
 
 fn repo() -> PathBuf {
@@ -33,69 +34,56 @@ enum Kind {
 
 /// A metric family the dashboard and rules may query.
 struct Family {
-    /// The family's name as scraped, without the suffixes of its kind.
+    /// The family's name as registered, without the suffixes of its kind.
     name: &'static str,
     kind: Kind,
+    /// Its constant in `dynamo_names::metrics`, as the registering source names it.
+    constant: &'static str,
     /// The file that registers it, from the repository root.
     source: &'static str,
-    /// The registry prefix that file puts before `name` (with `_`), if any.
-    prefix: Option<&'static str>,
 }
 
 const EPP: &str = "epp/src/metrics.rs";
 const PLANNER: &str = "planner-service/src/metrics.rs";
 
-const fn epp(name: &'static str, kind: Kind) -> Family {
-    Family {
-        name,
-        kind,
-        source: EPP,
-        prefix: None,
-    }
-}
-
-const fn planner(name: &'static str, kind: Kind) -> Family {
-    Family {
-        name,
-        kind,
-        source: PLANNER,
-        prefix: Some("dynamo_planner"),
-    }
+macro_rules! family {
+    ($module:ident::$constant:ident, $kind:ident, $source:expr) => {
+        Family {
+            name: $module::$constant,
+            kind: Kind::$kind,
+            constant: concat!(stringify!($module), "::", stringify!($constant)),
+            source: $source,
+        }
+    };
 }
 
 const FAMILIES: &[Family] = &[
-    epp("dynamo_frontend_requests", Kind::Counter),
-    epp("dynamo_frontend_inflight_requests", Kind::Gauge),
-    epp("dynamo_frontend_queued_requests", Kind::Gauge),
-    epp(
-        "dynamo_frontend_time_to_first_token_seconds",
-        Kind::Histogram,
-    ),
-    epp(
-        "dynamo_frontend_inter_token_latency_seconds",
-        Kind::Histogram,
-    ),
-    epp("dynamo_frontend_input_sequence_tokens", Kind::Histogram),
-    epp("dynamo_frontend_output_sequence_tokens", Kind::Histogram),
-    epp("dynamo_frontend_worker_active_prefill_tokens", Kind::Gauge),
-    epp("dynamo_frontend_worker_active_decode_blocks", Kind::Gauge),
-    epp("dynamo_epp_prompt_blocks", Kind::Counter),
-    epp("dynamo_epp_matched_blocks", Kind::Counter),
-    epp("dynamo_epp_kv_hit_ratio", Kind::Histogram),
-    epp("dynamo_epp_engine_kv_usage", Kind::Gauge),
-    epp("dynamo_epp_engine_kv_blocks", Kind::Gauge),
-    planner("dynamo_planner_target_ttft_seconds", Kind::Gauge),
-    planner("dynamo_planner_target_itl_seconds", Kind::Gauge),
-    planner("dynamo_planner_replicas", Kind::Gauge),
-    planner("dynamo_planner_desired_replicas", Kind::Gauge),
-    planner("dynamo_planner_decisions", Kind::Counter),
-    planner("dynamo_planner_scale_writes", Kind::Counter),
-    planner("dynamo_planner_capped", Kind::Gauge),
-    planner("dynamo_planner_predicted_requests", Kind::Gauge),
-    planner("dynamo_planner_predicted_isl_tokens", Kind::Gauge),
-    planner("dynamo_planner_predicted_osl_tokens", Kind::Gauge),
-    planner("dynamo_planner_observed_ttft_seconds", Kind::Gauge),
-    planner("dynamo_planner_observed_itl_seconds", Kind::Gauge),
+    family!(frontend::REQUESTS, Counter, EPP),
+    family!(frontend::INFLIGHT_REQUESTS, Gauge, EPP),
+    family!(frontend::QUEUED_REQUESTS, Gauge, EPP),
+    family!(frontend::TIME_TO_FIRST_TOKEN, Histogram, EPP),
+    family!(frontend::INTER_TOKEN_LATENCY, Histogram, EPP),
+    family!(frontend::INPUT_SEQUENCE_TOKENS, Histogram, EPP),
+    family!(frontend::OUTPUT_SEQUENCE_TOKENS, Histogram, EPP),
+    family!(frontend::WORKER_ACTIVE_PREFILL_TOKENS, Gauge, EPP),
+    family!(frontend::WORKER_ACTIVE_DECODE_BLOCKS, Gauge, EPP),
+    family!(frontend::PROMPT_BLOCKS, Counter, EPP),
+    family!(frontend::MATCHED_BLOCKS, Counter, EPP),
+    family!(frontend::KV_HIT_RATIO, Histogram, EPP),
+    family!(frontend::ENGINE_KV_USAGE, Gauge, EPP),
+    family!(frontend::ENGINE_KV_BLOCKS, Gauge, EPP),
+    family!(planner::TARGET_TTFT, Gauge, PLANNER),
+    family!(planner::TARGET_ITL, Gauge, PLANNER),
+    family!(planner::REPLICAS, Gauge, PLANNER),
+    family!(planner::DESIRED_REPLICAS, Gauge, PLANNER),
+    family!(planner::DECISIONS, Counter, PLANNER),
+    family!(planner::SCALE_WRITES, Counter, PLANNER),
+    family!(planner::CAPPED, Gauge, PLANNER),
+    family!(planner::PREDICTED_REQUESTS, Gauge, PLANNER),
+    family!(planner::PREDICTED_ISL, Gauge, PLANNER),
+    family!(planner::PREDICTED_OSL, Gauge, PLANNER),
+    family!(planner::OBSERVED_TTFT, Gauge, PLANNER),
+    family!(planner::OBSERVED_ITL, Gauge, PLANNER),
 ];
 
 /// Prometheus' own series, which no code of ours exports.
@@ -113,19 +101,6 @@ impl Family {
             .iter()
             .map(|s| format!("{}{s}", self.name))
             .collect()
-    }
-
-    /// The string literal its source registers it under.
-    fn registered(&self) -> String {
-        let name = match self.prefix {
-            Some(prefix) => self
-                .name
-                .strip_prefix(prefix)
-                .and_then(|n| n.strip_prefix('_'))
-                .unwrap_or_else(|| panic!("{} lacks the prefix {prefix}", self.name)),
-            None => self.name,
-        };
-        format!("\"{name}\"")
     }
 }
 
@@ -297,20 +272,14 @@ fn the_rules_pass_promtool_and_their_unit_tests() {
 fn every_listed_family_is_registered_by_its_source() {
     for family in FAMILIES {
         let source = read(&repo().join(family.source));
-        let registered = family.registered();
+        let registers = format!("{},\n", family.constant);
         assert!(
-            source.contains(&registered),
-            "{} does not register {registered} ({})",
+            source.contains(&registers),
+            "{} does not register {} ({})",
             family.source,
+            family.constant,
             family.name
         );
-        if let Some(prefix) = family.prefix {
-            assert!(
-                source.contains(&format!("Registry::with_prefix(\"{prefix}\")")),
-                "{} does not register its metrics under the prefix {prefix}",
-                family.source
-            );
-        }
     }
 }
 

@@ -21,12 +21,13 @@ use std::sync::Arc;
 
 use criterion::{Criterion, criterion_group, criterion_main};
 use dynamo_epp::config::RouterConfig;
-use dynamo_epp::discovery::{EndpointSpec, Role};
+use dynamo_epp::discovery::EndpointSpec;
 use dynamo_epp::metrics::Metrics;
 use dynamo_epp::router::{RouteRequest, Router};
 use dynamo_kvcache::{KvEvent, RouterMode, StoredBlock, Tier, WorkerId};
 use dynamo_kvstream::{HubConfig, KvEventHub, PodUpdate};
 use dynamo_llm::openai::ChatCompletionRequest;
+use dynamo_names::Role;
 use envoy_types::pb::envoy::config::core::v3::{HeaderMap, HeaderValue};
 use envoy_types::pb::envoy::service::ext_proc::v3::external_processor_client::ExternalProcessorClient;
 use envoy_types::pb::envoy::service::ext_proc::v3::processing_request::Request as Phase;
@@ -51,7 +52,10 @@ fn router(pods: u64, mode: RouterMode) -> (Arc<Router>, Vec<u32>) {
     let hashes = r.hasher().seq_hashes(&prompt);
     for p in 1..=pods {
         let address = SocketAddr::from(([10, 0, (p / 256) as u8, (p % 256) as u8], 8000));
-        r.add_endpoint(WorkerId(p), EndpointSpec::new(address, 9100, Role::Worker));
+        r.add_endpoint(
+            WorkerId(p),
+            EndpointSpec::new(address, 9100, Role::Aggregated),
+        );
         // Pod p holds the first p/pods of the prompt.
         let held = PROMPT_BLOCKS * p as usize / pods as usize;
         let blocks = hashes[..held]

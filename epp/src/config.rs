@@ -7,7 +7,9 @@ use std::time::Duration;
 
 use clap::Parser;
 use dynamo_kvblocks::Credential;
-use dynamo_kvcache::{DEFAULT_PREFILL_LOAD_SCALE, QueuePolicy, RouterMode, SaturationThreshold};
+use dynamo_kvcache::{
+    DEFAULT_PREFILL_LOAD_SCALE, QueuePolicy, RouterKnobs, RouterMode, SaturationThreshold,
+};
 use dynamo_server::{ServerLimits, parse_duration};
 
 use crate::answer_parsing::AnswerParsers;
@@ -93,17 +95,8 @@ pub struct Args {
     /// kv (overlap from KV events), approx (from past picks), round-robin or random.
     #[arg(long, env = "DYN_ROUTER_MODE", default_value = "kv")]
     pub router_mode: RouterMode,
-    /// 0 picks the cheapest pod; above 0 samples a softmax over costs.
-    #[arg(long, env = "DYNAMO_EPP_ROUTER_TEMPERATURE", default_value_t = 0.0)]
-    pub router_temperature: f64,
-    /// Weight of prefill work (uncached prompt blocks) against decode load.
-    #[arg(
-        long,
-        alias = "prefill-load-scale",
-        env = "DYNAMO_EPP_OVERLAP_SCORE_WEIGHT",
-        default_value_t = DEFAULT_PREFILL_LOAD_SCALE
-    )]
-    pub overlap_score_weight: f64,
+    #[command(flatten)]
+    pub knobs: RouterKnobs,
     /// Most blocks the exact index holds, over all pods.
     #[arg(
         long,
@@ -111,9 +104,6 @@ pub struct Args {
         default_value_t = 10_000_000
     )]
     pub max_index_blocks: usize,
-    /// approx mode: how long a routed prompt is believed cached on its pod.
-    #[arg(long, env = "DYNAMO_EPP_APPROX_TTL", default_value = "120s", value_parser = parse_duration)]
-    pub approx_ttl: Duration,
 
     /// How often each pod's `/metrics` is read for load correction; 0 turns it off.
     #[arg(long, env = "DYNAMO_EPP_METRICS_POLL_INTERVAL", default_value = "1s", value_parser = parse_duration)]
@@ -286,16 +276,7 @@ impl Args {
             "give --model-path, or --model-name to load the model from the pods' model cards"
         );
         anyhow::ensure!(self.max_attempts > 0, "--max-attempts must be at least 1");
-        anyhow::ensure!(
-            self.router_temperature.is_finite() && self.router_temperature >= 0.0,
-            "--router-temperature must be >= 0, got {}",
-            self.router_temperature
-        );
-        anyhow::ensure!(
-            self.overlap_score_weight.is_finite() && self.overlap_score_weight >= 0.0,
-            "--overlap-score-weight must be >= 0, got {}",
-            self.overlap_score_weight
-        );
+        self.knobs.check().map_err(anyhow::Error::msg)?;
         if let Some(usage) = self.max_kv_usage {
             anyhow::ensure!(
                 (0.0..=1.0).contains(&usage),
@@ -329,11 +310,11 @@ impl Args {
                 .then_some(self.metrics_poll_interval),
             router: RouterConfig {
                 mode: self.router_mode,
-                temperature: self.router_temperature,
-                prefill_load_scale: self.overlap_score_weight,
+                temperature: self.knobs.router_temperature,
+                prefill_load_scale: self.knobs.overlap_score_weight,
                 block_size: self.block_size,
                 max_index_blocks: self.max_index_blocks,
-                approx_ttl: self.approx_ttl,
+                approx_ttl: self.knobs.approx_ttl,
                 warmup: self.warmup,
                 unhealthy_for: self.unhealthy_for,
                 queue_policy: self.queue_policy,

@@ -23,7 +23,8 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 
-use crate::discovery::Role;
+use dynamo_names::Role;
+use dynamo_names::metrics::frontend;
 
 type Labels = Vec<(&'static str, String)>;
 type Histograms = Family<Labels, Histogram, fn() -> Histogram>;
@@ -374,42 +375,42 @@ impl Metrics {
             registry: Registry::default(),
         };
         r.register(
-            "dynamo_frontend_requests",
+            frontend::REQUESTS,
             "Requests by model, route and HTTP status",
             m.requests.clone(),
         );
         r.register(
-            "dynamo_frontend_inflight_requests",
+            frontend::INFLIGHT_REQUESTS,
             "Requests being served",
             m.inflight.clone(),
         );
         r.register(
-            "dynamo_frontend_queued_requests",
+            frontend::QUEUED_REQUESTS,
             "Requests accepted and waiting for a pod",
             m.queued.clone(),
         );
         r.register(
-            "dynamo_frontend_time_to_first_token_seconds",
+            frontend::TIME_TO_FIRST_TOKEN,
             "From request arrival to the first response byte of the engine",
             m.ttft.clone(),
         );
         r.register(
-            "dynamo_frontend_inter_token_latency_seconds",
+            frontend::INTER_TOKEN_LATENCY,
             "Gaps between streamed tokens",
             m.itl.clone(),
         );
         r.register(
-            "dynamo_frontend_input_sequence_tokens",
+            frontend::INPUT_SEQUENCE_TOKENS,
             "Prompt tokens per request",
             m.isl.clone(),
         );
         r.register(
-            "dynamo_frontend_output_sequence_tokens",
+            frontend::OUTPUT_SEQUENCE_TOKENS,
             "Generated tokens per request",
             m.osl.clone(),
         );
         r.register(
-            "dynamo_frontend_request_duration_seconds",
+            frontend::REQUEST_DURATION,
             "From request arrival to the end of the response",
             m.duration.clone(),
         );
@@ -450,17 +451,17 @@ impl Metrics {
             m.picks.clone(),
         );
         r.register(
-            "dynamo_epp_prompt_blocks",
+            frontend::PROMPT_BLOCKS,
             "Full prompt blocks of routed requests",
             m.prompt_blocks.clone(),
         );
         r.register(
-            "dynamo_epp_matched_blocks",
+            frontend::MATCHED_BLOCKS,
             "Prompt blocks the chosen pod already held (any tier); matched / prompt = KV hit ratio",
             m.matched_blocks.clone(),
         );
         r.register(
-            "dynamo_epp_kv_hit_ratio",
+            frontend::KV_HIT_RATIO,
             "Per request, the fraction of prompt blocks the chosen pod held",
             m.hit_ratio.clone(),
         );
@@ -536,27 +537,27 @@ impl Metrics {
             m.engine_polls.clone(),
         );
         r.register(
-            "dynamo_epp_engine_kv_usage",
+            frontend::ENGINE_KV_USAGE,
             "KV cache usage (0 to 1) each pod's engine reported last",
             m.engine_kv_usage.clone(),
         );
         r.register(
-            "dynamo_epp_engine_kv_blocks",
+            frontend::ENGINE_KV_BLOCKS,
             "KV cache size in blocks each pod's engine reported last (num_gpu_blocks)",
             m.engine_kv_blocks.clone(),
         );
         r.register(
-            "dynamo_frontend_worker_active_prefill_tokens",
+            frontend::WORKER_ACTIVE_PREFILL_TOKENS,
             "Uncached prompt tokens (full blocks) of this picker's requests not yet past their first token, by pod",
             m.worker_prefill_tokens.clone(),
         );
         r.register(
-            "dynamo_frontend_worker_active_decode_blocks",
+            frontend::WORKER_ACTIVE_DECODE_BLOCKS,
             "KV blocks held by requests in flight (prefilling or decoding), each once, by pod: this picker's, plus the blocks its engine last reported beyond this picker's requests",
             m.worker_decode_blocks.clone(),
         );
         r.register(
-            "dynamo_frontend_model_kv_cache_block_size",
+            frontend::MODEL_KV_CACHE_BLOCK_SIZE,
             "Tokens per KV block the picker routes with",
             m.model_block_size.clone(),
         );
@@ -684,7 +685,7 @@ impl Metrics {
             return;
         };
         let labels = vec![("name", name.clone())];
-        let ready: i64 = [Role::Worker, Role::Prefill, Role::Decode]
+        let ready: i64 = Role::ALL
             .iter()
             .filter_map(|role| {
                 self.endpoints
@@ -857,7 +858,7 @@ mod tests {
         m.engine("a", &report(3, 0.25));
         assert!(!m.encode().contains("inference_pool_ready_pods{"));
         m.set_pool_name("pool");
-        for (role, n) in [("worker", 2), ("decode", 1)] {
+        for (role, n) in [("aggregated", 2), ("decode", 1)] {
             let labels = vec![("role", role.to_owned()), ("state", "ready".to_owned())];
             m.endpoints.get_or_create(&labels).set(n);
         }

@@ -26,11 +26,13 @@ use dynamo_kvstream::PodUpdate;
 use tokio::sync::oneshot;
 
 use crate::config::RouterConfig;
-use crate::discovery::{EndpointSpec, Role};
+use dynamo_names::Role;
+
+use crate::discovery::EndpointSpec;
 use crate::metrics::{self, Metrics};
 
 /// Roles that answer the client; prefill pods are only ever a request's helper.
-const SERVING_ROLES: [Role; 2] = [Role::Worker, Role::Decode];
+const SERVING_ROLES: [Role; 2] = [Role::Aggregated, Role::Decode];
 
 /// What the router needs to know of a request.
 #[derive(Clone, Debug, Default)]
@@ -690,7 +692,7 @@ impl Router {
     }
 
     fn publish_endpoint_gauges(&self, st: &State) {
-        for role in [Role::Worker, Role::Prefill, Role::Decode] {
+        for role in Role::ALL {
             for ready in [true, false] {
                 let n = st
                     .endpoints
@@ -719,7 +721,7 @@ impl Router {
         for (&worker, e) in &st.endpoints {
             let worker_type = match e.spec.role {
                 Role::Prefill => metrics::PREFILL_WORKER,
-                Role::Worker | Role::Decode => metrics::DECODE_WORKER,
+                Role::Aggregated | Role::Decode => metrics::DECODE_WORKER,
             };
             let load = st.core.load().load(worker);
             self.metrics.worker_load(
@@ -850,7 +852,7 @@ mod tests {
     fn event_lag_is_measured_from_the_sidecars_publish_time() {
         let metrics = Arc::new(Metrics::new());
         let r = Arc::new(Router::new(RouterConfig::default(), MODEL, metrics.clone()));
-        r.add_endpoint(WorkerId(1), spec(8001, Role::Worker));
+        r.add_endpoint(WorkerId(1), spec(8001, Role::Aggregated));
         let event = stored(&r, &prompt(1, 0));
         let published = SystemTime::now() - Duration::from_millis(300);
         r.apply_update(
@@ -873,8 +875,8 @@ mod tests {
     #[tokio::test]
     async fn kv_mode_prefers_the_pod_holding_the_prefix_and_forgets_it_when_lost() {
         let r = router(RouterConfig::default());
-        r.add_endpoint(WorkerId(1), spec(8001, Role::Worker));
-        r.add_endpoint(WorkerId(2), spec(8002, Role::Worker));
+        r.add_endpoint(WorkerId(1), spec(8001, Role::Aggregated));
+        r.add_endpoint(WorkerId(2), spec(8002, Role::Aggregated));
         let tokens = prompt(8, 1);
         r.apply_update(WorkerId(2), PodUpdate::Snapshot(vec![stored(&r, &tokens)]));
         let a = r.route(request(tokens.clone())).await.unwrap();
@@ -977,7 +979,7 @@ mod tests {
     #[tokio::test]
     async fn an_aggregated_pod_is_a_decode_worker_charged_its_uncached_prompt_only() {
         let r = router(RouterConfig::default());
-        r.add_endpoint(WorkerId(1), spec(8001, Role::Worker));
+        r.add_endpoint(WorkerId(1), spec(8001, Role::Aggregated));
         let tokens = prompt(4, 2);
         // The pod holds the first 2 of the prompt's 4 blocks.
         r.apply_update(
@@ -997,8 +999,8 @@ mod tests {
     #[tokio::test]
     async fn an_expected_output_length_weighs_on_its_pod_while_it_decodes() {
         let r = router(RouterConfig::default());
-        r.add_endpoint(WorkerId(1), spec(8001, Role::Worker));
-        r.add_endpoint(WorkerId(2), spec(8002, Role::Worker));
+        r.add_endpoint(WorkerId(1), spec(8001, Role::Aggregated));
+        r.add_endpoint(WorkerId(2), spec(8002, Role::Aggregated));
         // A long answer is expected: 640 tokens, 20 blocks held on average (half of 40).
         let mut long = r
             .route(RouteRequest {
@@ -1035,7 +1037,7 @@ mod tests {
     #[tokio::test]
     async fn load_is_held_until_the_assignment_is_dropped() {
         let r = router(RouterConfig::default());
-        r.add_endpoint(WorkerId(1), spec(8001, Role::Worker));
+        r.add_endpoint(WorkerId(1), spec(8001, Role::Aggregated));
         let mut a = r.route(request(prompt(4, 0))).await.unwrap();
         assert_eq!(
             r.endpoints()[0].load,
@@ -1051,7 +1053,7 @@ mod tests {
     #[tokio::test]
     async fn saturated_pods_queue_requests_then_shed_them() {
         let r = router(saturating(1));
-        r.add_endpoint(WorkerId(1), spec(8001, Role::Worker));
+        r.add_endpoint(WorkerId(1), spec(8001, Role::Aggregated));
         let first = r.route(request(prompt(2, 0))).await.unwrap();
         let waiting = tokio::spawn({
             let r = r.clone();
@@ -1071,7 +1073,7 @@ mod tests {
     #[tokio::test]
     async fn priority_moves_a_waiting_request_ahead() {
         let r = router(saturating(4));
-        r.add_endpoint(WorkerId(1), spec(8001, Role::Worker));
+        r.add_endpoint(WorkerId(1), spec(8001, Role::Aggregated));
         let first = r.route(request(prompt(2, 0))).await.unwrap();
         let spawn = |priority| {
             let r = r.clone();
@@ -1097,7 +1099,7 @@ mod tests {
     #[tokio::test]
     async fn a_caller_that_leaves_gives_up_its_place_and_a_pool_that_empties_fails_waiters() {
         let r = router(saturating(4));
-        r.add_endpoint(WorkerId(1), spec(8001, Role::Worker));
+        r.add_endpoint(WorkerId(1), spec(8001, Role::Aggregated));
         let _first = r.route(request(prompt(2, 0))).await.unwrap();
         let gone = tokio::spawn({
             let r = r.clone();
@@ -1198,7 +1200,7 @@ mod tests {
     async fn subset_exclude_and_unhealthy_pods_narrow_the_choice() {
         let r = router(RouterConfig::default());
         for (w, port) in [(1, 8001), (2, 8002), (3, 8003)] {
-            r.add_endpoint(WorkerId(w), spec(port, Role::Worker));
+            r.add_endpoint(WorkerId(w), spec(port, Role::Aggregated));
         }
         let only = |ports: &[u16]| RouteRequest {
             subset: Some(ports.iter().map(|&p| addr(p)).collect()),
@@ -1237,7 +1239,7 @@ mod tests {
             ..RouterConfig::default()
         });
         assert_eq!(r.readiness(), Err("no endpoints discovered".into()));
-        r.add_endpoint(WorkerId(1), spec(8001, Role::Worker));
+        r.add_endpoint(WorkerId(1), spec(8001, Role::Aggregated));
         let err = r.readiness().unwrap_err();
         assert!(err.contains("127.0.0.1:8001"), "{err}");
         r.apply_update(WorkerId(1), PodUpdate::Snapshot(Vec::new()));
@@ -1247,7 +1249,7 @@ mod tests {
             warmup: Duration::ZERO,
             ..RouterConfig::default()
         });
-        quick.add_endpoint(WorkerId(1), spec(8001, Role::Worker));
+        quick.add_endpoint(WorkerId(1), spec(8001, Role::Aggregated));
         assert_eq!(quick.readiness(), Ok(()));
     }
 
@@ -1257,8 +1259,8 @@ mod tests {
             mode: RouterMode::Approx,
             ..RouterConfig::default()
         });
-        r.add_endpoint(WorkerId(1), spec(8001, Role::Worker));
-        r.add_endpoint(WorkerId(2), spec(8002, Role::Worker));
+        r.add_endpoint(WorkerId(1), spec(8001, Role::Aggregated));
+        r.add_endpoint(WorkerId(2), spec(8002, Role::Aggregated));
         let shared = prompt(8, 3);
         // Pod 1 is busier, so a cold prompt goes to pod 2...
         let busy = RouteRequest {

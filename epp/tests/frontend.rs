@@ -147,7 +147,7 @@ async fn a_request_sharing_a_long_prefix_goes_to_the_pod_that_announced_it() {
     let metrics = picker.metrics().await;
     assert!(
         metrics.contains(&format!(
-            "dynamo_epp_picks_total{{pod=\"{holder}\",role=\"worker\"}} 3"
+            "dynamo_epp_picks_total{{pod=\"{holder}\",role=\"aggregated\"}} 3"
         )),
         "{metrics}"
     );

@@ -8,7 +8,8 @@ use std::time::Duration;
 
 use axum::body::{Body, Bytes};
 use dynamo_epp::config::KubernetesConfig;
-use dynamo_epp::discovery::{EndpointSet, Role, kubernetes};
+use dynamo_epp::discovery::{EndpointSet, kubernetes};
+use dynamo_names::Role;
 use http::{Request, Response};
 use serde_json::{Value, json};
 use tokio::sync::{mpsc, watch};
@@ -153,7 +154,7 @@ async fn the_pools_ready_pods_are_endpoints_and_watch_events_update_them() {
     wait_for(
         &mut rx,
         &[
-            ("10.0.0.1:8000", Role::Worker),
+            ("10.0.0.1:8000", Role::Aggregated),
             ("10.0.0.3:8000", Role::Prefill),
         ],
     )
@@ -174,8 +175,8 @@ async fn the_pools_ready_pods_are_endpoints_and_watch_events_update_them() {
     wait_for(
         &mut rx,
         &[
-            ("10.0.0.1:8000", Role::Worker),
-            ("10.0.0.2:8000", Role::Worker),
+            ("10.0.0.1:8000", Role::Aggregated),
+            ("10.0.0.2:8000", Role::Aggregated),
             ("10.0.0.3:8000", Role::Prefill),
         ],
     )
@@ -194,7 +195,7 @@ async fn the_pools_ready_pods_are_endpoints_and_watch_events_update_them() {
     );
     unready["metadata"]["resourceVersion"] = json!("7");
     event(&pod_events, "MODIFIED", unready).await;
-    wait_for(&mut rx, &[("10.0.0.2:8000", Role::Worker)]).await;
+    wait_for(&mut rx, &[("10.0.0.2:8000", Role::Aggregated)]).await;
 }
 
 #[tokio::test]
@@ -208,7 +209,7 @@ async fn a_deleted_pool_empties_the_set() {
         ..KubernetesConfig::default()
     };
     tokio::spawn(kubernetes::watch(client, config, 9100, tx));
-    wait_for(&mut rx, &[("10.0.0.1:8080", Role::Worker)]).await;
+    wait_for(&mut rx, &[("10.0.0.1:8080", Role::Aggregated)]).await;
     event(&pool_events, "DELETED", pool("llm", 8080)).await;
     wait_for(&mut rx, &[]).await;
 }
@@ -237,7 +238,7 @@ async fn a_label_selector_without_a_pool_uses_the_target_port() {
     wait_for(
         &mut rx,
         &[
-            ("10.0.0.1:8123", Role::Worker),
+            ("10.0.0.1:8123", Role::Aggregated),
             ("10.0.0.2:8123", Role::Decode),
         ],
     )

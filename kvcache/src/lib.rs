@@ -20,6 +20,8 @@ pub mod events;
 mod fast_map;
 pub mod hash;
 pub mod index;
+#[cfg(feature = "cli")]
+mod knobs;
 pub mod load;
 pub mod overlap;
 pub mod queue;
@@ -35,6 +37,8 @@ pub use events::{
 };
 pub use hash::{BlockHasher, LocalHash, SeqHash};
 pub use index::{IndexError, KvIndex};
+#[cfg(feature = "cli")]
+pub use knobs::RouterKnobs;
 pub use load::{EngineMetrics, LoadError, LoadTracker, RequestId, SaturationThreshold, WorkerLoad};
 pub use overlap::{OverlapScores, TierCounts, TierCredits};
 pub use queue::{

@@ -613,14 +613,14 @@ impl Runner {
             .replicas
             .iter()
             .flat_map(|(service, replicas)| {
-                let role = self.graph.workers[service].role.as_str();
+                let role = self.graph.workers[service].role;
                 replicas
                     .iter()
                     .filter(|r| self.ready.contains(&(service.clone(), r.index)))
                     .map(move |r| EndpointEntry {
                         address: format!("127.0.0.1:{}", r.ports.sidecar),
                         kv_events: Some(format!("http://127.0.0.1:{}", r.ports.sidecar_grpc)),
-                        role: Some(role.into()),
+                        role: Some(role),
                         sidecar_metrics: Some(format!(
                             "http://127.0.0.1:{}",
                             r.ports.sidecar_metrics

@@ -8,9 +8,8 @@ use std::collections::BTreeMap;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
 
-use dynamo_crds::{
-    BackendFramework, ComponentSpec, DynamoGraphDeployment, EngineRole, ServiceRole,
-};
+use dynamo_crds::{BackendFramework, ComponentSpec, DynamoGraphDeployment, ServiceRole};
+use dynamo_names::Role;
 
 use dynamo_wiring::planner::{
     PlannerInputs, PlannerTarget, PlannerWiringError, planner_args, profile_source,
@@ -151,7 +150,7 @@ impl ReplicaPorts {
 /// A worker service: how to start each of its replicas.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct WorkerService {
-    pub role: EngineRole,
+    pub role: Role,
     pub replicas: u32,
     engine: EngineService,
     env: Vec<(String, String)>,
@@ -563,7 +562,7 @@ pub(crate) mod tests {
         assert_eq!(graph.block_size(), 64);
         assert_eq!(graph.workers.len(), 1);
         let worker = &graph.workers["worker"];
-        assert_eq!((worker.role, worker.replicas), (EngineRole::Aggregated, 2));
+        assert_eq!((worker.role, worker.replicas), (Role::Aggregated, 2));
         let engine = graph.engine_command("worker", PORTS);
         assert_eq!(engine.program, "dynamo-mocker");
         let args = engine.args.join(" ");
@@ -683,10 +682,7 @@ pub(crate) mod tests {
             .collect();
         assert_eq!(
             roles,
-            vec![
-                ("decode", EngineRole::Decode, 2),
-                ("prefill", EngineRole::Prefill, 1)
-            ]
+            vec![("decode", Role::Decode, 2), ("prefill", Role::Prefill, 1)]
         );
     }
 
@@ -767,7 +763,7 @@ pub(crate) mod tests {
         assert_eq!(graph.model_name, "Qwen/Qwen3-0.6B");
         assert_eq!(graph.router_mode, "kv");
         let roles: Vec<_> = graph.workers.values().map(|w| w.role).collect();
-        assert_eq!(roles, [EngineRole::Decode, EngineRole::Prefill]);
+        assert_eq!(roles, [Role::Decode, Role::Prefill]);
         let engine = graph.engine_command("VllmPrefillWorker", PORTS);
         assert_eq!(engine.program, "dynamo-mocker");
         assert_eq!(

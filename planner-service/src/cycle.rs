@@ -2,9 +2,10 @@
 //! they could not be read) in, a [`Decision`] out. The service around it reads and writes;
 //! everything it decides is tested here with plain numbers.
 
+use dynamo_names::Role;
 use dynamo_planner::decide::{
     Decision, EngineLoad, Forecast, Limits, LoadInputs, LoadTarget, Observed, PerRole, Reason,
-    Role, SlaTargets, ThroughputConfig, ThroughputInputs, decide_load, decide_throughput,
+    SlaTargets, ThroughputConfig, ThroughputInputs, decide_load, decide_throughput,
 };
 use dynamo_planner::predict::{LoadPredictor, Predictor, PredictorConfig};
 use dynamo_planner::profile::Profile;
@@ -320,7 +321,7 @@ mod tests {
         GraphView {
             services: vec![ServiceView {
                 name: "worker".into(),
-                role: Role::Worker,
+                role: Role::Aggregated,
                 replicas,
                 rolling_out: false,
             }],

@@ -8,7 +8,7 @@ use dynamo_crds::{DynamoGraphDeployment, DynamoGraphDeploymentScalingAdapter, Se
 use kube::api::{Patch, PatchParams};
 use kube::{Api, Client};
 
-use super::target::{GraphView, ScaleError, ServiceView, planner_role};
+use super::target::{GraphView, ScaleError, ServiceView};
 use dynamo_operator::reconcile::names;
 
 pub struct KubeTarget {
@@ -63,7 +63,7 @@ impl KubeTarget {
             });
             services.push(ServiceView {
                 name: service.clone(),
-                role: planner_role(role),
+                role,
                 replicas: wanted as u32,
                 rolling_out: stale || spec.replicas != Some(wanted) || !settled,
             });

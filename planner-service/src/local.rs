@@ -3,10 +3,10 @@
 
 use std::time::Duration;
 
-use dynamo_crds::EngineRole;
+use dynamo_names::Role;
 use reqwest::StatusCode;
 
-use super::target::{GraphView, ScaleError, ServiceView, planner_role};
+use super::target::{GraphView, ScaleError, ServiceView};
 use dynamo_wiring::admin::GraphStatus;
 
 pub struct LocalTarget {
@@ -81,20 +81,13 @@ fn view(status: &GraphStatus) -> Result<GraphView, ScaleError> {
         .roles
         .iter()
         .map(|(name, role)| {
-            let role = [
-                EngineRole::Aggregated,
-                EngineRole::Prefill,
-                EngineRole::Decode,
-            ]
-            .into_iter()
-            .find(|r| r.as_str() == role)
-            .ok_or_else(|| {
-                ScaleError::Other(format!("admin API: service {name:?} has role {role:?}"))
-            })?;
+            let role: Role = role
+                .parse()
+                .map_err(|e| ScaleError::Other(format!("admin API: service {name:?}: {e}")))?;
             let replicas = status.services.get(name).map(Vec::as_slice).unwrap_or(&[]);
             Ok(ServiceView {
                 name: name.clone(),
-                role: planner_role(role),
+                role,
                 replicas: replicas.len() as u32,
                 rolling_out: replicas.iter().any(|r| !r.ready),
             })

@@ -4,6 +4,7 @@
 
 use std::sync::atomic::AtomicU64;
 
+use dynamo_names::metrics::planner;
 use dynamo_planner::decide::{Decision, Forecast, SlaTargets};
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::encoding::text::encode;
@@ -50,7 +51,7 @@ pub struct Metrics {
 impl Metrics {
     /// Registers every metric; the targets, mode and interval are constants of the run.
     pub fn new(targets: SlaTargets, advisory: bool, interval_s: f64) -> Self {
-        let mut r = Registry::with_prefix("dynamo_planner");
+        let mut r = Registry::default();
         let m = Self {
             registry: Registry::default(),
             replicas: Family::default(),
@@ -71,75 +72,75 @@ impl Metrics {
         };
         constant(
             &mut r,
-            "target_ttft_seconds",
+            planner::TARGET_TTFT,
             "The TTFT target the planner sizes for",
             targets.ttft_ms / 1000.0,
         );
         constant(
             &mut r,
-            "target_itl_seconds",
+            planner::TARGET_ITL,
             "The ITL target the planner sizes for",
             targets.itl_ms / 1000.0,
         );
         constant(
             &mut r,
-            "interval_seconds",
+            planner::INTERVAL,
             "Seconds between decisions",
             interval_s,
         );
         constant(
             &mut r,
-            "advisory",
+            planner::ADVISORY,
             "1 when the planner only logs and exports its decisions, 0 when it applies them",
             f64::from(u8::from(advisory)),
         );
         r.register(
-            "replicas",
+            planner::REPLICAS,
             "Replicas of each engine service as the planner last read them",
             m.replicas.clone(),
         );
         r.register(
-            "desired_replicas",
+            planner::DESIRED_REPLICAS,
             "Replicas the planner last decided for each engine service (applied unless advisory)",
             m.desired.clone(),
         );
         r.register(
-            "decisions",
+            planner::DECISIONS,
             "Decisions, once per reason each gave (a hold names why it held)",
             m.decisions.clone(),
         );
         r.register(
-            "scale_writes",
+            planner::SCALE_WRITES,
             "Replica writes, by result (ok, conflict, forbidden, not_found, error)",
             m.writes.clone(),
         );
         r.register(
-            "capped",
+            planner::CAPPED,
             "1 when the last decision wanted more than the GPU budget allows",
             m.capped.clone(),
         );
         r.register(
-            "predicted_requests",
+            planner::PREDICTED_REQUESTS,
             "Requests predicted for the next interval",
             m.predicted_requests.clone(),
         );
         r.register(
-            "predicted_isl_tokens",
+            planner::PREDICTED_ISL,
             "Mean input sequence length predicted for the next interval",
             m.predicted_isl.clone(),
         );
         r.register(
-            "predicted_osl_tokens",
+            planner::PREDICTED_OSL,
             "Mean output sequence length predicted for the next interval",
             m.predicted_osl.clone(),
         );
         r.register(
-            "observed_ttft_seconds",
+            planner::OBSERVED_TTFT,
             "Mean TTFT over the last interval, as read from Prometheus",
             m.observed_ttft.clone(),
         );
         r.register(
-            "observed_itl_seconds",
+            planner::OBSERVED_ITL,
             "Mean ITL over the last interval, as read from Prometheus",
             m.observed_itl.clone(),
         );

@@ -9,22 +9,16 @@
 
 use std::collections::BTreeMap;
 
+use dynamo_names::metrics::frontend::{
+    ENGINE_KV_BLOCKS, INPUT_SEQUENCE_TOKENS as ISL, INTER_TOKEN_LATENCY as ITL,
+    MODEL_KV_CACHE_BLOCK_SIZE as BLOCK_SIZE, OUTPUT_SEQUENCE_TOKENS as OSL,
+    REQUEST_DURATION as DURATION, REQUESTS, TIME_TO_FIRST_TOKEN as TTFT,
+    WORKER_ACTIVE_DECODE_BLOCKS as ACTIVE_DECODE, WORKER_ACTIVE_PREFILL_TOKENS as ACTIVE_PREFILL,
+};
 use prometheus_http_query::Client;
 use prometheus_http_query::response::Data;
 
 use super::cycle::{EngineReading, Traffic, WorkerKind};
-
-/// Frontend metrics (epp/src/metrics.rs registers them).
-const REQUESTS: &str = "dynamo_frontend_requests_total";
-const TTFT: &str = "dynamo_frontend_time_to_first_token_seconds";
-const ITL: &str = "dynamo_frontend_inter_token_latency_seconds";
-const ISL: &str = "dynamo_frontend_input_sequence_tokens";
-const OSL: &str = "dynamo_frontend_output_sequence_tokens";
-const DURATION: &str = "dynamo_frontend_request_duration_seconds";
-const ACTIVE_PREFILL: &str = "dynamo_frontend_worker_active_prefill_tokens";
-const ACTIVE_DECODE: &str = "dynamo_frontend_worker_active_decode_blocks";
-const BLOCK_SIZE: &str = "dynamo_frontend_model_kv_cache_block_size";
-const ENGINE_KV_BLOCKS: &str = "dynamo_epp_engine_kv_blocks";
 
 #[derive(Debug, thiserror::Error)]
 #[error("Prometheus at {url}: {message}")]
@@ -122,7 +116,7 @@ impl Prometheus {
         let ms = |v: Option<f64>| v.map(|x| x * 1000.0);
         Ok(Traffic {
             requests: self
-                .scalar(&format!("sum(increase({REQUESTS}{s}[{window}]))"))
+                .scalar(&format!("sum(increase({REQUESTS}_total{s}[{window}]))"))
                 .await?,
             isl: self.mean(ISL, &window).await?,
             osl: self.mean(OSL, &window).await?,

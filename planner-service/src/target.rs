@@ -2,8 +2,8 @@
 //! scale subresource of each service's DynamoGraphDeploymentScalingAdapter ([`super::kube`]),
 //! locally the runner's admin API ([`super::local`]). Both give the same [`GraphView`].
 
-use dynamo_crds::EngineRole;
-use dynamo_planner::decide::{PerRole, Replicas, Role};
+use dynamo_names::Role;
+use dynamo_planner::decide::{PerRole, Replicas};
 use thiserror::Error;
 
 /// One engine service as the planner sees it.
@@ -40,7 +40,11 @@ impl GraphView {
                 }),
             }
         };
-        match (one(Role::Prefill)?, one(Role::Decode)?, one(Role::Worker)?) {
+        match (
+            one(Role::Prefill)?,
+            one(Role::Decode)?,
+            one(Role::Aggregated)?,
+        ) {
             (Some(prefill), Some(decode), None) => Ok(PerRole::Disaggregated { prefill, decode }),
             (None, None, Some(worker)) => Ok(PerRole::Aggregated { worker }),
             _ => Err(ShapeError::Roles(
@@ -77,15 +81,6 @@ pub enum ShapeError {
         "the planner needs a prefill and a decode service, or one aggregated worker service; the graph has: {0}"
     )]
     Roles(String),
-}
-
-/// The planner's role for an engine service's role.
-pub fn planner_role(role: EngineRole) -> Role {
-    match role {
-        EngineRole::Aggregated => Role::Worker,
-        EngineRole::Prefill => Role::Prefill,
-        EngineRole::Decode => Role::Decode,
-    }
 }
 
 /// Why reading or writing replicas failed. [`ScaleError::label`] is the metric label.
@@ -168,7 +163,7 @@ mod tests {
             })
         );
         let agg = GraphView {
-            services: vec![service("w", Role::Worker, 1)],
+            services: vec![service("w", Role::Aggregated, 1)],
         };
         assert_eq!(agg.replicas(), Ok(PerRole::Aggregated { worker: 1 }));
     }
@@ -176,7 +171,10 @@ mod tests {
     #[test]
     fn shapes_the_planner_cannot_set_are_named() {
         let two = GraphView {
-            services: vec![service("a", Role::Worker, 1), service("b", Role::Worker, 1)],
+            services: vec![
+                service("a", Role::Aggregated, 1),
+                service("b", Role::Aggregated, 1),
+            ],
         };
         assert!(matches!(
             two.replicas(),

@@ -30,32 +30,9 @@
 
 use std::fmt;
 
+use dynamo_names::Role;
+
 use crate::profile::Profile;
-
-/// A role in the graph whose replicas the planner sets.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum Role {
-    Prefill,
-    Decode,
-    /// An aggregated worker: prefills and decodes on the same engine.
-    Worker,
-}
-
-impl Role {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Role::Prefill => "prefill",
-            Role::Decode => "decode",
-            Role::Worker => "worker",
-        }
-    }
-}
-
-impl fmt::Display for Role {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
 
 /// One value per role of a disaggregated or an aggregated graph (replicas, GPUs per engine,
 /// engine observations).
@@ -75,7 +52,7 @@ impl<T: Copy> PerRole<T> {
             PerRole::Disaggregated { prefill, decode } => {
                 vec![(Role::Prefill, prefill), (Role::Decode, decode)]
             }
-            PerRole::Aggregated { worker } => vec![(Role::Worker, worker)],
+            PerRole::Aggregated { worker } => vec![(Role::Aggregated, worker)],
         };
         v.into_iter()
     }
@@ -88,7 +65,7 @@ impl<T: Copy> PerRole<T> {
                 decode: f(Role::Decode, decode),
             },
             PerRole::Aggregated { worker } => PerRole::Aggregated {
-                worker: f(Role::Worker, worker),
+                worker: f(Role::Aggregated, worker),
             },
         }
     }
@@ -113,7 +90,7 @@ impl<T: Copy> PerRole<T> {
             }),
             (PerRole::Aggregated { worker }, PerRole::Aggregated { worker: w2 }) => {
                 Some(PerRole::Aggregated {
-                    worker: f(Role::Worker, worker, w2),
+                    worker: f(Role::Aggregated, worker, w2),
                 })
             }
             _ => None,
@@ -932,7 +909,7 @@ pub fn decide_load(
                 engines.iter().map(|e| e.decode_usage(false)).collect(),
                 target.decode(),
             )],
-            Role::Worker => vec![
+            Role::Aggregated => vec![
                 (
                     engines.iter().map(EngineLoad::prefill_ratio).collect(),
                     target.prefill(),

@@ -33,7 +33,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 use clap::Parser as _;
-use dynamo_crds::{BackendFramework, DynamoGraphDeployment, EngineRole, ServiceRole};
+use dynamo_crds::{BackendFramework, DynamoGraphDeployment, ServiceRole};
 use dynamo_loadgen::arrivals::exponential_gap_ms;
 use dynamo_loadgen::bench::http_client;
 use dynamo_loadgen::client::{Api, RequestRecord, Target, send};
@@ -42,6 +42,7 @@ use dynamo_loadgen::report::Report;
 use dynamo_loadgen::workload::{PROMPT_VOCAB, WorkItem};
 use dynamo_mocker::TimingModel;
 use dynamo_mocker::tokens::{stream_key, token_at};
+use dynamo_names::Role;
 use dynamo_profiler::graph::{engine_command, generate};
 use dynamo_profiler::{Candidate, Layout, Load, Profiled, Request};
 use dynamo_wiring::admin::GraphStatus;
@@ -124,7 +125,7 @@ pub fn run(
 fn mock_graph(name: &str, req: &Request, selected: &Candidate) -> DynamoGraphDeployment {
     let mut dgd = generate(name, req, selected);
     for service in dgd.spec.services.values_mut() {
-        let ServiceRole::Engine(EngineRole::Prefill | EngineRole::Decode) = service.role() else {
+        let ServiceRole::Engine(Role::Prefill | Role::Decode) = service.role() else {
             continue;
         };
         let main = service

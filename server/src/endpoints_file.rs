@@ -13,6 +13,7 @@
 use std::io;
 use std::path::Path;
 
+use dynamo_names::Role;
 use serde::{Deserialize, Serialize};
 
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -29,7 +30,7 @@ pub struct EndpointEntry {
     pub kv_events: Option<String>,
     /// `aggregated` (or `worker`), `prefill` or `decode`; absent: aggregated.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub role: Option<String>,
+    pub role: Option<Role>,
     /// The sidecar's metrics port, where the replica's model card is.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sidecar_metrics: Option<String>,
@@ -51,10 +52,10 @@ impl EndpointsFile {
     }
 
     /// The entries whose role is `role`.
-    pub fn entries_of(&self, role: &str) -> impl Iterator<Item = &EndpointEntry> {
+    pub fn entries_of(&self, role: Role) -> impl Iterator<Item = &EndpointEntry> {
         self.endpoints
             .iter()
-            .filter(move |e| e.role.as_deref() == Some(role))
+            .filter(move |e| e.role.unwrap_or_default() == role)
     }
 }
 
@@ -70,7 +71,7 @@ mod tests {
             endpoints: vec![EndpointEntry {
                 address: "127.0.0.1:4000".into(),
                 kv_events: Some("http://127.0.0.1:4001".into()),
-                role: Some("prefill".into()),
+                role: Some(Role::Prefill),
                 sidecar_metrics: None,
             }],
         };
@@ -79,10 +80,10 @@ mod tests {
         let read = EndpointsFile::parse(&std::fs::read_to_string(&path).unwrap()).unwrap();
         assert_eq!(read, file);
         assert_eq!(
-            read.entries_of("prefill").collect::<Vec<_>>(),
+            read.entries_of(Role::Prefill).collect::<Vec<_>>(),
             [&file.endpoints[0]]
         );
-        assert_eq!(read.entries_of("decode").count(), 0);
+        assert_eq!(read.entries_of(Role::Decode).count(), 0);
         let names: Vec<_> = std::fs::read_dir(dir.path())
             .unwrap()
             .map(|e| e.unwrap().file_name())

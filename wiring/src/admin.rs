@@ -13,7 +13,7 @@ pub struct GraphStatus {
     pub model: String,
     /// The endpoint picker's process id, 0 while it restarts.
     pub epp_pid: u32,
-    /// Each worker service's role (`EngineRole::as_str`), also for a service scaled to 0.
+    /// Each worker service's role (`Role::as_str`), also for a service scaled to 0.
     pub roles: BTreeMap<String, String>,
     pub services: BTreeMap<String, Vec<ReplicaStatus>>,
     /// The Prometheus the planner reads, for a graph with a planner.

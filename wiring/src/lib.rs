@@ -36,9 +36,8 @@ use argv::Arity;
 use kvbm::{Kvbm, KvbmError};
 use planner::PlannerWiringError;
 
-use dynamo_crds::{
-    BackendFramework, ComponentSpec, DynamoGraphDeploymentSpec, EngineRole, ServiceRole,
-};
+use dynamo_crds::{BackendFramework, ComponentSpec, DynamoGraphDeploymentSpec, ServiceRole};
+use dynamo_names::Role;
 
 /// Where one replica's processes listen. The engine and its KV event sockets are always
 /// on loopback: only the sidecar faces the network.
@@ -156,7 +155,7 @@ enum Launch {
 /// One engine service, as every rendering starts it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct EngineService {
-    pub role: EngineRole,
+    pub role: Role,
     pub backend: BackendFramework,
     /// What the engine loads (a Hugging Face id or a path; the mock engine's model
     /// directory), when the command says.
@@ -181,7 +180,7 @@ impl EngineService {
     fn new(
         service: &str,
         spec: &ComponentSpec,
-        role: EngineRole,
+        role: Role,
         backend: BackendFramework,
         defaults: &Defaults,
         kvbm: Option<Kvbm>,
@@ -368,7 +367,7 @@ impl EngineService {
         if let Some(home) = hf_home {
             args.extend(["--hf-home".into(), home.into()]);
         }
-        if self.role == EngineRole::Decode && !prefill_peers.is_empty() {
+        if self.role == Role::Decode && !prefill_peers.is_empty() {
             let peers: Vec<String> = prefill_peers.iter().map(ToString::to_string).collect();
             args.extend(["--prefill-peers".into(), peers.join(",")]);
         }
@@ -379,7 +378,7 @@ impl EngineService {
 /// An engine service's role: its `componentType` (or `subComponentType`), unless Dynamo's
 /// worker wrapper flags say otherwise (`--is-prefill-worker`); `None` for a service that
 /// is no engine.
-pub fn engine_role(spec: &ComponentSpec) -> Option<EngineRole> {
+pub fn engine_role(spec: &ComponentSpec) -> Option<Role> {
     let ServiceRole::Engine(role) = spec.role() else {
         return None;
     };
@@ -484,9 +483,7 @@ impl GraphWiring {
 
     /// Whether the graph splits prefill from decode.
     pub fn is_disaggregated(&self) -> bool {
-        self.engines
-            .values()
-            .any(|e| e.role != EngineRole::Aggregated)
+        self.engines.values().any(|e| e.role != Role::Aggregated)
     }
 
     /// The engine service whose mock engine measures a planner's profile, for both
@@ -494,18 +491,14 @@ impl GraphWiring {
     /// profile holds the prefill and the decode points of one engine); `None` when no
     /// engine runs the mock engine.
     pub fn profile_engine(&self) -> Option<(&str, &EngineService)> {
-        [
-            EngineRole::Aggregated,
-            EngineRole::Decode,
-            EngineRole::Prefill,
-        ]
-        .into_iter()
-        .find_map(|role| {
-            self.engines
-                .iter()
-                .find(|(_, e)| e.role == role && e.runs_mocker())
-        })
-        .map(|(name, e)| (name.as_str(), e))
+        [Role::Aggregated, Role::Decode, Role::Prefill]
+            .into_iter()
+            .find_map(|role| {
+                self.engines
+                    .iter()
+                    .find(|(_, e)| e.role == role && e.runs_mocker())
+            })
+            .map(|(name, e)| (name.as_str(), e))
     }
 }
 
@@ -591,7 +584,7 @@ pub enum PickerPods {
         name: String,
         namespace: String,
         selector: String,
-        role_selectors: Vec<(EngineRole, String)>,
+        role_selectors: Vec<(Role, String)>,
     },
 }
 

@@ -47,7 +47,7 @@ fn dynamos_vllm_workers_become_vllms_own_server_with_kv_events_and_nixl() {
     assert!(wiring.is_disaggregated());
 
     let prefill = &wiring.engines["VllmPrefillWorker"];
-    assert_eq!(prefill.role, EngineRole::Prefill);
+    assert_eq!(prefill.role, Role::Prefill);
     let mut expected = words(
         "vllm serve Qwen/Qwen3-0.6B --served-model-name Qwen/Qwen3-0.6B \
          --host 127.0.0.1 --port 8001 --kv-events-config",
@@ -69,7 +69,7 @@ fn dynamos_vllm_workers_become_vllms_own_server_with_kv_events_and_nixl() {
     );
     assert_eq!(
         wiring.engines["VllmDecodeWorker"].role,
-        EngineRole::Decode,
+        Role::Decode,
         "the wrapper's --is-decode-worker agrees with subComponentType"
     );
 }
@@ -247,8 +247,8 @@ fn the_picker_gets_its_model_block_size_and_pods() {
             namespace: "ns".into(),
             selector: "pool=g".into(),
             role_selectors: vec![
-                (EngineRole::Prefill, "pool=g,role=prefill".into()),
-                (EngineRole::Decode, "pool=g,role=decode".into()),
+                (Role::Prefill, "pool=g,role=prefill".into()),
+                (Role::Decode, "pool=g,role=decode".into()),
             ],
         },
     };
@@ -447,12 +447,12 @@ fn dynamos_wrapper_flags_decide_an_engines_role() {
     let prefill = spec(
         "{extraPodSpec: {mainContainer: {command: [python3, -m, dynamo.vllm, --model, m, --is-prefill-worker]}}}",
     );
-    assert_eq!(engine_role(&prefill), Some(EngineRole::Prefill));
+    assert_eq!(engine_role(&prefill), Some(Role::Prefill));
     // Only Dynamo's wrappers take the flag.
     let own = spec(
         "{componentType: decode, extraPodSpec: {mainContainer: {command: [vllm, serve, m, --is-prefill-worker]}}}",
     );
-    assert_eq!(engine_role(&own), Some(EngineRole::Decode));
+    assert_eq!(engine_role(&own), Some(Role::Decode));
     assert_eq!(engine_role(&spec("componentType: epp")), None);
 }
 

@@ -2,7 +2,7 @@
 //! [`dynamo_server::endpoints_file`]), re-read when its content changes (the runner
 //! rewrites it when it scales).
 //!
-//! `kv_events` defaults to the address's IP on `--kv-events-port`, `role` to `worker`;
+//! `kv_events` defaults to the address's IP on `--kv-events-port`, `role` to `aggregated`;
 //! `sidecar_metrics` (where the pod's model card is) to the address's IP on
 //! `--model-card-port`.
 //! Polling (not inotify) keeps it portable and catches writers that replace the file by
@@ -16,7 +16,7 @@ use dynamo_llm::model_card::CARD_PATH;
 use dynamo_server::endpoints_file::EndpointsFile;
 use tokio::sync::watch;
 
-use super::{EndpointSet, EndpointSpec, Role, normalize};
+use super::{EndpointSet, EndpointSpec, normalize};
 
 /// Parses the file's content; the message names what is wrong.
 pub fn parse(text: &str, kv_events_port: u16) -> Result<EndpointSet, String> {
@@ -27,12 +27,7 @@ pub fn parse(text: &str, kv_events_port: u16) -> Result<EndpointSet, String> {
             .address
             .parse()
             .map_err(|e| format!("endpoints[{i}].address {:?}: {e}", entry.address))?;
-        let role = match entry.role {
-            None => Role::default(),
-            Some(role) => serde_json::from_value(serde_json::Value::String(role))
-                .map_err(|e| format!("endpoints[{i}].role: {e}"))?,
-        };
-        let mut spec = EndpointSpec::new(address, kv_events_port, role);
+        let mut spec = EndpointSpec::new(address, kv_events_port, entry.role.unwrap_or_default());
         if let Some(url) = entry.kv_events {
             if !(url.starts_with("http://") || url.starts_with("https://")) {
                 return Err(format!(
@@ -99,6 +94,8 @@ pub async fn watch(
 
 #[cfg(test)]
 mod tests {
+    use dynamo_names::Role;
+
     use super::*;
 
     #[test]
@@ -118,7 +115,7 @@ mod tests {
                 EndpointSpec {
                     address: "127.0.0.1:18000".parse().unwrap(),
                     kv_events: "http://127.0.0.1:19000".into(),
-                    role: Role::Worker,
+                    role: Role::Aggregated,
                     model_card: None,
                 },
                 EndpointSpec {
@@ -134,22 +131,22 @@ mod tests {
     #[test]
     fn what_the_local_runner_writes_reads_back_with_its_roles() {
         use dynamo_server::endpoints_file::EndpointEntry;
-        let entry = |port: u16, role: &str| EndpointEntry {
+        let entry = |port: u16, role: Role| EndpointEntry {
             address: format!("127.0.0.1:{port}"),
             kv_events: None,
-            role: Some(role.into()),
+            role: Some(role),
             sidecar_metrics: None,
         };
         let written = EndpointsFile {
             endpoints: vec![
-                entry(1, "aggregated"),
-                entry(2, "prefill"),
-                entry(3, "decode"),
+                entry(1, Role::Aggregated),
+                entry(2, Role::Prefill),
+                entry(3, Role::Decode),
             ],
         };
         let text = serde_json::to_string(&written).unwrap();
         let roles: Vec<Role> = parse(&text, 9100).unwrap().iter().map(|e| e.role).collect();
-        assert_eq!(roles, [Role::Worker, Role::Prefill, Role::Decode]);
+        assert_eq!(roles, [Role::Aggregated, Role::Prefill, Role::Decode]);
     }
 
     #[test]
@@ -164,10 +161,7 @@ mod tests {
             9100,
         )
         .unwrap_err();
-        assert!(
-            e.starts_with("endpoints[0].role: unknown variant `boss`"),
-            "{e}"
-        );
+        assert!(e.starts_with("unknown variant `boss`"), "{e}");
         let e = parse(
             r#"{"endpoints": [{"address": "1.2.3.4:5", "kv_events": "1.2.3.4:9100"}]}"#,
             9100,

@@ -18,7 +18,9 @@ use kube::runtime::watcher::{self, Event};
 use kube::{Api, Client};
 use tokio::sync::watch;
 
-use super::{EndpointSet, EndpointSpec, Role, normalize};
+use dynamo_names::Role;
+
+use super::{EndpointSet, EndpointSpec, normalize};
 use crate::config::KubernetesConfig;
 
 /// An equality-based label selector (`k=v,k2==v2`), the only kind a Service or an
@@ -79,7 +81,7 @@ impl RoleSelectors {
         } else if self.decode.as_ref().is_some_and(|s| s.matches(labels)) {
             Role::Decode
         } else {
-            Role::Worker
+            Role::Aggregated
         }
     }
 }

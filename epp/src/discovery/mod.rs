@@ -7,35 +7,10 @@ pub mod kubernetes;
 
 use std::net::SocketAddr;
 
-use serde::{Deserialize, Serialize};
+use dynamo_names::Role;
 use tokio::sync::watch;
 
 use crate::config::DiscoveryConfig;
-
-/// What a pod does in the serving graph (`DESIGN.md`, "The request path").
-#[derive(
-    Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize,
-)]
-#[serde(rename_all = "lowercase")]
-pub enum Role {
-    /// Aggregated: prefill and decode on one pod (the operator's pod label says
-    /// `aggregated`, which files may use too).
-    #[default]
-    #[serde(alias = "aggregated")]
-    Worker,
-    Prefill,
-    Decode,
-}
-
-impl Role {
-    pub const fn as_str(self) -> &'static str {
-        match self {
-            Role::Worker => "worker",
-            Role::Prefill => "prefill",
-            Role::Decode => "decode",
-        }
-    }
-}
 
 /// One pod as discovery sees it.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -88,7 +63,7 @@ pub async fn start(
         DiscoveryConfig::Static(addresses) => {
             let set = addresses
                 .iter()
-                .map(|&a| EndpointSpec::new(a, kv_events_port, Role::Worker))
+                .map(|&a| EndpointSpec::new(a, kv_events_port, Role::Aggregated))
                 .collect();
             tx.send_replace(normalize(set));
             // Receivers see a closed channel as "no more changes"; keep the sender alive.

@@ -3,9 +3,8 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 
-use dynamo_crds::{
-    ComponentSpec, DynamoGraphDeployment, DynamoGraphDeploymentSpec, EngineRole, ServiceRole,
-};
+use dynamo_crds::{ComponentSpec, DynamoGraphDeployment, DynamoGraphDeploymentSpec, ServiceRole};
+use dynamo_names::Role;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 use kube::Resource;
 
@@ -207,7 +206,7 @@ impl<'a> Graph<'a> {
 
     pub fn engine_services(
         &self,
-    ) -> impl Iterator<Item = (&'a String, &'a ComponentSpec, EngineRole)> + '_ {
+    ) -> impl Iterator<Item = (&'a String, &'a ComponentSpec, Role)> + '_ {
         self.spec.services.iter().filter_map(|(name, spec)| {
             let engine = self.wiring.as_ref()?.engines.get(name)?;
             Some((name, spec, engine.role))

@@ -11,7 +11,8 @@ use dynamo_crds::common::NameRule;
 use dynamo_crds::validate::validate_manifest_with;
 use dynamo_crds::{DynamoGraphDeploymentSpec, DynamoObject, Validated, ValidationError};
 
-use dynamo_crds::{EngineRole, ServiceRole};
+use dynamo_crds::ServiceRole;
+use dynamo_names::Role;
 
 use super::labels;
 use dynamo_wiring::kvbm;
@@ -182,7 +183,7 @@ pub fn problems(dgd: &str, spec: &DynamoGraphDeploymentSpec) -> Vec<NameProblem>
         if !matches!(kind, ServiceRole::Engine(_)) || found.0.len() > before {
             continue;
         }
-        if dynamo_wiring::engine_role(component) == Some(EngineRole::Prefill) {
+        if dynamo_wiring::engine_role(component) == Some(Role::Prefill) {
             found.check(
                 &path,
                 "the prefill peers' headless Service name",

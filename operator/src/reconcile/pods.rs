@@ -21,7 +21,7 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 
 use super::gang::DEFAULT_GPU_RESOURCE;
-use dynamo_crds::EngineRole;
+use dynamo_names::Role;
 
 use super::graph::Graph;
 use super::{credential, labels, names, services};
@@ -72,12 +72,7 @@ const SIDECAR_MEMORY_MIB: u64 = 128;
 
 /// The pod every replica of an engine service starts from: everything but the name and
 /// the replica/rank parts. Its hash is the service's spec hash.
-pub(crate) fn engine_template(
-    g: &Graph,
-    service: &str,
-    spec: &ComponentSpec,
-    role: EngineRole,
-) -> Pod {
+pub(crate) fn engine_template(g: &Graph, service: &str, spec: &ComponentSpec, role: Role) -> Pod {
     let extra = spec.extra_pod_spec.clone().unwrap_or_default();
     let mut pod_spec = base_pod_spec(&extra);
 

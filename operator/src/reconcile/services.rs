@@ -5,7 +5,7 @@
 
 use std::collections::BTreeMap;
 
-use dynamo_crds::EngineRole;
+use dynamo_names::Role;
 use k8s_openapi::api::core::v1::{Service, ServicePort, ServiceSpec};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
@@ -22,7 +22,7 @@ pub(crate) fn build(g: &Graph, desired: &mut Desired) {
             g.service_labels(service, spec),
             serving_selector(g, service),
         ));
-        if role == EngineRole::Prefill {
+        if role == Role::Prefill {
             desired.services.push(Service {
                 metadata: g.metadata(
                     names::prefill_peers(g.name, service),
@@ -66,7 +66,7 @@ pub(crate) fn build(g: &Graph, desired: &mut Desired) {
 /// Service, at the sidecar's inference port.
 pub(crate) fn prefill_peers(g: &Graph) -> Vec<PrefillPeers> {
     g.engine_services()
-        .filter(|(_, _, role)| *role == EngineRole::Prefill)
+        .filter(|(_, _, role)| *role == Role::Prefill)
         .map(|(service, _, _)| PrefillPeers::Dns {
             name: format!(
                 "{}.{}.svc.{}",

@@ -28,7 +28,8 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
 use super::{credential, epp_access, planner_access};
-use dynamo_crds::{EngineRole, ServiceRole};
+use dynamo_crds::ServiceRole;
+use dynamo_names::Role;
 
 use super::graph::Graph;
 use super::pods::{self, HTTP_PORT, METRICS_PORT, METRICS_PORT_NAME, PLANNER_PROFILE};
@@ -150,7 +151,7 @@ fn epp_deployment(
         .unwrap_or_else(|| g.config.epp_image.clone());
 
     let pool_selector = BTreeMap::from([(labels::INFERENCE_POOL.to_string(), g.name.to_string())]);
-    let role_selectors = [EngineRole::Prefill, EngineRole::Decode]
+    let role_selectors = [Role::Prefill, Role::Decode]
         .into_iter()
         .map(|role| {
             let mut selector = pool_selector.clone();

@@ -20,6 +20,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
+use dynamo_names::Role;
 use dynamo_server::endpoints_file::EndpointsFile;
 use tokio::sync::Mutex;
 
@@ -28,8 +29,6 @@ const MAX_AGE: Duration = Duration::from_secs(10);
 /// Closest two refreshes come: a client naming strangers cannot make the sidecar
 /// resolve on every request.
 const MIN_REFRESH: Duration = Duration::from_millis(250);
-/// The local runner's role name for prefill replicas.
-const PREFILL_ROLE: &str = "prefill";
 
 /// One `--prefill-peers` entry.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -170,7 +169,7 @@ async fn read_file(path: &PathBuf, block_port: u16) -> Result<Vec<(SocketAddr, u
         .map_err(|e| e.to_string())?;
     let file = EndpointsFile::parse(&text)?;
     Ok(file
-        .entries_of(PREFILL_ROLE)
+        .entries_of(Role::Prefill)
         .filter_map(|e| {
             let announced = e.kv_events.as_deref().and_then(|url| {
                 let uri = url.parse::<http::Uri>().ok()?;
@@ -233,16 +232,20 @@ mod tests {
     async fn a_prefill_replica_added_to_the_file_is_a_member_on_its_first_request() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("endpoints.json");
-        let entry = |address: &str, role: &str, kv_events: Option<&str>| EndpointEntry {
+        let entry = |address: &str, role: Role, kv_events: Option<&str>| EndpointEntry {
             address: address.into(),
             kv_events: kv_events.map(Into::into),
-            role: Some(role.into()),
+            role: Some(role),
             sidecar_metrics: None,
         };
         let mut file = EndpointsFile {
             endpoints: vec![
-                entry("127.0.0.1:18000", "prefill", Some("http://127.0.0.1:19000")),
-                entry("127.0.0.1:18001", "decode", None),
+                entry(
+                    "127.0.0.1:18000",
+                    Role::Prefill,
+                    Some("http://127.0.0.1:19000"),
+                ),
+                entry("127.0.0.1:18001", Role::Decode, None),
             ],
         };
         file.write(&path).unwrap();
@@ -252,7 +255,7 @@ mod tests {
         assert_eq!(peers.block_api_port(addr("127.0.0.1:18001")).await, None);
         // Added right after a refresh: the miss waits for the next one allowed.
         file.endpoints
-            .push(entry("127.0.0.1:18002", "prefill", None));
+            .push(entry("127.0.0.1:18002", Role::Prefill, None));
         file.write(&path).unwrap();
         let unannounced = peers.block_api_port(addr("127.0.0.1:18002")).await;
         assert_eq!(unannounced, Some(9100));

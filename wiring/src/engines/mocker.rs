@@ -1,6 +1,7 @@
 //! The mock engine (`dynamo-mocker`, and Dynamo's `dynamo.mocker`).
 
-use dynamo_crds::{BackendFramework, EngineRole};
+use dynamo_crds::BackendFramework;
+use dynamo_names::Role;
 
 use super::{Engine, no_env};
 use crate::argv::{self, Arity};
@@ -42,17 +43,14 @@ fn write_flags(engine: &EngineService, at: &Addresses, out: &mut Vec<String>) {
     // it (leases). Real engines would need a connector to the block API (vLLM's
     // `kv_connector`), which does not exist yet: their sidecars hold only what a client
     // offloads through the API.
-    if engine.kvbm.is_some() || engine.role != EngineRole::Aggregated {
+    if engine.kvbm.is_some() || engine.role != Role::Aggregated {
         out.extend([
             "--kv-blocks-url".into(),
             format!("http://{LOOPBACK}:{}", at.sidecar_grpc),
         ]);
     }
     // Disaggregated without tiers its sidecar only holds the leases: nothing to offload to.
-    if engine.role != EngineRole::Aggregated
-        && engine.kvbm.is_none()
-        && !argv::has(out, "--kv-offload")
-    {
+    if engine.role != Role::Aggregated && engine.kvbm.is_none() && !argv::has(out, "--kv-offload") {
         out.extend(["--kv-offload".into(), "none".into()]);
     }
 }

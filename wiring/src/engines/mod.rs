@@ -10,9 +10,8 @@ mod sglang;
 mod trtllm;
 mod vllm;
 
-use dynamo_crds::{
-    BackendFramework, ComponentSpec, DynamoGraphDeploymentSpec, EngineRole, ServiceRole,
-};
+use dynamo_crds::{BackendFramework, ComponentSpec, DynamoGraphDeploymentSpec, ServiceRole};
+use dynamo_names::Role;
 
 use super::argv::{self, Arity};
 use super::{Addresses, EngineService, EnvValue};
@@ -168,11 +167,11 @@ const DYNAMO_ONLY: [(&str, Arity); 24] = [
 ];
 
 /// The worker's role as Dynamo's vLLM wrapper flags say it, if they do.
-pub(super) fn dynamo_role(args: &[String]) -> Option<EngineRole> {
+pub(super) fn dynamo_role(args: &[String]) -> Option<Role> {
     if argv::has(args, "--is-prefill-worker") {
-        Some(EngineRole::Prefill)
+        Some(Role::Prefill)
     } else if argv::has(args, "--is-decode-worker") {
-        Some(EngineRole::Decode)
+        Some(Role::Decode)
     } else {
         None
     }
@@ -226,7 +225,7 @@ mod tests {
              --migration-limit 3 --no-fpm-trace --dyn-tool-call-parser hermes \
              --gpu-memory-utilization 0.85 --dyn-structural-tag --enforce-eager",
         );
-        assert_eq!(dynamo_role(&args), Some(EngineRole::Prefill));
+        assert_eq!(dynamo_role(&args), Some(Role::Prefill));
         assert_eq!(
             from_dynamo(BackendFramework::Vllm, &args),
             words(

@@ -1,6 +1,7 @@
 //! SGLang: `python3 -m sglang.launch_server` and Dynamo's `dynamo.sglang` wrapper.
 
-use dynamo_crds::{BackendFramework, EngineRole};
+use dynamo_crds::BackendFramework;
+use dynamo_names::Role;
 
 use super::{Engine, no_env};
 use crate::argv::{self, Arity};
@@ -43,7 +44,7 @@ fn write_flags(engine: &EngineService, at: &Addresses, out: &mut Vec<String>) {
         "--kv-events-config".into(),
         super::vllm::kv_events_config(at, false),
     ]);
-    if engine.role == EngineRole::Aggregated {
+    if engine.role == Role::Aggregated {
         return;
     }
     if !argv::has(out, "--disaggregation-mode") {

@@ -1,6 +1,7 @@
 //! vLLM: `vllm serve` and Dynamo's `dynamo.vllm` wrapper.
 
-use dynamo_crds::{BackendFramework, EngineRole};
+use dynamo_crds::BackendFramework;
+use dynamo_names::Role;
 
 use super::Engine;
 use crate::argv::{self, Arity};
@@ -43,7 +44,7 @@ fn write_flags(engine: &EngineService, at: &Addresses, out: &mut Vec<String>) {
     out.extend(["--kv-events-config".into(), kv_events_config(at, true)]);
     // NixlConnector moves the blocks itself; both sides are `kv_both` (vllm
     // docs/features/nixl_connector_usage.md). Its side channel is in the environment.
-    if engine.role != EngineRole::Aggregated && !argv::has(out, "--kv-transfer-config") {
+    if engine.role != Role::Aggregated && !argv::has(out, "--kv-transfer-config") {
         out.extend([
             "--kv-transfer-config".into(),
             r#"{"kv_connector":"NixlConnector","kv_role":"kv_both"}"#.into(),
@@ -68,7 +69,7 @@ pub(super) fn kv_events_config(at: &Addresses, replay: bool) -> String {
 /// A disaggregated vLLM's NIXL side channel, on an address decode pods reach.
 fn env(engine: &EngineService, at: &Addresses) -> Vec<(&'static str, EnvValue)> {
     match at.kv_side_channel(engine.backend) {
-        Some(port) if engine.role != EngineRole::Aggregated => vec![
+        Some(port) if engine.role != Role::Aggregated => vec![
             (SIDE_CHANNEL_HOST, EnvValue::PodIp),
             (SIDE_CHANNEL_PORT, EnvValue::Literal(port.to_string())),
         ],

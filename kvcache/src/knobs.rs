@@ -1,0 +1,48 @@
+//! The router's cost knobs as command-line flags (feature `cli`), under one set of names
+//! and variables for the picker and the replays (`dynamo-e2e replay`), so what a replay
+//! measured is set the same way live. Names follow Dynamo's frontend
+//! (`--router-temperature`, `--overlap-score-weight`).
+
+use std::time::Duration;
+
+use dynamo_server::parse_duration;
+
+use crate::DEFAULT_PREFILL_LOAD_SCALE;
+
+#[derive(clap::Args, Debug, Clone, PartialEq)]
+pub struct RouterKnobs {
+    /// 0 picks the cheapest pod; above 0 samples a softmax over costs.
+    #[arg(long, env = "DYNAMO_EPP_ROUTER_TEMPERATURE", default_value_t = 0.0)]
+    pub router_temperature: f64,
+    /// Weight of prefill work (uncached prompt blocks) against decode load.
+    #[arg(
+        long,
+        alias = "prefill-load-scale",
+        env = "DYNAMO_EPP_OVERLAP_SCORE_WEIGHT",
+        default_value_t = DEFAULT_PREFILL_LOAD_SCALE
+    )]
+    pub overlap_score_weight: f64,
+    /// approx mode: how long a routed prompt is believed cached on its pod.
+    #[arg(long, env = "DYNAMO_EPP_APPROX_TTL", default_value = "120s", value_parser = parse_duration)]
+    pub approx_ttl: Duration,
+}
+
+impl RouterKnobs {
+    /// The message names the flag out of range.
+    pub fn check(&self) -> Result<(), String> {
+        let non_negative = |v: f64| v.is_finite() && v >= 0.0;
+        if !non_negative(self.router_temperature) {
+            return Err(format!(
+                "--router-temperature must be >= 0, got {}",
+                self.router_temperature
+            ));
+        }
+        if !non_negative(self.overlap_score_weight) {
+            return Err(format!(
+                "--overlap-score-weight must be >= 0, got {}",
+                self.overlap_score_weight
+            ));
+        }
+        Ok(())
+    }
+}

@@ -261,7 +261,7 @@ pub struct DisaggFlags {
     /// Directory holding NIXL's `libnixl_capi.so` (the `nixl-cu12` wheel's
     /// `.nixl_cu12.mesonpy.libs`) [default: the loader's path, `LD_LIBRARY_PATH`]. With
     /// NIXL loaded, KV blocks move between sidecars by NIXL READ over UCX where the peer
-    /// has an agent too; otherwise, and on any failure, over gRPC.
+    /// has an agent too; otherwise, and on any failure, over gRPC. `none`: no NIXL.
     #[arg(long, env = "DYNAMO_SIDECAR_NIXL_LIB_DIR")]
     pub nixl_lib_dir: Option<PathBuf>,
 }

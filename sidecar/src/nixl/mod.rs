@@ -16,9 +16,16 @@ use std::sync::Arc;
 pub use agent::{Exposed, NixlAgent, ReadError};
 pub use memory::HostMemory;
 
+/// `--nixl-lib-dir`'s value that turns NIXL off.
+pub const OFF: &str = "none";
+
 /// This sidecar's agent, if NIXL's library loads (from `lib_dir`, else the loader's
 /// path) and the UCX backend starts; says once which way KV blocks will move.
 pub fn start(lib_dir: Option<&Path>) -> Option<Arc<NixlAgent>> {
+    if lib_dir == Some(Path::new(OFF)) {
+        tracing::info!("--nixl-lib-dir none: KV blocks move between sidecars over gRPC");
+        return None;
+    }
     if !library::load(lib_dir) {
         tracing::info!(
             "NIXL is not loaded (no libnixl_capi.so; see --nixl-lib-dir): \

@@ -154,9 +154,9 @@ mod tests {
     /// exposed memory only. Skips where NIXL is not installed.
     #[test]
     fn an_agent_reads_what_another_exposed_and_nothing_past_it() {
-        let dir = std::env::var_os("DYNAMO_SIDECAR_NIXL_LIB_DIR").map(std::path::PathBuf::from);
+        let dir = std::env::var_os("NIXL_LIB_DIR").map(std::path::PathBuf::from);
         if !super::super::library::load(dir.as_deref()) {
-            eprintln!("SKIPPED: NIXL is not installed (set DYNAMO_SIDECAR_NIXL_LIB_DIR)");
+            eprintln!("SKIPPED: NIXL is not installed (set NIXL_LIB_DIR)");
             return;
         }
         let (prefill, decode) = (

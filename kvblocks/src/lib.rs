@@ -5,6 +5,7 @@
 
 pub mod client;
 pub mod credential;
+pub mod described;
 pub mod layout_rules;
 pub mod mac;
 pub mod placement;

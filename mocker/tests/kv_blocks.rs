@@ -146,6 +146,13 @@ impl KvBlocks for Fake {
             "no leases here (tests/disagg.rs has a real sidecar)",
         ))
     }
+
+    async fn describe(
+        &self,
+        _: Request<pb::DescribeRequest>,
+    ) -> Result<Response<pb::DescribeReply>, Status> {
+        Err(Status::unimplemented("no NIXL agent here"))
+    }
 }
 
 /// Serves `fake` on a free loopback port, as the sidecar serves its gRPC API.

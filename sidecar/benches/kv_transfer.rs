@@ -6,6 +6,9 @@
 //!
 //! 4096 tokens of Llama-3-8B in bfloat16: 256 blocks of 16 tokens, 2 MiB each (32 layers
 //! x 8 KV heads x 128 x K and V x 2 bytes x 16), 512 MiB in all.
+//!
+//! Then, where NIXL loads (`NIXL_LIB_DIR`, the wheel's library directory), 64 of those
+//! blocks by NIXL READ (UCX; `Describe`, read, checks, end of lease) against gRPC.
 
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
@@ -14,7 +17,7 @@ use bytes::Bytes;
 use clap::Parser;
 use dynamo_kvblocks::{Block, BlockClient, Layout};
 use dynamo_kvcache::SeqHash;
-use dynamo_sidecar::disagg::transfer::Transfer;
+use dynamo_sidecar::disagg::transfer::{Transfer, Transport};
 use dynamo_sidecar::{Config, Sidecar};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
@@ -22,6 +25,8 @@ const BLOCK_BYTES: usize = 2 << 20;
 const BLOCKS: u64 = 256;
 const TOTAL: u64 = BLOCK_BYTES as u64 * BLOCKS;
 const ROUNDS: usize = 20;
+/// Blocks of the NIXL against gRPC comparison.
+const NIXL_BLOCKS: usize = 64;
 
 fn blocks() -> Vec<Block> {
     let layout = Layout {
@@ -45,9 +50,10 @@ fn blocks() -> Vec<Block> {
         .collect()
 }
 
-async fn prefill_sidecar() -> Sidecar {
+async fn prefill_sidecar(nixl: &str) -> Sidecar {
     let args = [
-        "dynamo-sidecar",
+        "--nixl-lib-dir",
+        nixl,
         "--listen",
         "127.0.0.1:0",
         "--host",
@@ -65,6 +71,7 @@ async fn prefill_sidecar() -> Sidecar {
         "--model-name",
         "m",
     ];
+    let args = std::iter::once("dynamo-sidecar").chain(args);
     Sidecar::start(&Config::parse_from(args)).await.unwrap()
 }
 
@@ -98,11 +105,44 @@ async fn tcp_copy(from: SocketAddr) -> u64 {
     read
 }
 
-fn report(name: &str, mut times: Vec<Duration>) {
+/// Fetches `blocks` leased on `prefill` with `transfer` `ROUNDS` times (after a first,
+/// warming round), checking each came over `transport`.
+async fn fetch_rounds(
+    prefill: &Sidecar,
+    transfer: &Transfer,
+    blocks: &[Block],
+    transport: Transport,
+) -> Vec<Duration> {
+    let mut lender = BlockClient::new(&format!("http://{}", prefill.grpc_addr)).unwrap();
+    let hashes: Vec<SeqHash> = blocks.iter().map(|b| b.hash).collect();
+    let mut times = Vec::new();
+    for round in 0..ROUNDS + 1 {
+        let lease = format!("{}-{round}", transport.as_str());
+        let reply = lender.lend(&lease, blocks.to_vec()).await.unwrap();
+        assert_eq!(reply.lent, blocks.len() as u64, "{:?}", reply.refused);
+        let started = Instant::now();
+        let (fetched, how) = transfer
+            .fetch(prefill.grpc_addr, &lease, &hashes)
+            .await
+            .unwrap();
+        let took = started.elapsed();
+        assert_eq!((fetched.len(), how), (blocks.len(), transport));
+        if round > 0 {
+            times.push(took);
+        }
+    }
+    times
+}
+
+fn report(name: &str, times: Vec<Duration>) {
+    report_bytes(name, times, TOTAL);
+}
+
+fn report_bytes(name: &str, mut times: Vec<Duration>, bytes: u64) {
     times.sort();
     let at = |q: f64| times[((times.len() - 1) as f64 * q).round() as usize];
     let (p50, p99) = (at(0.5), at(0.99));
-    let gbps = TOTAL as f64 / p50.as_secs_f64() / 1e9;
+    let gbps = bytes as f64 / p50.as_secs_f64() / 1e9;
     println!(
         "{name:<34} p50 {:>8.1} ms  p99 {:>8.1} ms  {gbps:>6.2} GB/s at p50",
         p50.as_secs_f64() * 1e3,
@@ -118,7 +158,8 @@ fn main() {
         .build()
         .unwrap();
     runtime.block_on(async {
-        let prefill = prefill_sidecar().await;
+        let nixl_dir = std::env::var("NIXL_LIB_DIR").unwrap_or_else(|_| "none".into());
+        let prefill = prefill_sidecar(&nixl_dir).await;
         let source = blocks();
         let hashes: Vec<SeqHash> = source.iter().map(|b| b.hash).collect();
         let mut lender = BlockClient::new(&format!("http://{}", prefill.grpc_addr)).unwrap();
@@ -130,7 +171,7 @@ fn main() {
             let reply = lender.lend(&lease, source.clone()).await.unwrap();
             assert_eq!(reply.lent, BLOCKS, "{:?}", reply.refused);
             let started = Instant::now();
-            let fetched = transfer
+            let (fetched, _) = transfer
                 .fetch(prefill.grpc_addr, &lease, &hashes)
                 .await
                 .unwrap();
@@ -152,5 +193,23 @@ fn main() {
         );
         report("sidecar -> sidecar (gRPC, leased)", grpc_times);
         report("plain TCP copy", tcp_times);
+
+        let Some(agent) = dynamo_sidecar::nixl::start(Some(std::path::Path::new(&nixl_dir))) else {
+            println!("NIXL not loaded (set NIXL_LIB_DIR): no NIXL figure");
+            return;
+        };
+        let few = &source[..NIXL_BLOCKS];
+        let bytes = (NIXL_BLOCKS * BLOCK_BYTES) as u64;
+        let over_nixl =
+            Transfer::new(Duration::from_secs(60), None).with_nixl(Some(agent), 2 << 30);
+        let nixl_times = fetch_rounds(&prefill, &over_nixl, few, Transport::Nixl).await;
+        let grpc_times = fetch_rounds(&prefill, &transfer, few, Transport::Grpc).await;
+        println!(
+            "KV transfer of {NIXL_BLOCKS} blocks x {} MiB ({} MiB), {ROUNDS} rounds",
+            BLOCK_BYTES >> 20,
+            bytes >> 20
+        );
+        report_bytes("sidecar -> sidecar (NIXL, UCX)", nixl_times, bytes);
+        report_bytes("sidecar -> sidecar (gRPC)", grpc_times, bytes);
     });
 }

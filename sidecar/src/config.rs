@@ -258,6 +258,12 @@ pub struct DisaggFlags {
     /// leave the others no room.
     #[arg(long, env = "DYNAMO_SIDECAR_KV_LEASE_BYTES_PER_PEER", value_parser = dynamo_kvblocks::parse_bytes)]
     pub kv_lease_bytes_per_peer: Option<u64>,
+    /// Directory holding NIXL's `libnixl_capi.so` (the `nixl-cu12` wheel's
+    /// `.nixl_cu12.mesonpy.libs`) [default: the loader's path, `LD_LIBRARY_PATH`]. With
+    /// NIXL loaded, KV blocks move between sidecars by NIXL READ over UCX where the peer
+    /// has an agent too; otherwise, and on any failure, over gRPC. `none`: no NIXL.
+    #[arg(long, env = "DYNAMO_SIDECAR_NIXL_LIB_DIR")]
+    pub nixl_lib_dir: Option<PathBuf>,
 }
 
 impl DisaggFlags {

@@ -8,6 +8,7 @@
 //!   disaggregated serving, and their block API, on the same gRPC server;
 //! - [`health`]: `/health`, `/ready` and `/metrics` on 9090 ([`metrics`]), and the
 //!   engine's [`model_card`];
+//! - [`nixl`]: the NIXL agent that moves leased KV blocks between sidecars;
 //! - [`engine`]: what the sidecar asks the engine itself.
 //!
 //! [`Sidecar::start`] runs all of it in-process, which is what the binary and the tests do.
@@ -20,6 +21,7 @@ pub mod grpc;
 pub mod health;
 pub mod metrics;
 pub mod model_card;
+pub mod nixl;
 pub mod proxy;
 pub mod relay;
 
@@ -109,6 +111,7 @@ impl Sidecar {
             admission.clone(),
         )?;
         let client = proxy::engine_client().context("building the engine HTTP client")?;
+        let nixl = nixl::start(config.disagg.nixl_lib_dir.as_deref());
 
         let proxy_listener = bind(config.listen, "--listen").await?;
         let grpc_listener = bind(config.grpc_addr(), "--grpc-port").await?;
@@ -130,7 +133,8 @@ impl Sidecar {
         let hop = PrefillHopLayer::new(Hop {
             client: client.clone(),
             peers,
-            transfer: Transfer::new(config.disagg.kv_transfer_timeout, credential.clone()),
+            transfer: Transfer::new(config.disagg.kv_transfer_timeout, credential.clone())
+                .with_nixl(nixl.clone(), config.disagg.kv_lease_bytes),
             leases: leases.clone(),
             grpc_port: grpc_addr.port(),
             prefill_timeout: config.disagg.prefill_timeout,
@@ -182,6 +186,7 @@ impl Sidecar {
             admission,
             leases.clone(),
             region_dir,
+            nixl,
             guard.clone(),
             config.grpc.grpc_message_timeout,
         );

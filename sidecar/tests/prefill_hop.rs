@@ -652,3 +652,68 @@ async fn blocks_are_fetched_only_from_the_prefill_peers_announced_block_api_port
     };
     assert_eq!(*decoded, request(), "prefilled here");
 }
+
+/// A lent prompt moved by `Pods` whose sidecars take `prefill_nixl` and `decode_nixl` as
+/// `--nixl-lib-dir`: the decode engine's answer, and the decode sidecar's transfers
+/// counted by transport.
+async fn transfer_with(prefill_nixl: &str, decode_nixl: &str) -> (Pods, Value, f64, f64) {
+    let prefill_flags = ["--nixl-lib-dir", prefill_nixl];
+    let decode_flags = ["--nixl-lib-dir", decode_nixl];
+    let pods = Pods::start(Answer::Hang, &prefill_flags, &decode_flags).await;
+    *pods.prefill_engine.answer.lock().unwrap() = Answer::Lend {
+        sidecar: pods.prefill.grpc_addr,
+        blocks: 8,
+        delay: Duration::ZERO,
+    };
+    pods.block_api();
+    let response = pods
+        .send(&pods.prefill.proxy_addr.to_string(), request())
+        .await;
+    assert_eq!(hop_outcome(&response), "remote");
+    let answer = response.json::<Value>().await.unwrap();
+    let by = |transport: &str| format!("transport=\"{transport}\"");
+    let transfers = "dynamo_sidecar_kv_transfers_total";
+    let nixl = metric(&pods.decode, transfers, &by("nixl")).await;
+    let grpc = metric(&pods.decode, transfers, &by("grpc")).await;
+    (pods, answer, nixl, grpc)
+}
+
+#[tokio::test]
+async fn blocks_move_over_nixl_when_both_sidecars_have_an_agent() {
+    let Some(dir) = nixl_lib_dir("blocks_move_over_nixl_when_both_sidecars_have_an_agent") else {
+        return;
+    };
+    let (pods, answer, nixl, grpc) = transfer_with(&dir, &dir).await;
+    assert_eq!((nixl, grpc), (1.0, 0.0), "read over NIXL");
+    assert_eq!(
+        answer,
+        json!({"fetched": 8, "same": true}),
+        "every block, byte for byte, checked on the way"
+    );
+    let bytes = metric(&pods.decode, "dynamo_sidecar_kv_transfer_bytes_total", "").await;
+    assert_eq!(bytes, 8.0 * 4096.0);
+    let fetched = "how=\"fetched\"";
+    let ended = "dynamo_sidecar_kv_leases_ended_total";
+    assert_eq!(
+        metric(&pods.prefill, ended, fetched).await,
+        1.0,
+        "the read ended the lease"
+    );
+    assert_eq!(
+        pods.prefill.leases.held(),
+        (0, 0),
+        "its exposed copy is uncharged"
+    );
+}
+
+#[tokio::test]
+async fn a_prefill_peer_without_an_agent_gives_its_blocks_over_grpc() {
+    let Some(dir) = nixl_lib_dir("a_prefill_peer_without_an_agent_gives_its_blocks_over_grpc")
+    else {
+        return;
+    };
+    let (pods, answer, nixl, grpc) = transfer_with("none", &dir).await;
+    assert_eq!((nixl, grpc), (0.0, 1.0));
+    assert_eq!(answer, json!({"fetched": 8, "same": true}));
+    assert_eq!(pods.prefill.leases.held(), (0, 0));
+}

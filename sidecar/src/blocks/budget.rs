@@ -107,6 +107,11 @@ impl Charge {
         self.bytes
     }
 
+    /// The peer whose share it is charged to, if any.
+    pub fn peer(&self) -> Option<IpAddr> {
+        self.peer
+    }
+
     /// Charges `bytes` more, or nothing if they do not fit.
     pub fn grow(&mut self, bytes: u64) -> Result<(), OverBudget> {
         let account = &self.account;

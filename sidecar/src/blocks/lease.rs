@@ -115,6 +115,17 @@ impl LeaseMetrics {
     }
 }
 
+/// Why a lease's blocks are not described for reading over NIXL.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum NotDescribed {
+    #[error("lease {0:?} is gone (expired, fetched or never lent): recompute")]
+    Gone(String),
+    #[error("lease {0:?} is not this peer's")]
+    OtherPeer(String),
+    #[error("lease {0:?} is described already")]
+    Twice(String),
+}
+
 /// Every lease of one sidecar. Cheap to clone: clones share the table.
 #[derive(Clone)]
 pub struct Leases {
@@ -136,6 +147,10 @@ struct Lease {
     /// The blocks' bytes.
     charge: Charge,
     expires: Instant,
+    /// Described for a NIXL read (once).
+    described: bool,
+    /// What the description keeps alive while the lease lives (its exposed memory).
+    kept: Option<Box<dyn Send>>,
 }
 
 /// A lease name claimed for a peer, until dropped.
@@ -230,6 +245,8 @@ impl Leases {
                 blocks,
                 charge,
                 expires,
+                described: false,
+                kept: None,
             },
         );
         self.publish(&table);
@@ -241,6 +258,36 @@ impl Leases {
     pub fn fetch(&self, name: &str) -> Option<(Vec<Block>, Charge)> {
         let lease = self.end(name, Instant::now(), Ended::Fetched)?;
         Some((lease.blocks, lease.charge))
+    }
+
+    /// The blocks of lease `name` for `peer` to read some other way than `Onboard`
+    /// ([`Self::keep`] what makes them readable): only for the peer the lease is charged
+    /// to, once, while the lease lives. The lease stays held.
+    pub fn describe(&self, name: &str, peer: IpAddr) -> Result<Vec<Block>, NotDescribed> {
+        let mut table = self.table();
+        let lease = match table.leases.get_mut(name) {
+            Some(lease) if lease.expires > Instant::now() => lease,
+            _ => return Err(NotDescribed::Gone(name.to_owned())),
+        };
+        if lease.charge.peer() != Some(peer) {
+            return Err(NotDescribed::OtherPeer(name.to_owned()));
+        }
+        if std::mem::replace(&mut lease.described, true) {
+            return Err(NotDescribed::Twice(name.to_owned()));
+        }
+        Ok(lease.blocks.clone())
+    }
+
+    /// Keeps `kept` until lease `name` ends; false (and `kept` dropped) if it has
+    /// ended already.
+    pub fn keep(&self, name: &str, kept: Box<dyn Send>) -> bool {
+        match self.table().leases.get_mut(name) {
+            Some(lease) => {
+                lease.kept = Some(kept);
+                true
+            }
+            None => false,
+        }
     }
 
     /// Ends the lease without using it (its holder no longer wants the blocks).
@@ -411,6 +458,45 @@ mod tests {
         assert_eq!(l.held(), (2, 7), "the lender's own lease had room");
         drop((first, second));
         assert!(l.table().claims.is_empty());
+    }
+
+    #[test]
+    fn a_lease_is_described_once_for_its_own_peer_while_it_lives() {
+        let l = leases(50, 1 << 20);
+        let claim = l.claim("leg", PEER).unwrap();
+        lend(&l, "leg", vec![test_block(1, None, b"ab")]).unwrap();
+        let other = IpAddr::V4(std::net::Ipv4Addr::new(10, 0, 0, 8));
+        let not = |name: &str| NotDescribed::OtherPeer(name.into());
+        assert_eq!(l.describe("leg", other), Err(not("leg")));
+        assert_eq!(l.describe("leg", PEER).unwrap().len(), 1);
+        assert_eq!(
+            l.describe("leg", PEER),
+            Err(NotDescribed::Twice("leg".into()))
+        );
+        let dropped = std::sync::Arc::new(());
+        assert!(l.keep("leg", Box::new(dropped.clone())));
+        assert_eq!(std::sync::Arc::strong_count(&dropped), 2);
+        assert!(
+            l.fetch("leg").is_some(),
+            "a described lease is still fetched"
+        );
+        assert_eq!(
+            std::sync::Arc::strong_count(&dropped),
+            1,
+            "kept until it ends"
+        );
+        assert!(!l.keep("leg", Box::new(())));
+        assert_eq!(
+            l.describe("unknown", PEER),
+            Err(NotDescribed::Gone("unknown".into()))
+        );
+        drop(claim);
+        lend(&l, "late", vec![test_block(2, None, b"cd")]).unwrap();
+        std::thread::sleep(Duration::from_millis(60));
+        assert_eq!(
+            l.describe("late", ENGINE),
+            Err(NotDescribed::Gone("late".into()))
+        );
     }
 
     #[test]

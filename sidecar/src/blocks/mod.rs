@@ -6,7 +6,7 @@
 //!   each tier holds into the pod's KV event stream;
 //! - [`disk`] and [`object`]: the G3 and G4 tiers (host memory lives in the store);
 //! - [`lease`]: blocks held for a remote decode (disaggregated serving), within the
-//!   lease [`budget`];
+//!   lease [`budget`]; a lease's payloads [`exposure`] for a peer's NIXL read;
 //! - [`service`]: the gRPC block API, behind its [`guard`]; an onboard's [`answer`]
 //!   is charged to the lease budget until taken;
 //! - [`metrics`]: `kvbm_*` and `dynamo_sidecar_kv_*`.
@@ -15,6 +15,7 @@ pub mod admission;
 pub mod answer;
 pub mod budget;
 pub mod disk;
+pub mod exposure;
 pub mod guard;
 pub mod lease;
 pub mod metrics;

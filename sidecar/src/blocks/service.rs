@@ -10,8 +10,8 @@ use std::time::Duration;
 
 use dynamo_kvblocks::pb::kv_blocks_server::{KvBlocks, KvBlocksServer};
 use dynamo_kvblocks::pb::{
-    self, Held, LendReply, LendRequest, LookupReply, LookupRequest, OffloadReply, OnboardRequest,
-    OpenRegionReply, OpenRegionRequest,
+    self, DescribeReply, DescribeRequest, Held, LendReply, LendRequest, LookupReply, LookupRequest,
+    OffloadReply, OnboardRequest, OpenRegionReply, OpenRegionRequest,
 };
 use dynamo_kvblocks::region::Region;
 use dynamo_kvblocks::{Block, MAX_MESSAGE_BYTES, from_region, wire_tier};
@@ -24,9 +24,11 @@ use tonic::{Request, Response, Status, Streaming};
 use super::admission::{Admission, Refusal};
 use super::answer;
 use super::budget::{Charge, LeaseBudget, peer_of};
+use super::exposure;
 use super::guard::{Guard, caller, on_this_host};
-use super::lease::{Leases, Refused};
+use super::lease::{Leases, NotDescribed, Refused};
 use super::store::{BlockStore, OffloadCounts, Outcome};
+use crate::nixl::NixlAgent;
 
 /// Most hashes one lookup or onboard may name: a 1M-token context in 16-token blocks.
 const MAX_CHAIN: usize = 1 << 16;
@@ -40,13 +42,15 @@ const MAX_REGIONS: usize = 8;
 pub type BlockApiServer = InterceptedService<KvBlocksServer<BlockApi>, Guard>;
 
 /// The gRPC service of `store` (the tiers, if any) and `leases`, for whom `guard` admits;
-/// with `region_dir`, it shares memory with clients there. A client must take each block
-/// of an answer within `take_timeout`.
+/// with `region_dir`, it shares memory with clients there; with `nixl`, peers may read
+/// their leases' payloads over NIXL. A client must take each block of an answer within
+/// `take_timeout`.
 pub fn service(
     store: Option<BlockStore>,
     admission: Arc<Admission>,
     leases: Leases,
     region_dir: Option<PathBuf>,
+    nixl: Option<Arc<NixlAgent>>,
     guard: Guard,
     take_timeout: Duration,
 ) -> BlockApiServer {
@@ -63,6 +67,7 @@ pub fn service(
         admission,
         leases,
         regions,
+        nixl,
         take_timeout,
     })
     .max_decoding_message_size(MAX_MESSAGE_BYTES)
@@ -75,6 +80,7 @@ pub struct BlockApi {
     admission: Arc<Admission>,
     leases: Leases,
     regions: Arc<Regions>,
+    nixl: Option<Arc<NixlAgent>>,
     take_timeout: Duration,
 }
 
@@ -351,6 +357,41 @@ impl KvBlocks for BlockApi {
         }))
     }
 
+    async fn describe(
+        &self,
+        request: Request<DescribeRequest>,
+    ) -> Result<Response<DescribeReply>, Status> {
+        let Some(agent) = self.nixl.clone() else {
+            return Err(Status::unimplemented(
+                "this sidecar has no NIXL agent: fetch the lease with Onboard",
+            ));
+        };
+        let peer = peer_of(caller(&request));
+        let chain = chain(&request.get_ref().hashes)?;
+        let name = &request.get_ref().lease;
+        let held = self.leases.describe(name, peer).map_err(|why| match why {
+            NotDescribed::Gone(_) => Status::not_found(why.to_string()),
+            NotDescribed::OtherPeer(_) => Status::permission_denied(why.to_string()),
+            NotDescribed::Twice(_) => Status::failed_precondition(why.to_string()),
+        })?;
+        // As Onboard serves a lease: the prefix of the chain asked for that it holds.
+        let blocks: Vec<Block> = held
+            .into_iter()
+            .zip(&chain)
+            .take_while(|(block, hash)| block.hash == **hash)
+            .map(|(block, _)| block)
+            .collect();
+        let budget = self.leases.budget().clone();
+        let (exposure, reply) =
+            tokio::task::spawn_blocking(move || exposure::expose(&agent, &budget, &blocks))
+                .await
+                .map_err(|e| Status::internal(e.to_string()))??;
+        if !self.leases.keep(name, Box::new(exposure)) {
+            return Err(Status::not_found(format!("lease {name:?} ended meanwhile")));
+        }
+        Ok(Response::new(reply))
+    }
+
     async fn open_region(
         &self,
         request: Request<OpenRegionRequest>,
@@ -395,6 +436,7 @@ mod tests {
                 open: Mutex::new(BTreeMap::new()),
                 next: AtomicU64::new(1),
             }),
+            nixl: None,
             take_timeout: Duration::from_secs(1),
         };
         let refused = api

@@ -399,11 +399,12 @@ impl Hop {
         }
         let hashes: Vec<SeqHash> = ids.iter().copied().map(SeqHash).collect();
         let from = SocketAddr::new(peer_ip(prefill.target.ip()), prefill.block_port);
-        let blocks = self
+        let (blocks, transport) = self
             .transfer
             .fetch(from, lease, &hashes)
             .await
             .map_err(|e| e.to_string())?;
+        self.metrics.transfer(transport);
         if blocks.is_empty() {
             return Err("the prefill pod had none of the blocks".into());
         }

@@ -6,6 +6,7 @@ use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 
+use super::transfer::Transport;
 use crate::metrics::{Label, Metrics};
 
 #[derive(Clone)]
@@ -21,6 +22,8 @@ pub struct HopMetrics {
     /// Transfers not made: the prefill's answer named a port other than its sidecar's
     /// announced block API port.
     pub transfer_unannounced_port: Counter,
+    /// Transfers made, by `transport` (`nixl`, `grpc`).
+    transfers: Family<Label, Counter>,
 }
 
 impl HopMetrics {
@@ -34,6 +37,7 @@ impl HopMetrics {
             transfer_bytes: Counter::default(),
             transfer_blocks: Counter::default(),
             transfer_unannounced_port: Counter::default(),
+            transfers: Family::default(),
         };
         let r = metrics.registry();
         r.register(
@@ -66,7 +70,19 @@ impl HopMetrics {
             "KV transfers not made: the prefill's answer named a port other than its sidecar's block API",
             m.transfer_unannounced_port.clone(),
         );
+        r.register(
+            "kv_transfers",
+            "KV transfers from prefill pods, by transport (nixl, grpc)",
+            m.transfers.clone(),
+        );
         m
+    }
+
+    /// Counts a transfer made over `transport`.
+    pub fn transfer(&self, transport: Transport) {
+        self.transfers
+            .get_or_create(&[("transport", transport.as_str())])
+            .inc();
     }
 
     pub fn hop(&self, outcome: HopOutcome) {

@@ -642,3 +642,20 @@ pub fn block_chain(first: u64, n: u64, bytes: usize) -> Vec<dynamo_kvblocks::Blo
         })
         .collect()
 }
+
+/// The directory of NIXL's libraries for tests that move blocks over NIXL (`NIXL_LIB_DIR`,
+/// which `.ci/run` exports), loaded into this process; `None`, with a message, where
+/// NIXL is not installed: the test then skips. `DYNAMO_REQUIRE_NIXL` (set in CI) makes
+/// a missing NIXL a failure instead.
+pub fn nixl_lib_dir(test: &str) -> Option<String> {
+    let dir = std::env::var("NIXL_LIB_DIR").ok();
+    if dynamo_sidecar::nixl::library::load(dir.as_deref().map(std::path::Path::new)) {
+        return Some(dir.unwrap_or_default());
+    }
+    assert!(
+        std::env::var_os("DYNAMO_REQUIRE_NIXL").is_none(),
+        "{test}: NIXL is required here but libnixl_capi.so did not load from NIXL_LIB_DIR {dir:?}"
+    );
+    println!("SKIPPED {test}: NIXL is not installed (no libnixl_capi.so; set NIXL_LIB_DIR)");
+    None
+}

@@ -159,6 +159,9 @@ async fn run_async(args: RunArgs) -> anyhow::Result<()> {
     for note in &graph.notes {
         eprintln!("note: {note}");
     }
+    for warning in &graph.warnings {
+        eprintln!("warning: {warning}");
+    }
     let bins = Bins::new(args.bin_dir.clone())?;
     // Checked before anything starts, so a missing program is one clear error.
     let prometheus_bin = match &graph.planner {

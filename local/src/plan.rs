@@ -187,6 +187,8 @@ pub struct Graph {
     pub planner: Option<PlannerService>,
     /// Services that are not started, and why.
     pub notes: Vec<String>,
+    /// Settings that take effect but do nothing (KV block tiers no engine feeds).
+    pub warnings: Vec<String>,
     pub caps: Caps,
 }
 
@@ -262,6 +264,11 @@ impl Graph {
             .iter()
             .find(|(_, s)| matches!(s.role(), ServiceRole::Frontend | ServiceRole::Epp))
             .map_or_else(|| "epp".into(), |(name, _)| name.clone());
+        let warnings = wiring
+            .engines
+            .iter()
+            .filter_map(|(service, e)| e.unfed_kv_tiers(service))
+            .collect();
         let mut graph = Self {
             name,
             model_name,
@@ -272,6 +279,7 @@ impl Graph {
             picker_service,
             planner: None,
             notes,
+            warnings,
             caps: options.caps,
         };
         for (service, component) in planners {
@@ -619,6 +627,34 @@ pub(crate) mod tests {
         );
         assert_eq!(sidecar.dirs, [dir]);
         assert!(sidecar.env.is_empty());
+    }
+
+    #[test]
+    fn tiers_on_a_vllm_worker_are_a_warning_unless_it_runs_on_the_mock_engine() {
+        let mut dgd = sample("agg-vllm.yaml");
+        let worker = dgd.spec.services.get_mut("VllmWorker").unwrap();
+        worker.envs = Some(vec![k8s_openapi::api::core::v1::EnvVar {
+            name: "DYN_KVBM_CPU_CACHE_GB".into(),
+            value: Some("2".into()),
+            value_from: None,
+        }]);
+        let graph = Graph::from_dgd(&dgd, &options()).unwrap();
+        assert_eq!(graph.warnings.len(), 1);
+        assert!(
+            graph.warnings[0].starts_with("VllmWorker: KV block tiers are set (DYN_KVBM_*)"),
+            "{:?}",
+            graph.warnings
+        );
+        let on_mocker = RunOptions {
+            backend: Some(BackendFramework::Mocker),
+            ..options()
+        };
+        assert_eq!(
+            Graph::from_dgd(&dgd, &on_mocker).unwrap().warnings,
+            [] as [String; 0]
+        );
+        let kvbm = Graph::from_dgd(&sample("agg-mocker-kvbm.yaml"), &options()).unwrap();
+        assert!(kvbm.warnings.is_empty());
     }
 
     #[test]

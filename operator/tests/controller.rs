@@ -15,6 +15,7 @@ use dynamo_crds::{DynamoGraphDeployment, DynamoGraphDeploymentScalingAdapter};
 use dynamo_operator::controller::metrics::Metrics;
 use dynamo_operator::controller::{Context, Error, dgd, dgdsa, observe};
 use dynamo_operator::reconcile::{OperatorConfig, reconcile};
+use k8s_openapi::api::core::v1::EnvVar;
 use kube::Client;
 use kube::runtime::controller::Action;
 use kube::runtime::reflector::ObjectRef;
@@ -238,6 +239,47 @@ async fn a_pass_applies_every_desired_object_and_writes_the_status() {
 
     assert_eq!(action, Action::requeue(Duration::from_secs(300)));
     api.assert_rbac_allows_all();
+}
+
+#[tokio::test]
+async fn tiers_a_vllm_worker_cannot_feed_are_warned_once_and_kept_in_a_condition() {
+    let (client, api) = FakeApi::start();
+    let mut dgd = sample("agg-vllm");
+    let worker = dgd.spec.services.get_mut("VllmWorker").unwrap();
+    worker.envs = Some(vec![EnvVar {
+        name: "DYN_KVBM_CPU_CACHE_GB".into(),
+        value: Some("2".into()),
+        ..EnvVar::default()
+    }]);
+    api.put(&graph_path("agg-vllm"), serde_json::to_value(&dgd).unwrap());
+    pass(&client, &api, "agg-vllm").await.unwrap();
+    let first = api.take_requests();
+    assert!(events(&first).contains(&"NoKvConnector".to_string()));
+    let warning = first
+        .iter()
+        .find(|r| r.path.contains("/events") && r.body["reason"] == "NoKvConnector")
+        .unwrap();
+    assert_eq!(warning.body["type"], "Warning");
+    let condition = |api: &FakeApi| {
+        graph_object(api, "agg-vllm")["status"]["conditions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|c| c["type"] == "KvTiersFed")
+            .cloned()
+            .expect("a KvTiersFed condition")
+    };
+    let fed = condition(&api);
+    assert_eq!(
+        (&fed["status"], &fed["reason"]),
+        (&json!("False"), &json!("NoKvConnector"))
+    );
+    assert_eq!(fed["message"], warning.body["note"]);
+
+    // The condition still says it: not warned again on every pass.
+    pass(&client, &api, "agg-vllm").await.unwrap();
+    assert!(!events(&api.take_requests()).contains(&"NoKvConnector".to_string()));
+    assert_eq!(condition(&api), fed);
 }
 
 #[tokio::test]

@@ -260,6 +260,21 @@ impl EngineService {
         engines::engine(self.backend).publishes_kv_events
     }
 
+    /// Why the KV block tiers its service sets hold nothing, when they do not: its engine
+    /// has no connector to its sidecar's block API (only the mock engine has one yet), so
+    /// the tiers' memory and disk are reserved for no use.
+    pub fn unfed_kv_tiers(&self, service: &str) -> Option<String> {
+        self.kvbm.as_ref()?;
+        (!engines::engine(self.backend).feeds_kv_tiers).then(|| {
+            format!(
+                "{service}: KV block tiers are set (DYN_KVBM_*), but its {} engine has no \
+                 connector to the sidecar's block API, so they hold nothing",
+                // The CRD's spelling (`vllm`, `sglang`, ...).
+                format!("{:?}", self.backend).to_lowercase()
+            )
+        })
+    }
+
     /// Whether it runs the mock engine, which can measure its own planner profile.
     pub fn runs_mocker(&self) -> bool {
         match &self.launch {

@@ -315,6 +315,51 @@ services:
     );
 }
 
+#[test]
+fn tiers_on_an_engine_without_a_block_api_connector_are_named_as_holding_nothing() {
+    let graph = |backend: &str, kvbm: &str| {
+        wire(&format!(
+            "
+backendFramework: {backend}
+services:
+  worker:
+    componentType: worker
+    envs: [{{name: DYN_KVBM_CPU_CACHE_GB, value: '{kvbm}'}}]
+    extraPodSpec: {{mainContainer: {{command: [python3, -m, dynamo.{backend}, --model, m]}}}}
+"
+        ))
+        .unwrap()
+        .unwrap()
+    };
+    for backend in ["vllm", "sglang", "trtllm"] {
+        let message = graph(backend, "1").engines["worker"].unfed_kv_tiers("worker");
+        assert_eq!(
+            message.as_deref(),
+            Some(
+                format!(
+                    "worker: KV block tiers are set (DYN_KVBM_*), but its {backend} engine has \
+                     no connector to the sidecar's block API, so they hold nothing"
+                )
+                .as_str()
+            )
+        );
+        assert_eq!(
+            graph(backend, "0").engines["worker"].unfed_kv_tiers("worker"),
+            None
+        );
+    }
+    let mocker = wire(
+        "
+backendFramework: mocker
+services:
+  worker: {componentType: worker, envs: [{name: DYN_KVBM_CPU_CACHE_GB, value: '1'}]}
+",
+    )
+    .unwrap()
+    .unwrap();
+    assert_eq!(mocker.engines["worker"].unfed_kv_tiers("worker"), None);
+}
+
 /// A disaggregated graph on the mock engine, with an aggregated worker beside it and
 /// `prefill_env` as its prefill service's env.
 fn mocker_disagg(prefill_env: &str) -> GraphWiring {

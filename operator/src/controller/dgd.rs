@@ -137,20 +137,31 @@ fn skip_missing_apis(ctx: &Context, desired: &mut Desired) {
 }
 
 /// Reports the decisions as Events on the graph: one per reason, with the messages of
-/// that reason joined. A gang still pending for the same reasons as in the status is not
-/// reported again. An Event that cannot be written is logged, never a reason to fail.
+/// that reason joined. A gang still pending, or KV tiers still unfed, for the same reasons
+/// as in the status is not reported again. An Event that cannot be written is logged, never a reason to fail.
 async fn publish(
     ctx: &Context,
     dgd: &DynamoGraphDeployment,
     decisions: &[Decision],
     status: &DynamoGraphDeploymentStatus,
 ) {
-    let unchanged_pending = condition(dgd.status.as_ref(), reconcile::GANG_SCHEDULED)
-        .zip(condition(Some(status), reconcile::GANG_SCHEDULED))
-        .is_some_and(|(before, now)| before.reason == "GangPending" && before == now);
+    // A warning its condition already carried on the last pass, unchanged.
+    let unchanged = |type_: &str, reason: &str| {
+        condition(dgd.status.as_ref(), type_)
+            .zip(condition(Some(status), type_))
+            .is_some_and(|(before, now)| before.reason == reason && before == now)
+    };
+    let repeated = [
+        (reconcile::GANG_SCHEDULED, "GangPending"),
+        (reconcile::KV_TIERS_FED, reconcile::NO_KV_CONNECTOR),
+    ]
+    .into_iter()
+    .filter(|(type_, reason)| unchanged(type_, reason))
+    .map(|(_, reason)| reason)
+    .collect::<Vec<_>>();
     let reported: Vec<&Decision> = decisions
         .iter()
-        .filter(|d| !(unchanged_pending && d.reason == "GangPending"))
+        .filter(|d| !repeated.contains(&d.reason.as_str()))
         .collect();
     ctx.publish(&dgd.object_ref(&()), &reported).await;
 }

@@ -18,8 +18,9 @@ use super::batch_scheduler::BatchScheduler;
 use super::kinds::{Child, Delete, KindVisitor, Observe};
 use super::pods::{PLANNER_METRICS_ADDR, PLANNER_PROFILE};
 use super::{
-    Desired, ObjectKey, ObjectKind, Observed, OperatorConfig, ReconcileError, adapters, credential,
-    kinds, labels, names, network_policy, replicas, services, serving, status, volumes,
+    Decision, Desired, ObjectKey, ObjectKind, Observed, OperatorConfig, ReconcileError, Severity,
+    adapters, credential, kinds, labels, names, network_policy, replicas, services, serving,
+    status, volumes,
 };
 
 /// The graph and its settings, shared by every builder.
@@ -300,6 +301,13 @@ pub fn reconcile(
     desired.deletions.extend(stale.into_iter().rev().flatten());
 
     desired.status = status::compute(&g, dgd.status.as_ref(), observed, &engines, &serving);
+    for message in status::unfed_kv_tiers(&g) {
+        desired.decisions.push(Decision {
+            severity: Severity::Warning,
+            reason: status::NO_KV_CONNECTOR.into(),
+            message,
+        });
+    }
     Ok(desired)
 }
 

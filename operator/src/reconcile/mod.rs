@@ -51,7 +51,7 @@ pub use graph::reconcile;
 pub use kinds::ObjectKind;
 pub use planner_access::{PLANNER_RULES, PlannerScope};
 pub use pods::{METRICS_PORT_NAME, is_gated, pinned_domain};
-pub use status::{GANG_SCHEDULED, READY};
+pub use status::{GANG_SCHEDULED, KV_TIERS_FED, NO_KV_CONNECTOR, READY};
 
 /// Field manager of every server-side apply the operator makes.
 pub const FIELD_MANAGER: &str = "dynamo-operator";

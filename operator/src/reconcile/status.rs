@@ -1,5 +1,6 @@
-//! The graph's status: per-service replica counts, the lifecycle state, and the `Ready`
-//! and `GangScheduled` conditions with reasons a person can act on.
+//! The graph's status: per-service replica counts, the lifecycle state, and the `Ready`,
+//! `GangScheduled` and (with KV block tiers) `KvTiersFed` conditions with reasons a
+//! person can act on.
 
 use std::collections::BTreeMap;
 
@@ -13,6 +14,10 @@ use super::serving::DeploymentOutcome;
 
 pub const READY: &str = "Ready";
 pub const GANG_SCHEDULED: &str = "GangScheduled";
+/// Present when a service sets KV block tiers: False while one's engine cannot feed them.
+pub const KV_TIERS_FED: &str = "KvTiersFed";
+/// The reason of a False [`KV_TIERS_FED`], and of its Warning Event.
+pub const NO_KV_CONNECTOR: &str = "NoKvConnector";
 
 pub(crate) fn compute(
     g: &Graph,
@@ -112,6 +117,25 @@ pub(crate) fn compute(
         )
     };
 
+    let tiered = g
+        .wiring
+        .iter()
+        .flat_map(|w| w.engines.values())
+        .any(|e| e.kvbm.is_some());
+    let unfed = unfed_kv_tiers(g);
+    let kv_tiers = tiered.then(|| {
+        if unfed.is_empty() {
+            (
+                "True",
+                "EnginesFeedTiers",
+                "every service with KV block tiers runs an engine that offloads to them"
+                    .to_string(),
+            )
+        } else {
+            ("False", NO_KV_CONNECTOR, unfed.join("; "))
+        }
+    });
+
     let now = observed
         .now
         .clone()
@@ -139,10 +163,93 @@ pub(crate) fn compute(
         observed_generation: g.generation,
         state: Some(state),
         ready_services: Some(format!("{ready_count}/{}", g.spec.services.len())),
-        conditions: Some(vec![
-            condition(READY, ready),
-            condition(GANG_SCHEDULED, gang),
-        ]),
+        conditions: Some(
+            [
+                Some(condition(READY, ready)),
+                Some(condition(GANG_SCHEDULED, gang)),
+                kv_tiers.map(|t| condition(KV_TIERS_FED, t)),
+            ]
+            .into_iter()
+            .flatten()
+            .collect(),
+        ),
         services: Some(services.into_iter().map(|(k, (s, _))| (k, s)).collect()),
+    }
+}
+
+/// Why each service's KV block tiers hold nothing (see
+/// [`dynamo_wiring::EngineService::unfed_kv_tiers`]), in service order.
+pub(crate) fn unfed_kv_tiers(g: &Graph) -> Vec<String> {
+    g.wiring
+        .iter()
+        .flat_map(|w| &w.engines)
+        .filter_map(|(name, e)| e.unfed_kv_tiers(name))
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use dynamo_crds::DynamoGraphDeployment;
+    use serde_json::{Value, json};
+
+    use super::super::{Desired, Observed, OperatorConfig, Severity, reconcile};
+    use super::*;
+
+    fn desired(backend: &str, worker: Value) -> Desired {
+        let dgd: DynamoGraphDeployment = serde_json::from_value(json!({
+            "apiVersion": "nvidia.com/v1alpha1",
+            "kind": "DynamoGraphDeployment",
+            "metadata": {"name": "g", "namespace": "ns", "uid": "u"},
+            "spec": {"backendFramework": backend, "services": {"worker": worker}},
+        }))
+        .unwrap();
+        reconcile(&dgd, &Observed::default(), &OperatorConfig::default()).unwrap()
+    }
+
+    fn kv_condition(d: &Desired) -> Option<&Condition> {
+        d.status
+            .conditions
+            .iter()
+            .flatten()
+            .find(|c| c.type_ == KV_TIERS_FED)
+    }
+
+    #[test]
+    fn tiers_an_engine_cannot_feed_are_a_false_condition_and_a_warning() {
+        let tiers = json!([{"name": "DYN_KVBM_CPU_CACHE_GB", "value": "2"}]);
+        let vllm = desired(
+            "vllm",
+            json!({"componentType": "worker", "envs": tiers,
+                   "extraPodSpec": {"mainContainer": {"command": ["vllm", "serve", "m"]}}}),
+        );
+        let c = kv_condition(&vllm).expect("a KvTiersFed condition");
+        assert_eq!(
+            (c.status.as_str(), c.reason.as_str()),
+            ("False", NO_KV_CONNECTOR)
+        );
+        assert!(
+            c.message.starts_with("worker: KV block tiers are set"),
+            "{}",
+            c.message
+        );
+        let warnings: Vec<_> = vllm
+            .decisions
+            .iter()
+            .filter(|d| d.reason == NO_KV_CONNECTOR)
+            .collect();
+        assert_eq!(warnings.len(), 1);
+        assert_eq!(warnings[0].severity, Severity::Warning);
+        assert_eq!(warnings[0].message, c.message);
+
+        let mocker = desired("mocker", json!({"componentType": "worker", "envs": tiers}));
+        let c = kv_condition(&mocker).expect("a KvTiersFed condition");
+        assert_eq!(
+            (c.status.as_str(), c.reason.as_str()),
+            ("True", "EnginesFeedTiers")
+        );
+        assert!(mocker.decisions.iter().all(|d| d.reason != NO_KV_CONNECTOR));
+
+        let untiered = desired("mocker", json!({"componentType": "worker"}));
+        assert_eq!(kv_condition(&untiered), None);
     }
 }

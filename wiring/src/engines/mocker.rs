@@ -19,6 +19,7 @@ pub(super) const ENGINE: Engine = Engine {
     default_block_size: 64,
     publishes_kv_events: true,
     replays_kv_events: false,
+    feeds_kv_tiers: true,
     // Its blocks move through the sidecars' block API.
     kv_side_channel_port: None,
     owned_flags: &[

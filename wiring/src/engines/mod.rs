@@ -39,6 +39,10 @@ pub(super) struct Engine {
     /// Whether it answers vLLM's KV event replay requests, so the sidecar can repair gaps
     /// instead of resetting.
     pub replays_kv_events: bool,
+    /// Whether it offloads to and onboards from its sidecar's KV block tiers (it has a
+    /// connector to the block API). Tiers set on a service whose engine has none hold
+    /// nothing, and the graph says so.
+    pub feeds_kv_tiers: bool,
     /// The port where a disaggregated engine's peers first reach it to set up a KV
     /// transfer, by default.
     pub kv_side_channel_port: Option<u16>,

@@ -23,6 +23,7 @@ pub(super) const ENGINE: Engine = Engine {
     // vLLM's `--kv-events-config`, which SGLang copied.
     publishes_kv_events: true,
     replays_kv_events: false,
+    feeds_kv_tiers: false,
     // Its bootstrap server (`--disaggregation-bootstrap-port`, 8998,
     // python/sglang/srt/server_args.py).
     kv_side_channel_port: Some(8998),

@@ -21,6 +21,7 @@ pub(super) const ENGINE: Engine = Engine {
     // No KV event publisher: its pods are routed on load and approximate overlap only.
     publishes_kv_events: false,
     replays_kv_events: false,
+    feeds_kv_tiers: false,
     kv_side_channel_port: None,
     owned_flags: &[("--host", Arity::One), ("--port", Arity::One)],
     // Dynamo's TensorRT-LLM worker (`components/src/dynamo/trtllm/args.py`) spells these

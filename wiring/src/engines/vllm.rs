@@ -27,6 +27,7 @@ pub(super) const ENGINE: Engine = Engine {
     publishes_kv_events: true,
     // `KVEventsConfig.replay_endpoint`.
     replays_kv_events: true,
+    feeds_kv_tiers: false,
     // NixlConnector's side channel (`VLLM_NIXL_SIDE_CHANNEL_PORT`, 5600, vllm/envs.py;
     // each data-parallel rank listens on it plus its rank).
     kv_side_channel_port: Some(5600),

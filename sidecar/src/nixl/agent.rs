@@ -12,6 +12,9 @@ use nixl_sys::{
 
 use super::memory::HostMemory;
 
+/// Microseconds NIXL's progress thread pauses between polls (see `NixlAgent::start`).
+const PROGRESS_PAUSE_US: u64 = 1000;
+
 #[derive(Debug, thiserror::Error)]
 pub enum ReadError {
     #[error("NIXL: {0}")]
@@ -52,6 +55,11 @@ impl NixlAgent {
         let config = AgentConfig {
             // Requests from the block API's tasks and the transfer's blocking threads.
             thread_sync: ThreadSync::Strict,
+            // NIXL's progress thread drives the side that is read (UCX over TCP emulates
+            // a READ with messages the target must handle). Its default, no pause
+            // between polls, spun an idle sidecar at 75-90% of a core; a reader polls
+            // its own transfer (`read`), so a pause here delays only the peer's answers.
+            pthr_delay_us: PROGRESS_PAUSE_US,
             ..AgentConfig::default()
         };
         let agent = Agent::new_configured(name, &config)?;

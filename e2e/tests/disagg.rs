@@ -1,7 +1,8 @@
 //! Disaggregated serving end to end (`DESIGN.md`, "Disaggregated request"): `dynamo run`
 //! starts `config/samples/disagg-mocker.yaml` (prefill and decode mocker workers, their
 //! sidecars, the picker) as real processes. Requests are prefilled on the prefill pod,
-//! their KV blocks move between the two sidecars over gRPC, and the decode pod answers;
+//! their KV blocks move between the two sidecars over NIXL (gRPC where NIXL is not
+//! installed), and the decode pod answers;
 //! a process without the run's block API credential is refused; a killed prefill engine
 //! degrades to local prefill with the same answer, scaling
 //! either side works under traffic, and no lease is left behind.
@@ -14,6 +15,35 @@ use std::time::Duration;
 use rustix::process::Signal;
 use serde_json::{Value, json};
 use support::{LocalGraph, get_text, metric_sum, signal};
+
+/// NIXL's library directory (`make nixl`) for the run's sidecars, which then move the
+/// blocks over NIXL; `None` where it is not installed (a run without NIXL moves them over
+/// gRPC), which CI (`DYNAMO_REQUIRE_NIXL`) does not allow.
+fn nixl_lib_dir() -> Option<String> {
+    let dir = std::env::var("NIXL_LIB_DIR")
+        .ok()
+        .filter(|d| std::path::Path::new(d).join("libnixl_capi.so").is_file());
+    if dir.is_none() {
+        assert!(
+            std::env::var_os("DYNAMO_REQUIRE_NIXL").is_none(),
+            "NIXL is required here but NIXL_LIB_DIR holds no libnixl_capi.so"
+        );
+        println!("NIXL is not installed (set NIXL_LIB_DIR): the blocks move over gRPC");
+    }
+    dir
+}
+
+/// `disagg-mocker.yaml` run with NIXL where it is installed, and the transport its
+/// decode sidecars then use.
+async fn start_disagg() -> (LocalGraph, &'static str) {
+    let nixl = nixl_lib_dir();
+    let env: Vec<(&str, &str)> = nixl
+        .iter()
+        .map(|dir| ("DYNAMO_SIDECAR_NIXL_LIB_DIR", dir.as_str()))
+        .collect();
+    let graph = LocalGraph::start_with_env("disagg-mocker.yaml", &[], &env).await;
+    (graph, if nixl.is_some() { "nixl" } else { "grpc" })
+}
 
 /// A prompt of about `words` tokens, different for each `id`.
 fn prompt(id: usize, words: usize) -> String {
@@ -89,7 +119,7 @@ async fn no_lease_left(graph: &LocalGraph) {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn prefill_on_one_pod_decode_on_another_and_the_same_answer_without_it() {
-    let graph = LocalGraph::start("disagg-mocker.yaml", &[]).await;
+    let (graph, transport) = start_disagg().await;
     let mut answers = Vec::new();
     for id in 0..6 {
         let (text, finish) = complete(&graph, id).await;
@@ -117,6 +147,10 @@ async fn prefill_on_one_pod_decode_on_another_and_the_same_answer_without_it() {
     .await
     .unwrap();
     assert!(moved >= 6.0, "{moved} blocks moved");
+    let transfers = "dynamo_sidecar_kv_transfers_total";
+    let over = [("transport", transport)];
+    let by_transport = sidecars_sum(&graph, "decode", transfers, &over).await;
+    assert_eq!(by_transport, Some(6.0), "every transfer over {transport}");
     no_lease_left(&graph).await;
 
     // Those transfers carried the run's credential; a local process without it, loopback
@@ -199,7 +233,7 @@ fn steady_load(graph: &LocalGraph, n: usize) -> tokio::task::JoinHandle<usize> {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_prefill_pod_killed_under_load_fails_no_request() {
-    let graph = LocalGraph::start("disagg-mocker.yaml", &[]).await;
+    let (graph, _) = start_disagg().await;
     let load = steady_load(&graph, 60);
     tokio::time::sleep(Duration::from_millis(800)).await;
     // The whole prefill pod: its sidecar, which serves the leases and the prefill leg.

@@ -9,8 +9,9 @@ request before answering, which the picker then avoids for a while). Once every 
 has MIN_PIECES tokens, the engine ENGINE_PID (serving at ENGINE_URL) is asked how many
 requests it is running, then frozen with SIGSTOP: from then on none of its answers can
 end. The streams it had answered whole still end (their bytes are on the way); those on
-the other worker run to their end. What is left unfinished and silent for SETTLE seconds
-is what the frozen engine holds, and exactly what the SIGKILL that follows cuts. (Reading
+the other worker run to their end. What is left unfinished, with no piece since just after
+the freeze (GRACE, SETTLE), is what the frozen engine holds, and exactly what the SIGKILL
+that follows cuts. (Reading
 the engine's count and killing at once would race a stream that ends in between: under
 load the first streams are near their end by the time the last one starts.) Every request carries a seed, and the mock
 engine's seeded answers are deterministic, so each stream's text is then compared with
@@ -42,9 +43,14 @@ base_url, model = sys.argv[1], sys.argv[2]
 pid, engine_url = int(sys.argv[3]), sys.argv[4]
 streams, max_tokens = int(sys.argv[5]), int(sys.argv[6])
 MIN_PIECES = 30
-# Silence that marks a stream as held by the frozen engine: over a hundred times the mock
-# engine's inter-token latency.
-SETTLE = 1.0
+# A stream of the frozen engine gets no piece later than GRACE after the freeze (what was
+# on its way by then); one of the live engine keeps getting them until it ends. A stream
+# is counted held once SETTLE has passed since the freeze without such a later piece:
+# the live engine would have to stall for all of SETTLE (hundreds of its inter-token
+# latencies) to be taken for the frozen one, where a plain silence of SETTLE was enough
+# on a loaded machine before.
+GRACE = 1.0
+SETTLE = 3.0
 client = OpenAI(base_url=base_url, api_key="unused", max_retries=0)
 
 
@@ -151,9 +157,11 @@ stopped = time.monotonic()
 
 
 def held(r):
-    """Unfinished and silent for SETTLE seconds: a stream of the frozen engine."""
+    """Unfinished, no piece since GRACE after the freeze, SETTLE after it: a stream of the
+    frozen engine."""
     last = r["times"][-1] if r["times"] else stopped
-    return not r["ended"] and time.monotonic() - max(last, stopped) >= SETTLE
+    return (not r["ended"] and last <= stopped + GRACE
+            and time.monotonic() - stopped >= SETTLE)
 
 
 wait_for(lambda: all(r["ended"] or held(r) for r in results), "the streams to settle")

@@ -572,11 +572,12 @@ impl Runner {
             sidecar_metrics: self.free_port()?,
             kv_side_channel: self.free_port()?,
         };
+        // Past every index in use: a scale-down may have taken one from the middle.
         let index = self
             .replicas
             .get(service)
-            .and_then(|r| r.last())
-            .map_or(0, |r| r.index + 1);
+            .and_then(|r| r.iter().map(|r| r.index).max())
+            .map_or(0, |last| last + 1);
         let mut engine = self.graph.engine_command(service, ports);
         self.hand_credential(&mut engine);
         let engine = self.bins.program(engine)?;
@@ -664,8 +665,8 @@ impl Runner {
     }
 
     /// Grows or shrinks `service` to `replicas`. New replicas join the picker's list once
-    /// their sidecar is ready; removed ones leave the list before they are stopped, so
-    /// no new request is sent to a stopping replica. A change that cannot be started or
+    /// their sidecar is ready; removed ones (see [`take_surplus`]) leave the list before
+    /// they are stopped, so no new request is sent to a stopping replica. A change that cannot be started or
     /// recorded is undone before the error returns: the replicas it started are stopped,
     /// those it took out are put back, and the list and Prometheus' targets stay as
     /// they were.
@@ -689,7 +690,10 @@ impl Runner {
         let ready = self.ready.clone();
         // Taken out of the list now, stopped only once the change is recorded.
         let list = self.replicas.entry(service.to_owned()).or_default();
-        let mut removed = list.split_off(list.len().min(replicas as usize));
+        let surplus = list.len().saturating_sub(replicas as usize);
+        let mut removed = take_surplus(list, surplus, |index| {
+            ready.contains(&(service.to_owned(), index))
+        });
         for r in &removed {
             self.ready.remove(&(service.to_owned(), r.index));
         }
@@ -706,6 +710,7 @@ impl Runner {
             let list = self.replicas.entry(service.to_owned()).or_default();
             let started = list.split_off(before.unwrap_or(0).min(list.len()));
             list.append(&mut removed);
+            list.sort_by_key(|r| r.index);
             if before.is_none() {
                 self.replicas.remove(service);
             }
@@ -986,12 +991,42 @@ async fn announce_ready(host: String, port: u16) {
     }
 }
 
+/// Takes `n` replicas out of `list`, as Kubernetes' ReplicaSet picks pods to delete:
+/// those not ready first (one still starting serves nobody, while taking a ready one
+/// could leave the service with none), the newest first within each group. The rest keep
+/// their order.
+fn take_surplus(list: &mut Vec<Replica>, n: usize, ready: impl Fn(u32) -> bool) -> Vec<Replica> {
+    let doomed = surplus(list.iter().map(|r| (r.index, ready(r.index))), n);
+    let (removed, kept) = std::mem::take(list)
+        .into_iter()
+        .partition(|r| doomed.contains(&r.index));
+    *list = kept;
+    removed
+}
+
+/// The indices of the `n` replicas [`take_surplus`] removes, of `(index, ready)` pairs.
+fn surplus(replicas: impl Iterator<Item = (u32, bool)>, n: usize) -> Vec<u32> {
+    let mut order: Vec<(u32, bool)> = replicas.collect();
+    order.sort_by_key(|&(index, ready)| (ready, std::cmp::Reverse(index)));
+    order.into_iter().take(n).map(|(index, _)| index).collect()
+}
+
 #[cfg(test)]
 mod tests {
     use std::os::unix::fs::PermissionsExt as _;
 
     use super::*;
     use crate::plan::tests::{options, sample};
+
+    #[test]
+    fn a_scale_down_takes_replicas_still_starting_before_ready_ones_newest_first() {
+        let replicas = [(0, false), (1, true), (2, false), (3, true)];
+        assert_eq!(surplus(replicas.into_iter(), 1), [2]);
+        assert_eq!(surplus(replicas.into_iter(), 3), [2, 0, 3]);
+        let all_ready = [(0, true), (1, true), (2, true)];
+        assert_eq!(surplus(all_ready.into_iter(), 2), [2, 1]);
+        assert_eq!(surplus(all_ready.into_iter(), 0), [] as [u32; 0]);
+    }
 
     /// A runner of the aggregated mocker sample with nothing started, its engines and
     /// sidecars `sleep` stand-ins, its state in `dir`.

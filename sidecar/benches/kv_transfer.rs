@@ -8,17 +8,21 @@
 //! x 8 KV heads x 128 x K and V x 2 bytes x 16), 512 MiB in all.
 //!
 //! Then, where NIXL loads (`NIXL_LIB_DIR`, the wheel's library directory), 64 of those
-//! blocks by NIXL READ (UCX; `Describe`, read, checks, end of lease) against gRPC.
+//! blocks by NIXL READ (UCX; `Describe`, read, checks, end of lease) against gRPC, with
+//! the CPU time each side spent per GB moved.
+//!
+//! The prefill sidecar is the `dynamo-sidecar` binary in a process of its own, as
+//! deployed; this process is the decode side (its `Transfer`).
 
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use clap::Parser;
 use dynamo_kvblocks::{Block, BlockClient, Layout};
 use dynamo_kvcache::SeqHash;
 use dynamo_sidecar::disagg::transfer::{Transfer, Transport};
-use dynamo_sidecar::{Config, Sidecar};
+use std::io::BufRead;
+use std::process::{Child, Command, Stdio};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 const BLOCK_BYTES: usize = 2 << 20;
@@ -50,29 +54,85 @@ fn blocks() -> Vec<Block> {
         .collect()
 }
 
-async fn prefill_sidecar(nixl: &str) -> Sidecar {
-    let args = [
-        "--nixl-lib-dir",
-        nixl,
-        "--listen",
-        "127.0.0.1:0",
-        "--host",
-        "127.0.0.1",
-        "--grpc-port",
-        "0",
-        "--metrics-port",
-        "0",
-        "--engine-kv-events",
-        "none",
-        "--kv-region-dir",
-        "none",
-        "--kv-lease-bytes",
-        "2GiB",
-        "--model-name",
-        "m",
-    ];
-    let args = std::iter::once("dynamo-sidecar").chain(args);
-    Sidecar::start(&Config::parse_from(args)).await.unwrap()
+/// The prefill sidecar: the binary, killed when dropped.
+struct Prefill {
+    child: Child,
+    grpc_addr: SocketAddr,
+}
+
+impl Drop for Prefill {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Prefill {
+    fn start(nixl: &str) -> Self {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_dynamo-sidecar"))
+            .args(["--nixl-lib-dir", nixl, "--listen", "127.0.0.1:0"])
+            .args([
+                "--host",
+                "127.0.0.1",
+                "--grpc-port",
+                "0",
+                "--metrics-port",
+                "0",
+            ])
+            .args(["--engine-kv-events", "none", "--kv-region-dir", "none"])
+            .args(["--kv-lease-bytes", "2GiB", "--model-name", "m"])
+            .env("RUST_LOG", "info")
+            .env("NO_COLOR", "1")
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("the dynamo-sidecar binary starts");
+        let mut lines = std::io::BufReader::new(child.stdout.take().unwrap()).lines();
+        let line = lines
+            .by_ref()
+            .map_while(Result::ok)
+            .find(|l| l.contains("dynamo-sidecar serving"))
+            .expect("the sidecar logs its ports");
+        // Keeps reading, so the sidecar never blocks on a full pipe.
+        std::thread::spawn(move || lines.map_while(Result::ok).for_each(drop));
+        let grpc: String = line
+            .split("grpc=")
+            .nth(1)
+            .expect("grpc=")
+            .chars()
+            .take_while(|c| c.is_ascii_digit() || *c == '.' || *c == ':')
+            .collect();
+        Self {
+            grpc_addr: grpc.parse().unwrap(),
+            child,
+        }
+    }
+
+    /// CPU seconds the prefill process spent so far (user and system).
+    fn cpu(&self) -> f64 {
+        let stat = std::fs::read_to_string(format!("/proc/{}/stat", self.child.id())).unwrap();
+        // After the command's name in parentheses: utime and stime are fields 14, 15.
+        let fields: Vec<&str> = stat
+            .rsplit_once(')')
+            .unwrap()
+            .1
+            .split_whitespace()
+            .collect();
+        let ticks: f64 = fields[11].parse::<f64>().unwrap() + fields[12].parse::<f64>().unwrap();
+        // SAFETY: sysconf has no preconditions.
+        ticks / unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64
+    }
+}
+
+/// CPU seconds this (the decode) process spent so far.
+fn own_cpu() -> f64 {
+    // SAFETY: getrusage writes the struct it is given.
+    let usage = unsafe {
+        let mut usage = std::mem::zeroed::<libc::rusage>();
+        libc::getrusage(libc::RUSAGE_SELF, &mut usage);
+        usage
+    };
+    let secs = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
+    secs(usage.ru_utime) + secs(usage.ru_stime)
 }
 
 /// A server that sends `TOTAL` bytes to each connection.
@@ -106,20 +166,22 @@ async fn tcp_copy(from: SocketAddr) -> u64 {
 }
 
 /// Fetches `blocks` leased on `prefill` with `transfer` `ROUNDS` times (after a first,
-/// warming round), checking each came over `transport`.
+/// warming round), checking each came over `transport`; with the CPU seconds the
+/// fetches took in the decode and the prefill process.
 async fn fetch_rounds(
-    prefill: &Sidecar,
+    prefill: &Prefill,
     transfer: &Transfer,
     blocks: &[Block],
     transport: Transport,
-) -> Vec<Duration> {
+) -> (Vec<Duration>, (f64, f64)) {
     let mut lender = BlockClient::new(&format!("http://{}", prefill.grpc_addr)).unwrap();
     let hashes: Vec<SeqHash> = blocks.iter().map(|b| b.hash).collect();
-    let mut times = Vec::new();
+    let (mut times, mut cpu) = (Vec::new(), (0.0, 0.0));
     for round in 0..ROUNDS + 1 {
         let lease = format!("{}-{round}", transport.as_str());
         let reply = lender.lend(&lease, blocks.to_vec()).await.unwrap();
         assert_eq!(reply.lent, blocks.len() as u64, "{:?}", reply.refused);
+        let (decode_cpu, prefill_cpu) = (own_cpu(), prefill.cpu());
         let started = Instant::now();
         let (fetched, how) = transfer
             .fetch(prefill.grpc_addr, &lease, &hashes)
@@ -127,11 +189,26 @@ async fn fetch_rounds(
             .unwrap();
         let took = started.elapsed();
         assert_eq!((fetched.len(), how), (blocks.len(), transport));
+        // The read's slot goes back to the arena, as once the engine took the blocks.
+        drop(fetched);
         if round > 0 {
             times.push(took);
+            cpu.0 += own_cpu() - decode_cpu;
+            cpu.1 += prefill.cpu() - prefill_cpu;
         }
     }
-    times
+    (times, cpu)
+}
+
+/// CPU seconds per GB moved, decode and prefill side.
+fn report_cpu((decode, prefill): (f64, f64), bytes: u64) {
+    let gb = (bytes * ROUNDS as u64) as f64 / 1e9;
+    println!(
+        "{:<34} decode {:.3} s/GB  prefill {:.3} s/GB",
+        "  CPU",
+        decode / gb,
+        prefill / gb
+    );
 }
 
 fn report(name: &str, times: Vec<Duration>) {
@@ -159,7 +236,7 @@ fn main() {
         .unwrap();
     runtime.block_on(async {
         let nixl_dir = std::env::var("NIXL_LIB_DIR").unwrap_or_else(|_| "none".into());
-        let prefill = prefill_sidecar(&nixl_dir).await;
+        let prefill = Prefill::start(&nixl_dir);
         let source = blocks();
         let hashes: Vec<SeqHash> = source.iter().map(|b| b.hash).collect();
         let mut lender = BlockClient::new(&format!("http://{}", prefill.grpc_addr)).unwrap();
@@ -194,7 +271,9 @@ fn main() {
         report("sidecar -> sidecar (gRPC, leased)", grpc_times);
         report("plain TCP copy", tcp_times);
 
-        let Some(agent) = dynamo_sidecar::nixl::start(Some(std::path::Path::new(&nixl_dir))) else {
+        let Some(agent) =
+            dynamo_sidecar::nixl::start(Some(std::path::Path::new(&nixl_dir)), 2 << 30)
+        else {
             println!("NIXL not loaded (set NIXL_LIB_DIR): no NIXL figure");
             return;
         };
@@ -202,14 +281,16 @@ fn main() {
         let bytes = (NIXL_BLOCKS * BLOCK_BYTES) as u64;
         let over_nixl =
             Transfer::new(Duration::from_secs(60), None).with_nixl(Some(agent), 2 << 30);
-        let nixl_times = fetch_rounds(&prefill, &over_nixl, few, Transport::Nixl).await;
-        let grpc_times = fetch_rounds(&prefill, &transfer, few, Transport::Grpc).await;
+        let (nixl_times, nixl_cpu) = fetch_rounds(&prefill, &over_nixl, few, Transport::Nixl).await;
+        let (grpc_times, grpc_cpu) = fetch_rounds(&prefill, &transfer, few, Transport::Grpc).await;
         println!(
             "KV transfer of {NIXL_BLOCKS} blocks x {} MiB ({} MiB), {ROUNDS} rounds",
             BLOCK_BYTES >> 20,
             bytes >> 20
         );
         report_bytes("sidecar -> sidecar (NIXL, UCX)", nixl_times, bytes);
+        report_cpu(nixl_cpu, bytes);
         report_bytes("sidecar -> sidecar (gRPC)", grpc_times, bytes);
+        report_cpu(grpc_cpu, bytes);
     });
 }

@@ -111,7 +111,11 @@ impl Sidecar {
             admission.clone(),
         )?;
         let client = proxy::engine_client().context("building the engine HTTP client")?;
-        let nixl = nixl::start(config.disagg.nixl_lib_dir.as_deref());
+        // The arenas are bounded as the leases are: what they hold is charged to the leases.
+        let nixl = nixl::start(
+            config.disagg.nixl_lib_dir.as_deref(),
+            config.disagg.kv_lease_bytes,
+        );
 
         let proxy_listener = bind(config.listen, "--listen").await?;
         let grpc_listener = bind(config.grpc_addr(), "--grpc-port").await?;

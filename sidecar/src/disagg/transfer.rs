@@ -164,7 +164,8 @@ impl Transfer {
         let memory =
             tokio::task::spawn_blocking(move || agent.read(&peer, &metadata, &slices, until))
                 .await??;
-        // Each payload a slice of the memory read into, without a copy.
+        // Each payload a slice of the memory read into, without a copy: the arena's
+        // slot returns when the last block drops.
         let memory = Bytes::from_owner(memory);
         let mut blocks = Vec::with_capacity(plan.blocks.len());
         let mut offset = 0;

@@ -14,6 +14,7 @@ pub mod cluster;
 pub mod config;
 pub mod engine;
 pub mod kv_blocks;
+pub mod onboard_cost;
 pub mod profile;
 pub mod replay;
 pub mod scheduler;

@@ -16,7 +16,8 @@ use dynamo_kvblocks::{Layout, MAX_MESSAGE_BYTES, checksum};
 use dynamo_kvcache::{BlockHasher, SeqHash};
 use dynamo_mocker::kv_blocks::payload;
 use dynamo_mocker::server::RunningServer;
-use dynamo_mocker::{EngineConfig, KvBlocksConfig, OffloadMode};
+use dynamo_mocker::timing::Point;
+use dynamo_mocker::{EngineConfig, KvBlocksConfig, OffloadMode, TimingModel, TimingTable};
 use dynamo_server::{Server, ServerLimits};
 use futures::Stream;
 use serde_json::{Value, json};
@@ -37,6 +38,10 @@ struct FakeState {
     tier: pb::Tier,
     /// `Lookup` and `Onboard` calls so far.
     lookups: usize,
+    /// `Offload` calls are taken and never read: a sidecar far behind on its writes.
+    stall_offloads: bool,
+    /// `Offload` calls begun.
+    offloads: usize,
 }
 
 impl Default for FakeState {
@@ -46,6 +51,8 @@ impl Default for FakeState {
             lookup_delay: Duration::ZERO,
             tier: pb::Tier::Host,
             lookups: 0,
+            stall_offloads: false,
+            offloads: 0,
         }
     }
 }
@@ -79,6 +86,16 @@ impl KvBlocks for Fake {
         &self,
         request: Request<Streaming<pb::Block>>,
     ) -> Result<Response<OffloadReply>, Status> {
+        let stall = {
+            let mut state = self.0.lock().unwrap();
+            state.offloads += 1;
+            state.stall_offloads
+        };
+        if stall {
+            // Holds the stream unread: its payload fills the HTTP/2 windows.
+            let _held = request;
+            return futures::future::pending().await;
+        }
         let mut stream = request.into_inner();
         let mut reply = OffloadReply::default();
         while let Some(block) = stream.message().await? {
@@ -171,17 +188,38 @@ async fn sidecar(fake: Fake) -> String {
 
 /// An engine of 8 blocks of 16 tokens using the block API at `url`.
 async fn engine(kv: KvBlocksConfig) -> RunningServer {
+    engine_timed(kv, TimingModel::Polynomial).await
+}
+
+async fn engine_timed(kv: KvBlocksConfig, timing: TimingModel) -> RunningServer {
+    let kv = KvBlocksConfig {
+        bytes_scale: SCALE,
+        ..kv
+    };
+    engine_with(kv, timing).await
+}
+
+/// The engine of [`engine`], with `kv` as given (payload scale included).
+async fn engine_with(kv: KvBlocksConfig, timing: TimingModel) -> RunningServer {
     serve(EngineConfig {
         num_gpu_blocks: 8,
         block_size: 16,
         speedup_ratio: 10.0,
-        kv_blocks: Some(KvBlocksConfig {
-            bytes_scale: SCALE,
-            ..kv
-        }),
+        timing,
+        kv_blocks: Some(kv),
         ..EngineConfig::default()
     })
     .await
+}
+
+/// Prefill at 10 ms a token (decode 1 ms a step): a GPU slow enough that a slow tier
+/// still beats recomputing.
+fn slow_prefill() -> TimingModel {
+    let point = |x, ms| Point { x, ms };
+    TimingModel::Table(TimingTable {
+        prefill: vec![point(0.0, 0.0), point(100.0, 1000.0)],
+        decode: vec![point(1.0, 1.0)],
+    })
 }
 
 /// 100 tokens: 6 full blocks and 4 more, 7 of the pool's 8 blocks.
@@ -232,12 +270,16 @@ async fn evict_a(server: &RunningServer, fake: &Fake, a: &[SeqHash]) {
 async fn evicted_blocks_go_to_the_sidecar_and_a_repeated_prompt_onboards_them() {
     let fake = Fake::default();
     fake.0.lock().unwrap().tier = pb::Tier::Disk;
-    // 5 blocks from disk at 2 MB/s: 5 x 196608 B = 492 ms, 49 ms at speedup 10.
-    let server = engine(KvBlocksConfig {
-        url: sidecar(fake.clone()).await,
-        disk_bandwidth_gbps: 0.002,
-        ..KvBlocksConfig::default()
-    })
+    // 5 blocks from disk at 2 MB/s: 5 x 196608 B = 492 ms, 49 ms at speedup 10; their
+    // 80 tokens' prefill would take 800 ms.
+    let server = engine_timed(
+        KvBlocksConfig {
+            url: sidecar(fake.clone()).await,
+            disk_bandwidth_gbps: 0.002,
+            ..KvBlocksConfig::default()
+        },
+        slow_prefill(),
+    )
     .await;
     let a = hashes(&prompt(1));
     evict_a(&server, &fake, &a).await;
@@ -291,6 +333,10 @@ async fn evicted_blocks_go_to_the_sidecar_and_a_repeated_prompt_onboards_them() 
     assert_eq!(
         metric(&server, "dynamo_mocker_kv_onboard_bytes_total").await,
         5.0 * BLOCK_BYTES as f64
+    );
+    assert_eq!(
+        metric(&server, "dynamo_mocker_kv_onboard_real_bytes_total").await,
+        5.0 * REAL_BLOCK_BYTES as f64
     );
     assert_eq!(
         metric(&server, "dynamo_mocker_kv_onboard_corrupt_blocks_total").await,
@@ -438,4 +484,73 @@ async fn offload_none_neither_offloads_nor_looks_up() {
     let state = fake.0.lock().unwrap();
     assert!(state.blocks.is_empty(), "nothing offloaded");
     assert_eq!(state.lookups, 0, "no lookups or onboards");
+}
+
+#[tokio::test]
+async fn a_tier_slower_than_prefill_is_left_and_the_blocks_recomputed() {
+    let fake = Fake::default();
+    fake.0.lock().unwrap().tier = pb::Tier::Object;
+    // 5 blocks over a 2 MB/s link: 492 ms, against ~1.2 ms of prefill for their tokens.
+    let server = engine(KvBlocksConfig {
+        url: sidecar(fake.clone()).await,
+        object_bandwidth_gbps: 0.002,
+        ..KvBlocksConfig::default()
+    })
+    .await;
+    let a = hashes(&prompt(1));
+    evict_a(&server, &fake, &a).await;
+    let before = fake.0.lock().unwrap().lookups;
+    let usage = complete(&server, &prompt(1)).await;
+    assert_eq!(
+        usage["prompt_tokens_details"]["cached_tokens"], 16,
+        "GPU only"
+    );
+    assert_eq!(
+        metric(&server, "dynamo_mocker_kv_onboard_recomputed_blocks_total").await,
+        5.0
+    );
+    assert_eq!(
+        metric(&server, "dynamo_mocker_kv_onboard_blocks_total").await,
+        0.0
+    );
+    assert_eq!(
+        fake.0.lock().unwrap().lookups,
+        before + 1,
+        "looked up, never onboarded"
+    );
+}
+
+#[tokio::test]
+async fn a_lookup_is_answered_while_an_offload_holds_the_sidecar() {
+    let fake = Fake::default();
+    fake.0.lock().unwrap().stall_offloads = true;
+    // One block's payload (300x its 196,608 real bytes: 59 MB) is more than the HTTP/2
+    // windows (32 MiB): were lookups on the offload's connection, they could not be sent.
+    // The limit is long so that only a lookup that waits on the offload fails.
+    let kv = KvBlocksConfig {
+        url: sidecar(fake.clone()).await,
+        bytes_scale: 300.0,
+        timeout_ms: 60_000,
+        ..KvBlocksConfig::default()
+    };
+    let server = engine_with(kv, TimingModel::Polynomial).await;
+    complete(&server, &prompt(1)).await;
+    complete(&server, &prompt(1000)).await; // evicts A's blocks: an offload that stalls
+    eventually("the stalled offload", async || {
+        fake.0.lock().unwrap().offloads > 0
+    })
+    .await;
+    let before = fake.0.lock().unwrap().lookups;
+    let usage = complete(&server, &prompt(1)).await;
+    assert_eq!(usage["prompt_tokens_details"]["cached_tokens"], 16);
+    assert_eq!(
+        fake.0.lock().unwrap().lookups,
+        before + 1,
+        "the lookup was answered"
+    );
+    let fallbacks = "dynamo_mocker_kv_onboard_fallbacks_total{model_name=\"qwen\",reason=";
+    assert_eq!(
+        metric(&server, &format!("{fallbacks}\"timeout\"}}")).await,
+        0.0
+    );
 }

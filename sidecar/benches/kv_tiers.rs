@@ -1,7 +1,9 @@
 //! Throughput of the KV block tiers through the block API, each against its baseline in
 //! the same run (issue 14): host-memory offload and onboard over loopback gRPC against a
 //! plain memcpy of the same bytes; the disk tier's writes and reads against one
-//! sequential `dd`-style write and read of a file of the same size.
+//! sequential `dd`-style write and read of a file of the same size; and a lookup's
+//! latency (p50, p99) while an engine keeps the offload path full and host memory
+//! spills to disk, on its own connection and on the offloads' one.
 //!
 //! 64 blocks of 2 MiB (a Llama-3-8B block of 16 tokens in bfloat16 is 2 MiB:
 //! 32 layers x 8 KV heads x 128 x K and V x 2 bytes x 16).
@@ -177,5 +179,65 @@ fn disk_tier(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, host_tier, disk_tier);
+/// Lookups while one task offloads fresh 2 MiB blocks back to back into 64 MiB of host
+/// memory that spills every block to disk: the engine's offload queue never empties.
+fn lookup_under_offload(c: &mut Criterion) {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let disk = tempfile::tempdir().unwrap();
+    let disk_flag = format!("--kv-disk-dir={}", disk.path().display());
+    let (sidecar, offloads) = rt.block_on(sidecar(&[
+        "--kv-host-bytes=64MiB",
+        &disk_flag,
+        "--kv-disk-bytes=4GiB",
+        "--kv-disk-min-reuse=1",
+    ]));
+    let blocks = blocks();
+    let chain: Vec<SeqHash> = blocks.iter().map(|b| b.hash).collect();
+    rt.block_on(offloads.clone().offload(blocks[..8].to_vec()))
+        .unwrap();
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let offloader = {
+        let (stop, mut client) = (stop.clone(), offloads.clone());
+        rt.spawn(async move {
+            let mut round = 1u64;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                round += 1;
+                let fresh: Vec<Block> = blocks[..16]
+                    .iter()
+                    .map(|b| Block {
+                        hash: SeqHash(b.hash.0 + round * 1000),
+                        ..b.clone()
+                    })
+                    .collect();
+                client.offload(fresh).await.unwrap();
+            }
+        })
+    };
+    let own = BlockClient::new(&format!("http://{}", sidecar.grpc_addr)).unwrap();
+    let lookup = |client: &BlockClient| {
+        let started = std::time::Instant::now();
+        let held = rt.block_on(client.clone().lookup(&chain)).unwrap();
+        assert_eq!(held.len(), 8);
+        started.elapsed()
+    };
+    let mut group = c.benchmark_group("lookup_under_offload");
+    group.sample_size(50);
+    group.bench_function("own_connection", |b| b.iter(|| lookup(&own)));
+    group.bench_function("offload_connection", |b| b.iter(|| lookup(&offloads)));
+    group.finish();
+    for (name, client) in [("own_connection", &own), ("offload_connection", &offloads)] {
+        let mut took: Vec<_> = (0..500).map(|_| lookup(client)).collect();
+        took.sort();
+        let at = |q: f64| took[((took.len() - 1) as f64 * q) as usize];
+        println!(
+            "lookup_under_offload/{name}: p50 {:?}, p99 {:?}",
+            at(0.5),
+            at(0.99)
+        );
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    rt.block_on(offloader).unwrap();
+}
+
+criterion_group!(benches, host_tier, disk_tier, lookup_under_offload);
 criterion_main!(benches);

@@ -3,11 +3,14 @@
 //! new request brings back what the sidecar holds of its prompt before it is queued.
 //!
 //! Neither path can stall the engine loop. Offloads pass through a bounded queue to one
-//! task that batches them into `Offload` calls; a full queue drops blocks (counted). The
+//! task that batches them into `Offload` calls; a full queue drops blocks (counted).
+//! Offloads have a connection of their own: megabytes of payload in flight (or an
+//! offload the sidecar is slow to take) never sit ahead of a lookup on the wire. The
 //! lookup and onboard run in the request's own task, like a real engine's asynchronous
 //! KV load, under a timeout; on any failure the request recomputes (counted) and new
 //! requests leave the sidecar alone for [`BACKOFF`], so a sidecar that is down or hung
-//! costs a timeout now and then rather than one per request.
+//! costs a timeout now and then rather than one per request. A held prefix is onboarded
+//! only as far as moving it is cheaper than computing it (`onboard_cost`).
 //!
 //! The leases of disaggregated serving (lend a prefill's blocks, take a remote
 //! prefill's) are in [`lease`].
@@ -25,6 +28,8 @@ use tokio::sync::mpsc;
 use super::engine_loop::EngineHandle;
 use super::metrics::KvBlockMetrics;
 use crate::kv_blocks::{KvBlocksConfig, KvGeometry, OffloadMode, is_payload_of, payload};
+use crate::onboard_cost::plan_onboard;
+use crate::timing::TimingModel;
 use crate::{EngineConfig, OffloadBlock};
 
 /// Blocks waiting to be offloaded (hashes only: payloads are built when sent).
@@ -49,11 +54,16 @@ pub struct Onboarded {
 /// One engine's connection to its sidecar's block API.
 pub struct KvBlocks {
     config: KvBlocksConfig,
+    /// Lookups, onboards and leases.
     client: BlockClient,
+    /// Offloads only, on a connection of their own.
+    offload_client: BlockClient,
     layout: Layout,
     /// The model's real KV bytes per block: what transfer times are modelled on.
     real_block_bytes: u64,
     hasher: BlockHasher,
+    /// The engine's prefill model, against which onboarding is weighed.
+    timing: TimingModel,
     speedup_ratio: f64,
     timeout: Duration,
     metrics: KvBlockMetrics,
@@ -78,10 +88,14 @@ impl KvBlocks {
             "a KV block of {block_bytes} bytes does not fit the block API's {MAX_MESSAGE_BYTES}-byte \
              messages; lower --kv-bytes-scale or --block-size"
         );
-        let mut client = BlockClient::new(&config.url)?;
-        if let Some(path) = &config.token_file {
-            client = client.with_credential(Credential::read(path)?);
-        }
+        let connect = || -> anyhow::Result<BlockClient> {
+            let client = BlockClient::new(&config.url)?;
+            Ok(match &config.token_file {
+                Some(path) => client.with_credential(Credential::read(path)?),
+                None => client,
+            })
+        };
+        let (client, offload_client) = (connect()?, connect()?);
         Ok(Arc::new(Self {
             layout: Layout {
                 block_bytes,
@@ -91,9 +105,11 @@ impl KvBlocks {
             },
             real_block_bytes,
             hasher,
+            timing: engine.timing.clone(),
             speedup_ratio: engine.speedup_ratio,
             timeout: Duration::from_millis(config.timeout_ms),
             client,
+            offload_client,
             config,
             metrics,
             backoff_until: Mutex::new(None),
@@ -149,7 +165,7 @@ impl KvBlocks {
             })
             .await
             .expect("building payloads does not panic");
-            let mut client = self.client.clone();
+            let mut client = self.offload_client.clone();
             let error = match tokio::time::timeout(self.timeout, client.offload(blocks)).await {
                 Ok(Ok(reply)) => {
                     self.metrics
@@ -215,7 +231,9 @@ impl KvBlocks {
         }
         let started = Instant::now();
         let parent = from.checked_sub(1).map(|p| hashes[p]);
-        let fetched = tokio::time::timeout(self.timeout, self.fetch(&hashes[from..], parent));
+        // Prompt tokens past the chain: computed whatever is onboarded.
+        let tail = tokens.len() - hashes.len() * self.hasher.block_size();
+        let fetched = tokio::time::timeout(self.timeout, self.fetch(&hashes[from..], parent, tail));
         let (loaded, modelled_ms) = match fetched.await {
             Ok(Ok(loaded)) => loaded,
             Ok(Err(e)) => return self.failed("error", e.to_string(), nothing),
@@ -239,13 +257,15 @@ impl KvBlocks {
         nothing
     }
 
-    /// Looks up the chain `wanted` (whose first block follows `parent`), onboards the
-    /// held prefix and returns how many leading blocks check out, with the modelled
-    /// milliseconds (before speedup) to load them from their tiers.
+    /// Looks up the chain `wanted` (whose first block follows `parent`, and after which
+    /// `tail` prompt tokens follow), onboards as much of the held prefix as is cheaper
+    /// to move than to compute, and returns how many leading blocks check out, with the
+    /// modelled milliseconds (before speedup) to load them from their tiers.
     async fn fetch(
         &self,
         wanted: &[SeqHash],
         parent: Option<SeqHash>,
+        tail: usize,
     ) -> Result<(usize, f64), ClientError> {
         let mut client = self.client.clone();
         let held: Vec<(SeqHash, Tier)> = client
@@ -256,6 +276,23 @@ impl KvBlocks {
             .take_while(|((hash, _), want)| hash == *want)
             .map(|(held, _)| held)
             .collect();
+        let block_tokens = self.hasher.block_size();
+        let tiers: Vec<Tier> = held.iter().map(|&(_, tier)| tier).collect();
+        let after = (wanted.len() - held.len()) * block_tokens + tail;
+        let plan = plan_onboard(
+            &tiers,
+            block_tokens,
+            self.real_block_bytes,
+            after,
+            &self.config,
+            &self.timing,
+        );
+        if plan.blocks < held.len() {
+            self.metrics
+                .recomputed_cheaper
+                .inc_by((held.len() - plan.blocks) as u64);
+        }
+        let held = &held[..plan.blocks];
         if held.is_empty() {
             return Ok((0, 0.0));
         }
@@ -270,6 +307,9 @@ impl KvBlocks {
         for (&(_, tier), &(_, bytes)) in held.iter().zip(&good).take(used) {
             self.metrics.onboarded(tier).inc();
             self.metrics.onboarded_bytes.inc_by(bytes);
+            self.metrics
+                .onboarded_real_bytes
+                .inc_by(self.real_block_bytes);
             modelled_ms += self.config.transfer_ms(self.real_block_bytes, tier);
         }
         Ok((used, modelled_ms))

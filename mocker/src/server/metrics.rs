@@ -50,6 +50,10 @@ pub struct KvBlockMetrics {
     pub offload_dropped: Family<Labels, Counter>,
     pub onboarded: Family<Labels, Counter>,
     pub onboarded_bytes: Counter,
+    /// The model's real KV bytes of those blocks: what their transfer is charged on.
+    pub onboarded_real_bytes: Counter,
+    /// Held blocks left in the sidecar: computing them is cheaper than moving them.
+    pub recomputed_cheaper: Counter,
     pub corrupt: Counter,
     pub missing: Counter,
     pub fallbacks: Family<Labels, Counter>,
@@ -314,6 +318,16 @@ impl EngineMetricsExporter {
             "dynamo_mocker_kv_onboard_bytes",
             "Payload bytes of verified onboarded blocks",
             m.onboarded_bytes.clone(),
+        );
+        r.register(
+            "dynamo_mocker_kv_onboard_real_bytes",
+            "The model's real KV bytes of verified onboarded blocks, on which their transfer time is charged (payloads are --kv-bytes-scale of it)",
+            m.onboarded_real_bytes.clone(),
+        );
+        r.register(
+            "dynamo_mocker_kv_onboard_recomputed_blocks",
+            "Blocks the sidecar held that were recomputed instead: moving them from their tier costs more than the engine's prefill of their tokens",
+            m.recomputed_cheaper.clone(),
         );
         r.register(
             "dynamo_mocker_kv_onboard_corrupt_blocks",

@@ -24,6 +24,10 @@ use super::object::ObjectTier;
 
 /// Write slots are counted in KiB (a semaphore's permits are `u32`).
 const SLOT_UNIT: u64 = 1024;
+/// Disk writes run on at most this many threads at once; the rest wait their turn off
+/// the thread pool. Unbounded, a burst of demotions would put hundreds of writing
+/// threads between an onboard's disk read and the CPU.
+const DISK_WRITERS: usize = 2;
 /// Object records listed at start to re-index the object tier.
 const OBJECT_LIST_LIMIT: usize = 1_000_000;
 
@@ -62,6 +66,8 @@ struct Inner {
     state: Mutex<State>,
     disk: Option<LowerTier<DiskTier>>,
     object: Option<LowerTier<ObjectTier>>,
+    /// Disk writes running at once (reads never wait for one).
+    disk_writers: Arc<Semaphore>,
     hub: KvEventHub,
     metrics: Arc<BlockMetrics>,
     /// What a copy read back from disk or the object store must pass to be served.
@@ -107,6 +113,7 @@ impl BlockStore {
                     tier: Arc::new(d),
                     slots: slots(),
                 }),
+                disk_writers: Arc::new(Semaphore::new(DISK_WRITERS)),
                 object: object.map(|o| LowerTier {
                     tier: Arc::new(o),
                     slots: slots(),
@@ -304,13 +311,15 @@ impl BlockStore {
                 };
                 let disk = self.inner.disk.as_ref().map(|d| d.tier.clone());
                 let disk = disk.expect("disk writes need a disk tier");
+                let writers = self.inner.disk_writers.clone();
                 let store = self.clone();
                 tokio::spawn(async move {
+                    let writer = writers.acquire_owned().await;
                     let written = {
                         let block = block.clone();
                         tokio::task::spawn_blocking(move || disk.put(&block)).await
                     };
-                    drop(permit);
+                    drop((writer, permit));
                     let ok = match written {
                         Ok(Ok(())) => true,
                         Ok(Err(e)) => {

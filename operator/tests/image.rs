@@ -168,12 +168,18 @@ fn the_image_holds_every_binary_the_operator_and_the_chart_run() {
     let (_, image) = stages.last().unwrap();
     let mut copied = BTreeSet::new();
     let mut model_copied = false;
+    let mut nixl_dirs = BTreeSet::new();
     for copy in image.iter().filter(|i| i.keyword == "COPY") {
         let words: Vec<&str> = copy.args.split_whitespace().collect();
         let (source, target) = (words[1], words[2]);
         if words[0] != format!("--from={builder}") {
-            // The only other thing the image holds: the mock engine's model directory,
-            // where the operator points the mocker by default.
+            // The only other things the image holds: NIXL's libraries for the sidecars,
+            // and the mock engine's model directory, where the operator points the mocker
+            // by default.
+            if words[0] == "--from=nixl" {
+                nixl_dirs.insert(target.to_owned());
+                continue;
+            }
             assert_eq!(
                 target,
                 dynamo_operator::reconcile::OperatorConfig::default().mocker_model_path,
@@ -195,6 +201,16 @@ fn the_image_holds_every_binary_the_operator_and_the_chart_run() {
         );
         copied.insert(name.to_string());
     }
+    // The sidecar loads NIXL from a directory the image holds.
+    let nixl_env = image
+        .iter()
+        .filter(|i| i.keyword == "ENV")
+        .find_map(|i| i.args.strip_prefix("DYNAMO_SIDECAR_NIXL_LIB_DIR="))
+        .expect("the image names NIXL's library directory to the sidecar");
+    assert!(
+        nixl_dirs.contains(nixl_env),
+        "{nixl_env} not in {nixl_dirs:?}"
+    );
     assert!(
         model_copied,
         "the image holds the mock engine's model directory"

@@ -7,9 +7,7 @@ use std::time::Duration;
 
 use clap::Parser;
 use dynamo_kvblocks::Credential;
-use dynamo_kvcache::{
-    DEFAULT_PREFILL_LOAD_SCALE, QueuePolicy, RouterKnobs, RouterMode, SaturationThreshold,
-};
+use dynamo_kvcache::{QueuePolicy, RouterKnobs, RouterMode, SaturationThreshold};
 use dynamo_server::{ServerLimits, parse_duration};
 
 use crate::answer_parsing::AnswerParsers;
@@ -189,11 +187,10 @@ pub struct KubernetesConfig {
 #[derive(Debug, Clone, PartialEq)]
 pub struct RouterConfig {
     pub mode: RouterMode,
-    pub temperature: f64,
-    pub prefill_load_scale: f64,
+    /// Temperature, prefill weight and the approx index's TTL.
+    pub knobs: RouterKnobs,
     pub block_size: usize,
     pub max_index_blocks: usize,
-    pub approx_ttl: Duration,
     pub warmup: Duration,
     pub unhealthy_for: Duration,
     pub queue_policy: QueuePolicy,
@@ -205,11 +202,9 @@ impl Default for RouterConfig {
     fn default() -> Self {
         Self {
             mode: RouterMode::Kv,
-            temperature: 0.0,
-            prefill_load_scale: DEFAULT_PREFILL_LOAD_SCALE,
+            knobs: RouterKnobs::default(),
             block_size: 16,
             max_index_blocks: 10_000_000,
-            approx_ttl: Duration::from_secs(120),
             warmup: Duration::from_secs(5),
             unhealthy_for: Duration::from_secs(5),
             queue_policy: QueuePolicy::Fcfs,
@@ -310,11 +305,9 @@ impl Args {
                 .then_some(self.metrics_poll_interval),
             router: RouterConfig {
                 mode: self.router_mode,
-                temperature: self.knobs.router_temperature,
-                prefill_load_scale: self.knobs.overlap_score_weight,
+                knobs: self.knobs,
                 block_size: self.block_size,
                 max_index_blocks: self.max_index_blocks,
-                approx_ttl: self.knobs.approx_ttl,
                 warmup: self.warmup,
                 unhealthy_for: self.unhealthy_for,
                 queue_policy: self.queue_policy,

@@ -18,9 +18,8 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError, RwLock};
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use dynamo_kvcache::{
-    ApproxConfig, BlockHasher, Decision, EngineMetrics, IndexError, KvIndex, OverlapScores,
-    QueuedRequest, RequestId, RouterMode, RoutingCore, SchedulerConfig, SeqHash, Side, Ticket,
-    WaitingQueue, WorkModel, WorkerId,
+    BlockHasher, Decision, EngineMetrics, IndexError, KvIndex, OverlapScores, QueuedRequest,
+    RequestId, RouterMode, RoutingCore, SeqHash, Side, Ticket, WaitingQueue, WorkModel, WorkerId,
 };
 use dynamo_kvstream::PodUpdate;
 use tokio::sync::oneshot;
@@ -192,15 +191,8 @@ impl Router {
         let seed = SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .map_or(0, |d| d.as_nanos() as u64);
-        let scheduler_config = SchedulerConfig {
-            prefill_load_scale: config.prefill_load_scale,
-            temperature: config.temperature,
-            ..SchedulerConfig::default()
-        };
-        let approx = ApproxConfig {
-            ttl: config.approx_ttl,
-            ..ApproxConfig::default()
-        };
+        let scheduler_config = config.knobs.scheduler();
+        let approx = config.knobs.approx();
         let state = State {
             endpoints: BTreeMap::new(),
             core: RoutingCore::new(config.mode, scheduler_config, approx, seed),

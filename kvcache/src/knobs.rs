@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use dynamo_server::parse_duration;
 
-use crate::DEFAULT_PREFILL_LOAD_SCALE;
+use crate::{ApproxConfig, DEFAULT_PREFILL_LOAD_SCALE, SchedulerConfig};
 
 #[derive(clap::Args, Debug, Clone, PartialEq)]
 pub struct RouterKnobs {
@@ -27,7 +27,35 @@ pub struct RouterKnobs {
     pub approx_ttl: Duration,
 }
 
+impl Default for RouterKnobs {
+    /// The flags' defaults.
+    fn default() -> Self {
+        Self {
+            router_temperature: 0.0,
+            overlap_score_weight: DEFAULT_PREFILL_LOAD_SCALE,
+            approx_ttl: ApproxConfig::default().ttl,
+        }
+    }
+}
+
 impl RouterKnobs {
+    /// The scheduler these knobs set (its other settings at their defaults).
+    pub fn scheduler(&self) -> SchedulerConfig {
+        SchedulerConfig {
+            prefill_load_scale: self.overlap_score_weight,
+            temperature: self.router_temperature,
+            ..SchedulerConfig::default()
+        }
+    }
+
+    /// The approximate index these knobs set.
+    pub fn approx(&self) -> ApproxConfig {
+        ApproxConfig {
+            ttl: self.approx_ttl,
+            ..ApproxConfig::default()
+        }
+    }
+
     /// The message names the flag out of range.
     pub fn check(&self) -> Result<(), String> {
         let non_negative = |v: f64| v.is_finite() && v >= 0.0;

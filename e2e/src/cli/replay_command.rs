@@ -144,15 +144,8 @@ pub(super) fn run_replay(args: ReplayArgs) -> anyhow::Result<()> {
     args.router.check().map_err(anyhow::Error::msg)?;
     let engine = args.engine.config();
     engine.validate()?;
-    let scheduler = SchedulerConfig {
-        prefill_load_scale: args.router.overlap_score_weight,
-        temperature: args.router.router_temperature,
-        ..SchedulerConfig::default()
-    };
-    let approx = ApproxConfig {
-        ttl: args.router.approx_ttl,
-        ..ApproxConfig::default()
-    };
+    let scheduler = args.router.scheduler();
+    let approx = args.router.approx();
     anyhow::ensure!(
         args.tiers.is_empty() || workload.conversations().is_some(),
         "--tiers simulates KV block tiers for conversations: give --sessions"

@@ -300,8 +300,16 @@ pub fn reconcile(
     });
     desired.deletions.extend(stale.into_iter().rev().flatten());
 
-    desired.status = status::compute(&g, dgd.status.as_ref(), observed, &engines, &serving);
-    for message in status::unfed_kv_tiers(&g) {
+    let unfed = status::unfed_kv_tiers(&g);
+    desired.status = status::compute(
+        &g,
+        dgd.status.as_ref(),
+        observed,
+        &engines,
+        &serving,
+        &unfed,
+    );
+    for message in unfed {
         desired.decisions.push(Decision {
             severity: Severity::Warning,
             reason: status::NO_KV_CONNECTOR.into(),

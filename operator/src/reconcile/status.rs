@@ -25,6 +25,7 @@ pub(crate) fn compute(
     observed: &Observed,
     engines: &[EngineOutcome],
     serving: &[DeploymentOutcome],
+    unfed: &[String],
 ) -> DynamoGraphDeploymentStatus {
     let mut services: BTreeMap<String, (ServiceReplicaStatus, bool)> = BTreeMap::new();
     for e in engines {
@@ -122,7 +123,6 @@ pub(crate) fn compute(
         .iter()
         .flat_map(|w| w.engines.values())
         .any(|e| e.kvbm.is_some());
-    let unfed = unfed_kv_tiers(g);
     let kv_tiers = tiered.then(|| {
         if unfed.is_empty() {
             (
@@ -178,7 +178,8 @@ pub(crate) fn compute(
 }
 
 /// Why each service's KV block tiers hold nothing (see
-/// [`dynamo_wiring::EngineService::unfed_kv_tiers`]), in service order.
+/// [`dynamo_wiring::EngineService::unfed_kv_tiers`]), in service order: the message of
+/// the `KvTiersFed` condition and of its Warning Event.
 pub(crate) fn unfed_kv_tiers(g: &Graph) -> Vec<String> {
     g.wiring
         .iter()

@@ -187,6 +187,16 @@ impl Pods {
         }
     }
 
+    /// Makes the prefill engine lend `blocks` blocks of each prompt through its sidecar,
+    /// `delay` before it answers (its answer names its sidecar: set once that runs).
+    fn lend(&self, blocks: u64, delay: Duration) {
+        *self.prefill_engine.answer.lock().unwrap() = Answer::Lend {
+            sidecar: self.prefill.grpc_addr,
+            blocks,
+            delay,
+        };
+    }
+
     /// Lets the prefill engine lend through its sidecar and the decode engine fetch
     /// through its own.
     fn block_api(&self) {
@@ -364,11 +374,7 @@ async fn a_slow_or_dead_prefill_pod_falls_back_to_local_prefill() {
 async fn blocks_move_between_the_sidecars_and_no_lease_is_left() {
     // The prefill engine's answer needs its sidecar's address: start it first.
     let pods = Pods::start(Answer::Hang, &[], &[]).await;
-    *pods.prefill_engine.answer.lock().unwrap() = Answer::Lend {
-        sidecar: pods.prefill.grpc_addr,
-        blocks: 8,
-        delay: Duration::ZERO,
-    };
+    pods.lend(8, Duration::ZERO);
     pods.block_api();
     let response = pods
         .send(&pods.prefill.proxy_addr.to_string(), request())
@@ -420,11 +426,7 @@ async fn blocks_move_between_the_sidecars_and_no_lease_is_left() {
 #[tokio::test]
 async fn blocks_fetched_after_the_lease_expired_are_gone_and_the_decode_prefills() {
     let pods = Pods::start(Answer::Hang, &["--kv-lease-duration", "100ms"], &[]).await;
-    *pods.prefill_engine.answer.lock().unwrap() = Answer::Lend {
-        sidecar: pods.prefill.grpc_addr,
-        blocks: 4,
-        delay: Duration::from_millis(300),
-    };
+    pods.lend(4, Duration::from_millis(300));
     let response = pods
         .send(&pods.prefill.proxy_addr.to_string(), request())
         .await;
@@ -450,11 +452,7 @@ async fn blocks_fetched_after_the_lease_expired_are_gone_and_the_decode_prefills
 #[tokio::test]
 async fn a_client_that_leaves_releases_the_blocks_its_engine_did_not_take() {
     let pods = Pods::start(Answer::Hang, &[], &[]).await;
-    *pods.prefill_engine.answer.lock().unwrap() = Answer::Lend {
-        sidecar: pods.prefill.grpc_addr,
-        blocks: 4,
-        delay: Duration::ZERO,
-    };
+    pods.lend(4, Duration::ZERO);
     // The decode engine never takes its blocks nor answers.
     *pods.decode_engine.answer.lock().unwrap() = Answer::Hang;
     let prefill = pods.prefill.proxy_addr.to_string();
@@ -563,11 +561,7 @@ async fn junk_leases_from_one_peer_leave_room_for_the_others_leases() {
     // Room for four leases of 16 KiB; a peer's share (a quarter by default) is one.
     let budget = ["--kv-lease-bytes", "64KiB"];
     let pods = Pods::start(Answer::Hang, &budget, &[]).await;
-    *pods.prefill_engine.answer.lock().unwrap() = Answer::Lend {
-        sidecar: pods.prefill.grpc_addr,
-        blocks: 4,
-        delay: Duration::ZERO,
-    };
+    pods.lend(4, Duration::ZERO);
     pods.block_api();
     // A stranger on another address sends prefill legs straight to the prefill pod,
     // and never fetches what they leave there.
@@ -660,11 +654,7 @@ async fn transfer_with(prefill_nixl: &str, decode_nixl: &str) -> (Pods, Value, f
     let prefill_flags = ["--nixl-lib-dir", prefill_nixl];
     let decode_flags = ["--nixl-lib-dir", decode_nixl];
     let pods = Pods::start(Answer::Hang, &prefill_flags, &decode_flags).await;
-    *pods.prefill_engine.answer.lock().unwrap() = Answer::Lend {
-        sidecar: pods.prefill.grpc_addr,
-        blocks: 8,
-        delay: Duration::ZERO,
-    };
+    pods.lend(8, Duration::ZERO);
     pods.block_api();
     let response = pods
         .send(&pods.prefill.proxy_addr.to_string(), request())

@@ -88,10 +88,15 @@ impl KvBlocks {
             "a KV block of {block_bytes} bytes does not fit the block API's {MAX_MESSAGE_BYTES}-byte \
              messages; lower --kv-bytes-scale or --block-size"
         );
+        let credential = config
+            .token_file
+            .as_deref()
+            .map(Credential::read)
+            .transpose()?;
         let connect = || -> anyhow::Result<BlockClient> {
             let client = BlockClient::new(&config.url)?;
-            Ok(match &config.token_file {
-                Some(path) => client.with_credential(Credential::read(path)?),
+            Ok(match &credential {
+                Some(credential) => client.with_credential(credential.clone()),
                 None => client,
             })
         };

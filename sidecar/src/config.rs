@@ -30,6 +30,12 @@ pub struct Config {
         default_value = "tcp://127.0.0.1:5557"
     )]
     pub engine_kv_events: String,
+    /// Listen at `--engine-kv-events` for the engine's publisher to connect, instead of
+    /// connecting to it: vLLM 0.33 connects its PUB to every endpoint but `tcp://*:PORT`
+    /// (`ZmqEventPublisher._is_bind_endpoint`), and `*` would open the engine's KV events
+    /// to the network.
+    #[arg(long, env = "DYNAMO_SIDECAR_ENGINE_KV_EVENTS_LISTEN")]
+    pub engine_kv_events_listen: bool,
     /// The engine's ZMQ ROUTER endpoint for replaying missed KV events (vLLM's
     /// `--kv-events-config` `replay_endpoint`); `none`: a gap resets the pod's view.
     #[arg(long, env = "DYNAMO_SIDECAR_ENGINE_KV_REPLAY", default_value = "none")]

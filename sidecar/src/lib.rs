@@ -162,26 +162,40 @@ impl Sidecar {
         };
 
         let mut background = Vec::new();
-        let relay_connected = kv_events.map(|endpoint| {
-            let connected = Arc::new(AtomicBool::new(false));
-            let (replay, limits) = (kv_replay, relay::limits(config));
-            let (model, client, engine) = (
-                config.model_name().map(str::to_owned),
-                client.clone(),
-                config.engine_url.clone(),
-            );
-            let (hub, metrics, flag) = (hub.clone(), metrics.clone(), connected.clone());
-            let store = store.clone();
-            background.push(spawn(async move {
-                let model = match model {
-                    Some(model) => model,
-                    None => engine::served_model(&client, &engine).await,
-                };
-                let relay = relay::Relay::new(model, None, hub, metrics.clone()).with_store(store);
-                relay::run(relay, endpoint, replay, limits, metrics, flag).await;
-            }));
-            connected
-        });
+        let relay_connected = match kv_events {
+            Some(endpoint) => {
+                let connected = Arc::new(AtomicBool::new(false));
+                let (replay, limits) = (kv_replay, relay::limits(config));
+                let listen = config.engine_kv_events_listen;
+                let socket = relay::sockets::subscribe(
+                    endpoint.clone(),
+                    listen,
+                    limits,
+                    connected.clone(),
+                    metrics.clone(),
+                )
+                .await
+                .with_context(|| format!("--engine-kv-events {endpoint}: cannot listen there"))?;
+                tracing::info!(%endpoint, listen, "the engine's KV events");
+                let (model, client, engine) = (
+                    config.model_name().map(str::to_owned),
+                    client.clone(),
+                    config.engine_url.clone(),
+                );
+                let (hub, metrics) = (hub.clone(), metrics.clone());
+                let store = store.clone();
+                background.push(spawn(async move {
+                    let model = match model {
+                        Some(model) => model,
+                        None => engine::served_model(&client, &engine).await,
+                    };
+                    let relay = relay::Relay::new(model, None, hub, metrics).with_store(store);
+                    relay::run(relay, socket, replay, limits).await;
+                }));
+                Some(connected)
+            }
+            None => None,
+        };
 
         let region_dir = config.kv_tiers.region_dir().map(ToOwned::to_owned);
         let guard = blocks::guard::Guard::new(credential);

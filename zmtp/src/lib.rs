@@ -3,9 +3,9 @@
 //! this side hold. It speaks to libzmq (which vLLM's KV event publisher uses) as a
 //! 3.0 peer: libzmq 4.x talks 3.0 to it, subscriptions included.
 //!
-//! - [`Sub`] connects, reconnects with back-off, subscribes to topic prefixes and hands
-//!   out whole messages, reading only while asked for one; [`Event`]s tell when it is
-//!   connected.
+//! - [`Sub`] connects (or listens for its publisher), reconnects with back-off,
+//!   subscribes to topic prefixes and hands out whole messages, reading only while
+//!   asked for one; [`Event`]s tell when it is connected.
 //! - [`Dealer`] holds one connection for request-reply exchanges (vLLM's replay ROUTER).
 //! - [`Pub`] binds, serves many subscribers by their subscriptions, and drops messages
 //!   for a subscriber whose queue is full rather than wait or grow.

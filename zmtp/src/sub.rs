@@ -4,7 +4,7 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use bytes::Bytes;
-use tokio::net::TcpStream;
+use tokio::net::{TcpListener, TcpStream};
 use tokio::time::Instant;
 
 use crate::codec::{SocketType, encode_message, subscribe};
@@ -23,8 +23,12 @@ const RECONNECT_MAX: Duration = Duration::from_secs(2);
 /// connection come and go. It reads only while `recv` runs, so it never holds more than
 /// the message in progress; a publisher that is not read from drops for this subscriber,
 /// as PUB sockets do. Dropping the `Sub` closes its connection.
+///
+/// Either side of a ZeroMQ connection may bind: a `Sub` may also listen for its
+/// publisher to connect ([`Sub::listen`]), one publisher at a time; the next is taken
+/// once the current one is gone.
 pub struct Sub {
-    endpoint: Endpoint,
+    dial: Dial,
     prefixes: Vec<Bytes>,
     options: Options,
     connection: Option<(Connection, SocketAddr)>,
@@ -33,12 +37,40 @@ pub struct Sub {
     delay: Duration,
 }
 
+/// How a [`Sub`] reaches its publisher.
+enum Dial {
+    Connect(Endpoint),
+    Listen(TcpListener),
+}
+
 impl Sub {
     /// A subscriber to every prefix in `prefixes` (the empty prefix matches every
     /// message) of the publisher at `endpoint`; it connects on the first [`Sub::recv`].
     pub fn connect(endpoint: Endpoint, prefixes: Vec<Bytes>, options: Options) -> Self {
+        Self::new(Dial::Connect(endpoint), prefixes, options)
+    }
+
+    /// Like [`Sub::connect`], but bound to `endpoint`, where the publisher connects.
+    pub async fn listen(
+        endpoint: &Endpoint,
+        prefixes: Vec<Bytes>,
+        options: Options,
+    ) -> std::io::Result<Self> {
+        let listener = TcpListener::bind(endpoint.bind_addr()).await?;
+        Ok(Self::new(Dial::Listen(listener), prefixes, options))
+    }
+
+    /// Where it listens, if it does.
+    pub fn local_addr(&self) -> Option<SocketAddr> {
+        match &self.dial {
+            Dial::Listen(listener) => listener.local_addr().ok(),
+            Dial::Connect(_) => None,
+        }
+    }
+
+    fn new(dial: Dial, prefixes: Vec<Bytes>, options: Options) -> Self {
         Self {
-            endpoint,
+            dial,
             prefixes,
             options,
             connection: None,
@@ -71,24 +103,34 @@ impl Sub {
         }
     }
 
-    /// Makes one connection attempt, when the back-off allows: connects, greets and
-    /// subscribes.
+    /// Makes one connection attempt, when the back-off allows: connects (or takes the
+    /// next publisher that connected), greets and subscribes.
     async fn establish(&mut self) {
         tokio::time::sleep_until(self.next_attempt).await;
-        let stream = match TcpStream::connect(self.endpoint.connect_addr()).await {
-            Ok(stream) => stream,
-            Err(error) => {
-                let endpoint = &self.endpoint;
-                tracing::debug!(%endpoint, %error, "cannot connect to the ZMTP publisher");
-                return self.retry_after(false);
+        let (stream, peer) = match &self.dial {
+            Dial::Connect(endpoint) => {
+                let stream = match TcpStream::connect(endpoint.connect_addr()).await {
+                    Ok(stream) => stream,
+                    Err(error) => {
+                        tracing::debug!(%endpoint, %error, "cannot connect to the ZMTP publisher");
+                        return self.retry_after(false);
+                    }
+                };
+                match stream.peer_addr() {
+                    Ok(peer) => (stream, peer),
+                    Err(error) => {
+                        tracing::debug!(%error, "the ZMTP publisher's connection is already gone");
+                        return self.retry_after(false);
+                    }
+                }
             }
-        };
-        let peer = match stream.peer_addr() {
-            Ok(peer) => peer,
-            Err(error) => {
-                tracing::debug!(%error, "the ZMTP publisher's connection is already gone");
-                return self.retry_after(false);
-            }
+            Dial::Listen(listener) => match listener.accept().await {
+                Ok(accepted) => accepted,
+                Err(error) => {
+                    tracing::debug!(%error, "cannot take a ZMTP publisher's connection");
+                    return self.retry_after(false);
+                }
+            },
         };
         match self.open(stream).await {
             Ok(connection) => {

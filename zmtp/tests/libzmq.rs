@@ -108,6 +108,40 @@ async fn our_sub_and_dealer_talk_to_a_vllm_style_publisher_and_replay_router() {
 }
 
 #[tokio::test]
+async fn our_listening_sub_takes_publishers_that_connect_one_after_another() {
+    let endpoint: Endpoint = "tcp://127.0.0.1:0".parse().unwrap();
+    let mut sub = Sub::listen(
+        &endpoint,
+        vec![Bytes::from_static(b"kv")],
+        Options::default(),
+    )
+    .await
+    .unwrap();
+    let at = format!("tcp://{}", sub.local_addr().unwrap());
+    // A publisher as vLLM 0.33's: it connects to the endpoint it is given.
+    for _ in 0..2 {
+        let (mut publisher, mut lines) = peer(&["connect", &at]);
+        assert_eq!(line(&mut lines).await, "connected");
+        let mut last: Option<u64> = None;
+        for _ in 0..10 {
+            let message = tokio::time::timeout(WAIT, sub.recv())
+                .await
+                .expect("a message within the wait");
+            let [topic, seq, _] = <[Bytes; 3]>::try_from(message).expect("three frames");
+            assert_eq!(topic, TOPIC);
+            let seq = seq_of(&seq);
+            assert!(
+                last.is_none_or(|last| seq == last + 1),
+                "in order, none lost"
+            );
+            last = Some(seq);
+        }
+        // Gone; the next publisher is taken in its place.
+        publisher.kill().await.unwrap();
+    }
+}
+
+#[tokio::test]
 async fn a_libzmq_sub_gets_what_it_subscribed_to_from_our_pub() {
     let publisher = Pub::bind(&"tcp://127.0.0.1:0".parse().unwrap(), Options::default())
         .await

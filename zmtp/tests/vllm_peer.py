@@ -5,6 +5,9 @@ seq as 8 big-endian bytes, and a ROUTER that answers [b"", start_seq] with one
 
     python vllm_peer.py publish             prints "pub ENDPOINT" and "replay ENDPOINT",
                                             then publishes until stdin closes
+    python vllm_peer.py connect ENDPOINT    connects a PUB to ENDPOINT (as vLLM 0.33 does
+                                            with any endpoint but tcp://*:PORT), prints
+                                            "connected", publishes until stdin closes
     python vllm_peer.py subscribe ENDPOINT PREFIX COUNT
                                             prints "TOPIC SEQ PAYLOAD" per message
 """
@@ -46,6 +49,17 @@ def publish():
         seq += 1
 
 
+def connect(endpoint):
+    ctx = zmq.Context()
+    pub = ctx.socket(zmq.PUB)
+    pub.connect(endpoint)
+    print("connected", flush=True)
+    seq = 0
+    while not select.select([sys.stdin], [], [], 0.005)[0]:
+        pub.send_multipart((TOPIC, seq.to_bytes(8, "big"), b"payload-%d" % seq))
+        seq += 1
+
+
 def subscribe(endpoint, prefix, count):
     ctx = zmq.Context()
     sub = ctx.socket(zmq.SUB)
@@ -61,5 +75,7 @@ def subscribe(endpoint, prefix, count):
 if __name__ == "__main__":
     if sys.argv[1] == "publish":
         publish()
+    elif sys.argv[1] == "connect":
+        connect(sys.argv[2])
     else:
         subscribe(sys.argv[2], sys.argv[3], int(sys.argv[4]))

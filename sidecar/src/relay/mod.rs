@@ -10,18 +10,17 @@
 //! claims blocks that may be gone.
 
 mod sequence;
-mod sockets;
+pub(crate) mod sockets;
 mod translate;
 
 use std::sync::Arc;
-use std::sync::atomic::AtomicBool;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
 use dynamo_kvcache::KvEvent;
 use dynamo_kvcache::vllm_events::{KvEvent as EngineEvent, decode_batch};
 use dynamo_kvstream::KvEventHub;
-use dynamo_zmtp::{Endpoint, Limits};
+use dynamo_zmtp::{Endpoint, Limits, Sub};
 
 use crate::Config;
 use crate::blocks::BlockStore;
@@ -46,18 +45,13 @@ pub fn limits(config: &Config) -> Limits {
     }
 }
 
-/// Follows the engine at `endpoint` forever, relaying every message through `relay`;
-/// the subscription reconnects by itself. `connected` tells readiness whether it is live.
-pub async fn run(
-    mut relay: Relay,
-    endpoint: Endpoint,
-    replay: Option<Endpoint>,
-    limits: Limits,
-    metrics: Arc<Metrics>,
-    connected: Arc<AtomicBool>,
-) {
-    tracing::info!(%endpoint, model = relay.translator.model(), "relaying the engine's KV events");
-    let mut socket = sockets::subscribe(endpoint, limits, connected, metrics);
+/// Follows the engine's publisher on `socket` ([`sockets::subscribe`]) forever, relaying
+/// every message through `relay`; the subscription reconnects by itself.
+pub async fn run(mut relay: Relay, mut socket: Sub, replay: Option<Endpoint>, limits: Limits) {
+    tracing::info!(
+        model = relay.translator.model(),
+        "relaying the engine's KV events"
+    );
     relay.replayer = replay.map(|endpoint| Replayer::new(endpoint, limits, REPLAY_TIMEOUT));
     loop {
         let message = socket.recv().await;

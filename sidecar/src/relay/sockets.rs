@@ -14,14 +14,17 @@ use dynamo_zmtp::{Dealer, Endpoint, Event, Limits, Options, Sub};
 use crate::metrics::Metrics;
 
 /// Subscribes to every topic at `endpoint`, connecting (and reconnecting) in the
-/// background. `connected` (and the `relay_connected` gauge) follow the connection;
-/// a peer cut off for breaking the protocol or the limits is counted by reason.
-pub fn subscribe(
+/// background, or with `listen` bound there for the engine's publisher to connect (vLLM
+/// 0.33 connects its PUB to every endpoint but `tcp://*:PORT`). `connected` (and the
+/// `relay_connected` gauge) follow the connection; a peer cut off for breaking the
+/// protocol or the limits is counted by reason.
+pub async fn subscribe(
     endpoint: Endpoint,
+    listen: bool,
     limits: Limits,
     connected: Arc<AtomicBool>,
     metrics: Arc<Metrics>,
-) -> Sub {
+) -> std::io::Result<Sub> {
     let monitor = move |event: &Event| {
         let up = match event {
             Event::Connected(_) => true,
@@ -43,7 +46,12 @@ pub fn subscribe(
         monitor: Some(Arc::new(monitor)),
     };
     // vLLM publishes on topic "" by default; a prefix of "" matches every topic.
-    Sub::connect(endpoint, vec![Bytes::new()], options)
+    let every_topic = vec![Bytes::new()];
+    if listen {
+        Sub::listen(&endpoint, every_topic, options).await
+    } else {
+        Ok(Sub::connect(endpoint, every_topic, options))
+    }
 }
 
 /// The sequence frame as vLLM writes it: 8 bytes, big-endian.

@@ -21,7 +21,8 @@ pub enum Skip {
     UnknownMedium,
     /// A LoRA block without the adapter's name, which salts the hash.
     LoraWithoutName,
-    /// A removed block this sidecar does not hold in that tier.
+    /// A removed block this sidecar does not hold in that tier, or a block stored by hash
+    /// alone that it holds in no tier.
     UnknownBlock,
 }
 
@@ -38,14 +39,16 @@ impl Skip {
 }
 
 /// The tier of an engine event's `medium` (pillars.md 3.3): absent or `GPU` is the
-/// GPU cache. vLLM sends `CPU` (its CPU offloading), `FS` and `OBJ` (its tiered
-/// secondary storage); SGLang `CPU_PINNED`, `DISK` and `EXTERNAL`; the other names are
-/// those Dynamo's router also accepts (`CPU_TIER1`/`CPU_TIER2` from an early SGLang).
+/// GPU cache. vLLM sends `CPU` (its CPU offloading), `STORAGE` (0.33's offloading
+/// connector's secondary tier, `MEDIUM_STORAGE` in vllm/distributed/kv_events.py), `FS`
+/// and `OBJ` (its earlier tiered storage); SGLang `CPU_PINNED`, `DISK` and `EXTERNAL`;
+/// the other names are those Dynamo's router also accepts (`CPU_TIER1`/`CPU_TIER2` from
+/// an early SGLang).
 fn tier_of(medium: Option<&str>) -> Option<Tier> {
     let Some(medium) = medium else {
         return Some(Tier::Gpu);
     };
-    const MEDIUMS: [(&str, Tier); 14] = [
+    const MEDIUMS: [(&str, Tier); 15] = [
         ("GPU", Tier::Gpu),
         ("DEVICE", Tier::Gpu),
         ("CPU", Tier::Host),
@@ -55,6 +58,7 @@ fn tier_of(medium: Option<&str>) -> Option<Tier> {
         ("FS", Tier::Disk),
         ("NVME", Tier::Disk),
         ("CPU_TIER2", Tier::Disk),
+        ("STORAGE", Tier::Disk),
         ("OBJ", Tier::Object),
         ("EXTERNAL", Tier::Object),
         ("NETWORK", Tier::Object),
@@ -71,6 +75,8 @@ fn tier_of(medium: Option<&str>) -> Option<Tier> {
 #[derive(Clone, Copy, Debug)]
 struct Known {
     seq: SeqHash,
+    /// Our hash of the block before it, for stores that name the block by hash alone.
+    parent: Option<SeqHash>,
     /// Bit `t.index()` set while the block is held in tier `t`.
     tiers: u8,
 }
@@ -166,6 +172,9 @@ impl Translator {
         medium: Option<&str>,
     ) -> Result<Option<KvEvent>, Skip> {
         let tier = tier_of(medium).ok_or(Skip::UnknownMedium)?;
+        if tokens.is_empty() && !engine_hashes.is_empty() {
+            return self.stored_by_hash(engine_hashes, tier);
+        }
         if lora_id.is_some() && lora_name.is_none() {
             return Err(Skip::LoraWithoutName);
         }
@@ -181,18 +190,60 @@ impl Translator {
         };
         let seqs = BlockHasher::new(block_size as usize, &self.model, lora_name.as_deref())
             .seq_hashes_from(parent, tokens);
+        let mut block_parent = parent;
         let blocks = engine_hashes
             .iter()
             .zip(seqs)
             .map(|(&engine_hash, seq_hash)| {
                 let known = self.blocks.entry(engine_hash).or_insert(Known {
                     seq: seq_hash,
+                    parent: block_parent,
                     tiers: 0,
                 });
                 known.seq = seq_hash;
+                known.parent = block_parent;
                 known.tiers |= 1 << tier.index();
+                block_parent = Some(seq_hash);
                 StoredBlock {
                     seq_hash,
+                    engine_hash,
+                    tier,
+                }
+            })
+            .collect();
+        Ok(Some(KvEvent::Stored { parent, blocks }))
+    }
+
+    /// A store that names blocks by engine hash alone, without their tokens: vLLM 0.33's
+    /// offloading connector stores a block it has no tokens for this way
+    /// (`_placeholder_stored` in its `offloading/events.py`: no tokens, block size 0, no
+    /// parent). A block the pod holds in another tier is now held in this one too; one
+    /// it never saw stored cannot be named and is skipped.
+    fn stored_by_hash(
+        &mut self,
+        engine_hashes: &[u64],
+        tier: Tier,
+    ) -> Result<Option<KvEvent>, Skip> {
+        let mut found = Vec::with_capacity(engine_hashes.len());
+        for &engine_hash in engine_hashes {
+            found.push((
+                engine_hash,
+                *self.blocks.get(&engine_hash).ok_or(Skip::UnknownBlock)?,
+            ));
+        }
+        let parent = found[0].1.parent;
+        // One event holds one chain: each block must follow the one before it.
+        if found.windows(2).any(|w| w[1].1.parent != Some(w[0].1.seq)) {
+            return Err(Skip::UnknownParent);
+        }
+        let blocks = found
+            .into_iter()
+            .map(|(engine_hash, known)| {
+                if let Some(k) = self.blocks.get_mut(&engine_hash) {
+                    k.tiers |= 1 << tier.index();
+                }
+                StoredBlock {
+                    seq_hash: known.seq,
                     engine_hash,
                     tier,
                 }
@@ -332,9 +383,60 @@ mod tests {
     }
 
     #[test]
+    fn blocks_stored_by_hash_alone_are_the_known_ones_in_a_new_tier() {
+        let ours = BlockHasher::new(2, "m", None).seq_hashes(&[1, 2, 3, 4]);
+        let mut t = Translator::new("m");
+        // As vLLM 0.33's offloading connector writes a block it has no tokens for.
+        let by_hash = |hashes: &[u64], medium: &str| EngineEvent::BlockStored {
+            block_hashes: hashes.to_vec(),
+            parent_hash: None,
+            token_ids: Vec::new(),
+            block_size: 0,
+            lora_id: None,
+            medium: Some(medium.into()),
+            lora_name: None,
+        };
+        let (out, skips) = run(
+            &mut t,
+            vec![
+                stored(&[0xA, 0xB], None, vec![1, 2, 3, 4]),
+                by_hash(&[0xB], "CPU"),
+                by_hash(&[0xA, 0xB], "STORAGE"),
+                by_hash(&[0xF], "CPU"),
+                by_hash(&[0xB, 0xA], "CPU"),
+                removed(&[0xA, 0xB], "GPU"),
+            ],
+        );
+        let block = |i: usize, engine_hash, tier| StoredBlock {
+            seq_hash: ours[i],
+            engine_hash,
+            tier,
+        };
+        assert_eq!(
+            out[1],
+            KvEvent::Stored {
+                parent: Some(ours[0]),
+                blocks: vec![block(1, 0xB, Tier::Host)],
+            }
+        );
+        assert_eq!(
+            out[2],
+            KvEvent::Stored {
+                parent: None,
+                blocks: vec![block(0, 0xA, Tier::Disk), block(1, 0xB, Tier::Disk)],
+            }
+        );
+        // Never stored; and not one chain in that order.
+        assert_eq!(skips, vec![Skip::UnknownBlock, Skip::UnknownParent]);
+        // Gone from the GPU, still held in the host and disk tiers.
+        assert_eq!(t.len(), 2);
+    }
+
+    #[test]
     fn every_engines_medium_names_its_tier() {
         for (medium, tier) in [
             (None, Some(Tier::Gpu)),
+            (Some("STORAGE"), Some(Tier::Disk)),
             (Some("cpu_pinned"), Some(Tier::Host)),
             (Some("FS"), Some(Tier::Disk)),
             (Some("DISK"), Some(Tier::Disk)),

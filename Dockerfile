@@ -35,6 +35,19 @@ FROM ${PYTHON_IMAGE} AS nixl
 ARG NIXL_VERSION=1.5.1
 RUN pip install --no-cache-dir --no-deps --target /nixl "nixl-cu12==${NIXL_VERSION}"
 
+# The one dependency of our vLLM KV connector (connectors/python) that an engine image
+# may lack, xxhash, built for each CPython an engine image may run: the init container
+# that writes the connector for a vLLM engine copies it beside it (docs/vllm-connector.md).
+FROM ${PYTHON_IMAGE} AS connector-deps
+ARG XXHASH_VERSION=3.6.0
+SHELL ["/bin/bash", "-o", "pipefail", "-c"]
+RUN for v in 3.10 3.11 3.12 3.13; do \
+      tag="cp${v/./}"; \
+      pip download --no-cache-dir --no-deps --only-binary :all: --python-version "$v" \
+        --platform manylinux_2_17_x86_64 -d "/wheels/$tag" "xxhash==${XXHASH_VERSION}" \
+      && python3 -m zipfile -e "/wheels/$tag"/*.whl "/deps/$tag"; \
+    done
+
 FROM ${RUST_IMAGE} AS builder
 WORKDIR /src
 # The slim image's gcc compiles the C (aws-lc-sys and psm use `cc`); protos compile with
@@ -66,6 +79,8 @@ COPY --from=model /models/model /models/model
 COPY --from=nixl /nixl/.nixl_cu12.mesonpy.libs /opt/nixl/.nixl_cu12.mesonpy.libs
 COPY --from=nixl /nixl/nixl_cu12.libs /opt/nixl/nixl_cu12.libs
 ENV DYNAMO_SIDECAR_NIXL_LIB_DIR=/opt/nixl/.nixl_cu12.mesonpy.libs
+# wiring/src/connector.rs IMAGE_DEPS_DIR.
+COPY --from=connector-deps /deps /opt/dynamo/connector-deps
 # Numeric, so the kubelet can check `runAsNonRoot` (it refuses a named user it cannot
 # resolve); 65532 is distroless's `nonroot`.
 USER 65532:65532

@@ -39,7 +39,7 @@ NIXL_DIR ?= $(CURDIR)/.cache/nixl
 NIXL_LIB_DIR := $(NIXL_DIR)/.nixl_cu12.mesonpy.libs
 export NIXL_LIB_DIR
 
-.PHONY: help build test fmt fmt-check lint nextest crds model pyenv run bench clean helm chart-check fuzz k8s nixl
+.PHONY: help build test fmt fmt-check lint nextest crds model pyenv run bench clean helm chart-check fuzz k8s nixl vllm
 
 help: ## List the targets
 	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-11s %s\n", $$1, $$2}'
@@ -58,7 +58,12 @@ fmt-check:
 lint: ## clippy with warnings as errors
 	$(CARGO) clippy --workspace --all-targets --locked -- -D warnings
 
-nextest: model pyenv helm k8s nixl ## Run every test (tests tokenize with the model directory, drive the openai client, install the chart on a real API server)
+# vLLM for the KV connector's tests (connectors/python): its real scheduler, CPU-only. The
+# tests run its Python (VLLM_DIR/bin/python; they skip without it, as NIXL's do).
+VLLM_DIR ?= $(CURDIR)/.cache/vllm
+export VLLM_DIR
+
+nextest: model pyenv helm k8s nixl vllm ## Run every test (tests tokenize with the model directory, drive the openai client, install the chart on a real API server)
 	$(CARGO) nextest run --workspace --locked --no-fail-fast
 
 # The fuzz targets (fuzz/, its own workspace) for FUZZ_SECONDS each, from the seeds in
@@ -104,6 +109,17 @@ nixl: $(NIXL_LIB_DIR)/libnixl_capi.so ## NIXL's libraries (the nixl-cu12 wheel) 
 
 $(NIXL_LIB_DIR)/libnixl_capi.so:
 	$(PYTHON) -m pip install --quiet --disable-pip-version-check --no-deps --target $(NIXL_DIR) nixl-cu12==$(NIXL_VERSION)
+
+# Stamped with the requirements' hash, not their time: CI keeps VLLM_DIR across fresh clones.
+VLLM_REQUIREMENTS := connectors/python/requirements-test.txt
+VLLM_STAMP := $(VLLM_DIR)/.ready-$(shell sha256sum $(VLLM_REQUIREMENTS) | cut -c1-16)
+
+vllm: $(VLLM_STAMP) ## vLLM 0.33 and the connector's test tools in VLLM_DIR (default .cache/vllm; ~9.4 GB)
+
+$(VLLM_STAMP):
+	$(PYTHON) -m venv $(VLLM_DIR)
+	$(VLLM_DIR)/bin/pip install --quiet --disable-pip-version-check -r $(VLLM_REQUIREMENTS)
+	touch $@
 
 k8s: $(KUBEBUILDER_ASSETS)/kube-apiserver ## Unpack the control plane the tests run (KUBEBUILDER_ASSETS, default .cache/k8s)
 

@@ -44,6 +44,9 @@ enum Command {
     /// Profile a DynamoGraphDeploymentRequest offline: the generated graph on stdout, the
     /// predictions and the Pareto table on stderr.
     Profile(dynamo_profiler_cli::ProfileArgs),
+    /// Our vLLM KV connector to the sidecar's tiers (docs/vllm-connector.md).
+    #[command(subcommand)]
+    Connector(dynamo_wiring::connector::ConnectorCommand),
 }
 
 fn main() -> ExitCode {
@@ -57,6 +60,9 @@ fn main() -> ExitCode {
         }
         Command::Planner(args) => dynamo_planner_service::run(args).map(|()| ExitCode::SUCCESS),
         Command::Profile(args) => dynamo_profiler_cli::run(&args).map(|()| ExitCode::SUCCESS),
+        Command::Connector(command) => dynamo_wiring::connector::run(command)
+            .map(|()| ExitCode::SUCCESS)
+            .map_err(|e| anyhow::anyhow!("the connector's package: {e}")),
     };
     match result {
         Ok(code) => code,

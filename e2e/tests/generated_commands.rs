@@ -68,7 +68,12 @@ fn parse(argv: &[String], context: &str) -> Option<&'static str> {
             dynamo_mocker::Args::try_parse_from(argv).unwrap_or_else(|e| fail(context, argv, e));
             Some(MOCKER_BINARY)
         }
-        // Our binary runs the planner only: `dynamo planner ...`.
+        // Our binary runs the planner (`dynamo planner ...`) and writes the KV connector's
+        // package (`dynamo connector install DIR`).
+        DYNAMO_BINARY if argv.get(1).is_some_and(|w| w == "connector") => {
+            dynamo_wiring::connector::parse(&argv[2..]).unwrap_or_else(|e| fail(context, argv, e));
+            Some(DYNAMO_BINARY)
+        }
         DYNAMO_BINARY => {
             dynamo_wiring::planner::parse(&argv[1..]).unwrap_or_else(|e| fail(context, argv, e));
             Some(DYNAMO_BINARY)
@@ -198,6 +203,20 @@ fn the_planner_samples_pod_measures_the_profile_its_planner_reads() {
     settings.unwrap_or_else(|e| panic!("the planner refuses the measured profile: {e:#}"));
 }
 
+/// A local run of a sample on `backend` (the file's when `None`).
+fn run_options(backend: Option<BackendFramework>) -> RunOptions {
+    RunOptions {
+        model_path: Some(PathBuf::from("/models/m")),
+        backend,
+        router_mode: None,
+        replicas: Default::default(),
+        caps: Caps {
+            replicas_per_service: 8,
+            processes: 64,
+        },
+    }
+}
+
 /// One replica's ports, as the local runner hands them out.
 const PORTS: ReplicaPorts = ReplicaPorts {
     engine: 41001,
@@ -215,18 +234,8 @@ fn every_process_the_local_runner_starts_parses() {
     let mut ran = 0;
     let mut planners = 0;
     for (path, dgd) in samples() {
-        let options = RunOptions {
-            model_path: Some(PathBuf::from("/models/m")),
-            backend: Some(BackendFramework::Mocker),
-            router_mode: None,
-            replicas: Default::default(),
-            caps: Caps {
-                replicas_per_service: 8,
-                processes: 64,
-            },
-        };
         // Multi-node graphs run on clusters only; the plan says so (tested there).
-        let Ok(graph) = Graph::from_dgd(&dgd, &options) else {
+        let Ok(graph) = Graph::from_dgd(&dgd, &run_options(Some(BackendFramework::Mocker))) else {
             continue;
         };
         let context = path.display().to_string();
@@ -372,4 +381,93 @@ fn the_disaggregation_benchmark_graphs_are_the_topologies_they_are_named_after()
     }
     found.sort();
     assert_eq!(found, ["1p3d", "2p2d", "agg:4"]);
+}
+
+/// Every vLLM command line the operator's pods and the local runner start, parsed by
+/// vLLM 0.33's own parser (`connectors/python/tests/parse_vllm_commands.py`: `vllm serve`'s
+/// parser and `AsyncEngineArgs`) in the vLLM environment (`make vllm`; skipped without it
+/// unless `DYNAMO_REQUIRE_VLLM` is set), each KV connector it names resolved to its class
+/// as vLLM does, our own from the package on its `PYTHONPATH`.
+#[test]
+fn every_vllm_command_line_parses_with_vllms_own_parser() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let vllm = std::env::var_os("VLLM_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| root.join(".cache/vllm"));
+    if !vllm.join("bin/python").exists() {
+        assert!(
+            std::env::var_os("DYNAMO_REQUIRE_VLLM").is_none(),
+            "no vLLM at {} (`make vllm`), and DYNAMO_REQUIRE_VLLM is set",
+            vllm.display()
+        );
+        eprintln!("skipped: no vLLM at {}", vllm.display());
+        return;
+    }
+    let mut cases = Vec::new();
+    for (path, dgd) in samples() {
+        let desired = reconcile(&dgd, &Observed::default(), &OperatorConfig::default())
+            .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        for pod in desired.pods.iter().filter_map(|p| p.spec.as_ref()) {
+            for container in &pod.containers {
+                let mut argv = container.command.clone().unwrap_or_default();
+                argv.extend(container.args.clone().unwrap_or_default());
+                if argv.first().is_some_and(|p| p == "vllm") {
+                    let context = format!("{}: container {}", path.display(), container.name);
+                    cases.push(serde_json::json!({"context": context, "argv": argv}));
+                }
+            }
+        }
+        let Ok(graph) = Graph::from_dgd(&dgd, &run_options(None)) else {
+            continue;
+        };
+        for service in graph.workers.keys() {
+            let engine = graph.engine_command(service, PORTS);
+            if engine.program == "vllm" {
+                let argv: Vec<String> =
+                    std::iter::once(engine.program).chain(engine.args).collect();
+                let context = format!("{}: local {service}", path.display());
+                cases.push(serde_json::json!({"context": context, "argv": argv}));
+            }
+        }
+    }
+    let file = std::env::temp_dir().join(format!("vllm-commands-{}.json", std::process::id()));
+    std::fs::write(&file, serde_json::to_vec(&cases).unwrap()).unwrap();
+    let output = std::process::Command::new(vllm.join("bin/python"))
+        .arg(root.join("connectors/python/tests/parse_vllm_commands.py"))
+        .arg(&file)
+        .env("PYTHONPATH", root.join("connectors/python"))
+        .env("VLLM_TARGET_DEVICE", "cpu")
+        .output()
+        .expect("runs vLLM's Python");
+    std::fs::remove_file(&file).ok();
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let parsed: Vec<serde_json::Value> = String::from_utf8(output.stdout)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(parsed.len(), cases.len(), "every command line parsed");
+    let connectors: BTreeSet<String> = parsed
+        .iter()
+        .flat_map(|p| p["connectors"].as_array().unwrap().clone())
+        .map(|c| c.as_str().unwrap().to_owned())
+        .collect();
+    // vLLM 0.33's `NixlConnector` is its class `NixlPullConnector`.
+    assert_eq!(
+        connectors,
+        BTreeSet::from(["DynamoSidecarConnector".into(), "NixlPullConnector".into()]),
+        "the KV tier and disaggregated samples load both"
+    );
+    for p in &parsed {
+        // vLLM 0.33 connects to this endpoint, where the sidecar listens
+        // (`--engine-kv-events-listen`); `tcp://*` would open it to the network.
+        let events = p["kv_events"]
+            .as_str()
+            .unwrap_or_else(|| panic!("{p}: no KV events"));
+        assert!(events.starts_with("tcp://127.0.0.1:"), "{p}");
+    }
 }

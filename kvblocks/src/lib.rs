@@ -26,6 +26,10 @@ pub mod pb {
     tonic::include_proto!("dynamo.kvblocks.v1");
 }
 
+/// The proto's descriptors (a `FileDescriptorSet` without source info), from which the
+/// Python client builds its messages (`connectors/python/dynamo_kv/kv_blocks.binpb`).
+pub const DESCRIPTORS: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/kv_blocks.binpb"));
+
 /// Largest gRPC message of the block API, either way: one block of a large model is several
 /// MB (Llama 3 70B: 16 tokens x 80 layers x 8 KV heads x 128 x K and V x 2 bytes = 5.2 MB),
 /// above tonic's 4 MiB default.

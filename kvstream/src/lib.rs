@@ -15,6 +15,10 @@ pub mod pb {
     tonic::include_proto!("dynamo.kv.v1");
 }
 
+/// The proto's descriptors (a `FileDescriptorSet` without source info), for the Python
+/// connector's tests, which subscribe to a real sidecar.
+pub const DESCRIPTORS: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/kv_events.binpb"));
+
 pub use convert::InvalidMessage;
 pub use hub::{HubConfig, HubStats, KvEventHub};
 pub use subscriber::{PodUpdate, SubscriberConfig, follow};

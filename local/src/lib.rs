@@ -176,6 +176,12 @@ async fn run_async(args: RunArgs) -> anyhow::Result<()> {
     // Made once nothing else can fail before the end removes it.
     let state_dir = std::env::temp_dir().join(format!("dynamo-run-{}", std::process::id()));
     std::fs::create_dir_all(&state_dir)?;
+    if graph.uses_connector() {
+        graph.connector_dir = state_dir.join("python");
+        // The engines run in this machine's Python: xxhash, if missing, is `pip install`ed.
+        dynamo_wiring::connector::install(&graph.connector_dir, None)
+            .with_context(|| format!("cannot write {}", graph.connector_dir.display()))?;
+    }
     let runner = Runner::new(graph, bins, args.grace, state_dir.clone());
     write_credential(&runner.credential_file)?;
     let runner = Arc::new(Mutex::new(runner));

@@ -190,6 +190,9 @@ pub struct Graph {
     /// Settings that take effect but do nothing (KV block tiers no engine feeds).
     pub warnings: Vec<String>,
     pub caps: Caps,
+    /// Where the runner writes our KV connector's package for the engines that load it
+    /// ([`Graph::uses_connector`]); they find it first on their `PYTHONPATH`.
+    pub connector_dir: PathBuf,
 }
 
 impl Graph {
@@ -281,6 +284,7 @@ impl Graph {
             notes,
             warnings,
             caps: options.caps,
+            connector_dir: PathBuf::new(),
         };
         for (service, component) in planners {
             if graph.planner.is_some() {
@@ -407,15 +411,30 @@ impl Graph {
         let at = ports.addresses();
         let mut env = worker.env.clone();
         for (name, value) in worker.engine.engine_env(&at) {
-            if !env.iter().any(|(n, _)| n == name) {
-                let value = match value {
-                    EnvValue::Literal(value) => value,
-                    EnvValue::PodIp => at.sidecar_host.to_string(),
-                };
-                env.push((name.into(), value));
+            let user = env.iter().position(|(n, _)| n == name);
+            let connector = || path_arg(&self.connector_dir);
+            match (value, user) {
+                (EnvValue::ConnectorPath, Some(i)) => {
+                    env[i].1 = format!("{}:{}", connector(), env[i].1)
+                }
+                (_, Some(_)) => {}
+                (EnvValue::Literal(value), None) => env.push((name.into(), value)),
+                (EnvValue::PodIp, None) => env.push((name.into(), at.sidecar_host.to_string())),
+                (EnvValue::ConnectorPath, None) => env.push((name.into(), connector())),
             }
         }
         CommandSpec::from_argv(worker.engine.engine_argv(&at), env)
+    }
+
+    /// Whether an engine of the run loads our KV connector, whose package the runner then
+    /// writes to [`Graph::connector_dir`].
+    pub fn uses_connector(&self) -> bool {
+        self.workers.values().any(|w| {
+            w.engine
+                .engine_env(&ReplicaPorts::default().addresses())
+                .iter()
+                .any(|(_, v)| *v == EnvValue::ConnectorPath)
+        })
     }
 
     /// The sidecar of one replica of `service`, beside its engine. `kv_disk_dir` is the
@@ -630,14 +649,46 @@ pub(crate) mod tests {
     }
 
     #[test]
-    fn tiers_on_a_vllm_worker_are_a_warning_unless_it_runs_on_the_mock_engine() {
+    fn tiers_on_a_vllm_worker_load_our_connector_unless_it_runs_several_ranks() {
         let mut dgd = sample("agg-vllm.yaml");
         let worker = dgd.spec.services.get_mut("VllmWorker").unwrap();
-        worker.envs = Some(vec![k8s_openapi::api::core::v1::EnvVar {
-            name: "DYN_KVBM_CPU_CACHE_GB".into(),
-            value: Some("2".into()),
-            value_from: None,
-        }]);
+        worker.envs = Some(vec![
+            k8s_openapi::api::core::v1::EnvVar {
+                name: "DYN_KVBM_CPU_CACHE_GB".into(),
+                value: Some("2".into()),
+                value_from: None,
+            },
+            k8s_openapi::api::core::v1::EnvVar {
+                name: "PYTHONPATH".into(),
+                value: Some("/mine".into()),
+                value_from: None,
+            },
+        ]);
+        let mut graph = Graph::from_dgd(&dgd, &options()).unwrap();
+        assert!(graph.warnings.is_empty(), "{:?}", graph.warnings);
+        assert!(graph.uses_connector());
+        graph.connector_dir = PathBuf::from("/run/dynamo/python");
+        let engine = graph.engine_command("VllmWorker", PORTS);
+        let path = engine
+            .env
+            .iter()
+            .find(|(name, _)| name == "PYTHONPATH")
+            .unwrap();
+        assert_eq!(
+            path.1, "/run/dynamo/python:/mine",
+            "ours first, the user's kept"
+        );
+        assert!(
+            engine
+                .args
+                .iter()
+                .any(|a| a.contains("DynamoSidecarConnector"))
+        );
+
+        let main = worker_main(&mut dgd);
+        main.args
+            .get_or_insert_with(Vec::new)
+            .extend(["-tp".into(), "2".into()]);
         let graph = Graph::from_dgd(&dgd, &options()).unwrap();
         assert_eq!(graph.warnings.len(), 1);
         assert!(
@@ -649,12 +700,22 @@ pub(crate) mod tests {
             backend: Some(BackendFramework::Mocker),
             ..options()
         };
-        assert_eq!(
-            Graph::from_dgd(&dgd, &on_mocker).unwrap().warnings,
-            [] as [String; 0]
-        );
+        let on_mocker = Graph::from_dgd(&dgd, &on_mocker).unwrap();
+        assert_eq!(on_mocker.warnings, [] as [String; 0]);
+        assert!(!on_mocker.uses_connector());
         let kvbm = Graph::from_dgd(&sample("agg-mocker-kvbm.yaml"), &options()).unwrap();
         assert!(kvbm.warnings.is_empty());
+    }
+
+    fn worker_main(dgd: &mut DynamoGraphDeployment) -> &mut k8s_openapi::api::core::v1::Container {
+        let worker = dgd.spec.services.get_mut("VllmWorker").unwrap();
+        worker
+            .extra_pod_spec
+            .as_mut()
+            .unwrap()
+            .main_container
+            .as_mut()
+            .unwrap()
     }
 
     #[test]

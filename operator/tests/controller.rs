@@ -251,6 +251,17 @@ async fn tiers_a_vllm_worker_cannot_feed_are_warned_once_and_kept_in_a_condition
         value: Some("2".into()),
         ..EnvVar::default()
     }]);
+    // Two tensor-parallel ranks: our connector keeps one rank's blocks.
+    let main = worker
+        .extra_pod_spec
+        .as_mut()
+        .unwrap()
+        .main_container
+        .as_mut()
+        .unwrap();
+    main.args
+        .get_or_insert_with(Vec::new)
+        .extend(["--tensor-parallel-size".into(), "2".into()]);
     api.put(&graph_path("agg-vllm"), serde_json::to_value(&dgd).unwrap());
     pass(&client, &api, "agg-vllm").await.unwrap();
     let first = api.take_requests();

@@ -58,6 +58,11 @@ fn agg_vllm() {
 }
 
 #[test]
+fn agg_vllm_kvbm() {
+    check("agg-vllm-kvbm");
+}
+
+#[test]
 fn disagg_vllm() {
     check("disagg-vllm");
 }

@@ -22,6 +22,7 @@
 
 pub mod admin;
 mod argv;
+pub mod connector;
 pub mod credential;
 mod engines;
 pub mod kvbm;
@@ -140,6 +141,10 @@ pub enum EnvValue {
     /// The address other pods reach this one at: the pod's IP (the downward API's
     /// `status.podIP`), loopback in a local run.
     PodIp,
+    /// The directory our KV connector's package is written to ([`connector::POD_DIR`] in a
+    /// pod, the run's own locally), first on a search path: before the value the user set,
+    /// which it joins rather than yields to.
+    ConnectorPath,
 }
 
 /// How an engine service's main container starts.
@@ -261,18 +266,22 @@ impl EngineService {
     }
 
     /// Why the KV block tiers its service sets hold nothing, when they do not: its engine
-    /// has no connector to its sidecar's block API (only the mock engine has one yet), so
-    /// the tiers' memory and disk are reserved for no use.
+    /// has no connector to its sidecar's block API (only the mock engine and vLLM have
+    /// one), or not for its flags, so the tiers' memory and disk are reserved for no use.
     pub fn unfed_kv_tiers(&self, service: &str) -> Option<String> {
         self.kvbm.as_ref()?;
-        (!engines::engine(self.backend).feeds_kv_tiers).then(|| {
-            format!(
-                "{service}: KV block tiers are set (DYN_KVBM_*), but its {} engine has no \
-                 connector to the sidecar's block API, so they hold nothing",
-                // The CRD's spelling (`vllm`, `sglang`, ...).
-                format!("{:?}", self.backend).to_lowercase()
-            )
-        })
+        let why = (engines::engine(self.backend).unfed_kv_tiers)(self)?;
+        Some(format!(
+            "{service}: KV block tiers are set (DYN_KVBM_*), but {why}, so they hold nothing"
+        ))
+    }
+
+    /// The engine's flags: the user's that carry over, or the whole command the plan
+    /// does not own.
+    pub(crate) fn args(&self) -> &[String] {
+        match &self.launch {
+            Launch::Owned { args } | Launch::Custom(args) => args,
+        }
     }
 
     /// Whether it runs the mock engine, which can measure its own planner profile.
@@ -368,11 +377,16 @@ impl EngineService {
             format!("http://{LOOPBACK}:{}", at.engine),
             "--engine-kv-events".into(),
             kv_events,
+        ];
+        if self.publishes_kv_events() && engines::engine(self.backend).kv_events_connect {
+            args.push("--engine-kv-events-listen".into());
+        }
+        args.extend([
             "--engine-kv-replay".into(),
             kv_replay,
             "--block-size".into(),
             self.block_size.to_string(),
-        ];
+        ]);
         if let Some(served) = &self.served_model {
             args.extend(["--model-name".into(), served.clone()]);
         }

@@ -64,8 +64,9 @@ fn dynamos_vllm_workers_become_vllms_own_server_with_kv_events_and_nixl() {
         sidecar,
         "--listen 0.0.0.0:8000 --host 0.0.0.0 --grpc-port 9100 --metrics-port 9090 \
          --engine-url http://127.0.0.1:8001 --engine-kv-events tcp://127.0.0.1:5557 \
-         --engine-kv-replay tcp://127.0.0.1:5558 --block-size 16 --model-name Qwen/Qwen3-0.6B \
-         --model-source Qwen/Qwen3-0.6B --hf-home /model-cache/huggingface"
+         --engine-kv-events-listen --engine-kv-replay tcp://127.0.0.1:5558 --block-size 16 \
+         --model-name Qwen/Qwen3-0.6B --model-source Qwen/Qwen3-0.6B \
+         --hf-home /model-cache/huggingface"
     );
     assert_eq!(
         wiring.engines["VllmDecodeWorker"].role,
@@ -317,7 +318,7 @@ services:
 
 #[test]
 fn tiers_on_an_engine_without_a_block_api_connector_are_named_as_holding_nothing() {
-    let graph = |backend: &str, kvbm: &str| {
+    let graph = |backend: &str, kvbm: &str, flags: &str| {
         wire(&format!(
             "
 backendFramework: {backend}
@@ -325,16 +326,18 @@ services:
   worker:
     componentType: worker
     envs: [{{name: DYN_KVBM_CPU_CACHE_GB, value: '{kvbm}'}}]
-    extraPodSpec: {{mainContainer: {{command: [python3, -m, dynamo.{backend}, --model, m]}}}}
+    extraPodSpec: {{mainContainer: {{command: [python3, -m, dynamo.{backend}, --model, m{flags}]}}}}
 "
         ))
         .unwrap()
         .unwrap()
     };
-    for backend in ["vllm", "sglang", "trtllm"] {
-        let message = graph(backend, "1").engines["worker"].unfed_kv_tiers("worker");
+    let unfed = |backend, kvbm, flags| {
+        graph(backend, kvbm, flags).engines["worker"].unfed_kv_tiers("worker")
+    };
+    for backend in ["sglang", "trtllm"] {
         assert_eq!(
-            message.as_deref(),
+            unfed(backend, "1", "").as_deref(),
             Some(
                 format!(
                     "worker: KV block tiers are set (DYN_KVBM_*), but its {backend} engine has \
@@ -343,11 +346,19 @@ services:
                 .as_str()
             )
         );
-        assert_eq!(
-            graph(backend, "0").engines["worker"].unfed_kv_tiers("worker"),
-            None
-        );
+        assert_eq!(unfed(backend, "0", ""), None);
     }
+    // vLLM's goes through our connector, which keeps one rank's blocks.
+    assert_eq!(unfed("vllm", "1", ""), None);
+    assert_eq!(unfed("vllm", "1", ", --tensor-parallel-size, '1'"), None);
+    assert_eq!(
+        unfed("vllm", "1", ", -tp, '2', --pipeline-parallel-size, '2'").as_deref(),
+        Some(
+            "worker: KV block tiers are set (DYN_KVBM_*), but its vllm engine runs 4 ranks \
+             (tensor or pipeline parallel), whose shards of a block our KV connector does not \
+             keep apart yet, so they hold nothing"
+        )
+    );
     let mocker = wire(
         "
 backendFramework: mocker
@@ -540,4 +551,66 @@ services:
     let wiring = wire(DYNAMO_DISAGG).unwrap().unwrap();
     let decode = &wiring.engines["VllmDecodeWorker"];
     assert_eq!(decode.profile_argv(&Addresses::POD, "/p.json"), None);
+}
+
+#[test]
+fn a_vllm_worker_with_tiers_loads_our_connector_beside_nixl_when_disaggregated() {
+    let graph = |component: &str| {
+        wire(&format!(
+            "
+backendFramework: vllm
+services:
+  worker:
+    componentType: {component}
+    envs: [{{name: DYN_KVBM_CPU_CACHE_GB, value: '2'}}]
+    extraPodSpec: {{mainContainer: {{command: [vllm, serve, m]}}}}
+"
+        ))
+        .unwrap()
+        .unwrap()
+    };
+    let agg = &graph("worker").engines["worker"];
+    let argv = agg.engine_argv(&Addresses::POD);
+    let config = argv::value(&argv, "--kv-transfer-config").unwrap();
+    assert_eq!(
+        config,
+        crate::connector::kv_transfer_config(Role::Aggregated, 9100, Some("m"))
+    );
+    assert_eq!(
+        agg.engine_env(&Addresses::POD),
+        [(crate::connector::PYTHONPATH, EnvValue::ConnectorPath)]
+    );
+    let prefill = &graph("prefill").engines["worker"];
+    let config = argv::value(
+        &prefill.engine_argv(&Addresses::POD),
+        "--kv-transfer-config",
+    );
+    assert_eq!(
+        config.unwrap(),
+        crate::connector::kv_transfer_config(Role::Prefill, 9100, Some("m"))
+    );
+    let env = prefill.engine_env(&Addresses::POD);
+    assert!(env.contains(&(crate::connector::PYTHONPATH, EnvValue::ConnectorPath)));
+    assert!(
+        env.iter()
+            .any(|(name, _)| *name == "VLLM_NIXL_SIDE_CHANNEL_PORT")
+    );
+    // A user's own connector configuration is theirs.
+    let own = wire(
+        "
+backendFramework: vllm
+services:
+  worker:
+    componentType: worker
+    envs: [{name: DYN_KVBM_CPU_CACHE_GB, value: '2'}]
+    extraPodSpec: {mainContainer: {command: [vllm, serve, m, --kv-transfer-config, '{}']}}
+",
+    )
+    .unwrap()
+    .unwrap();
+    let argv = own.engines["worker"].engine_argv(&Addresses::POD);
+    assert_eq!(
+        argv::value(&argv, "--kv-transfer-config").as_deref(),
+        Some("{}")
+    );
 }

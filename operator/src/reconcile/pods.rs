@@ -26,7 +26,7 @@ use dynamo_names::Role;
 use super::graph::Graph;
 use super::{credential, labels, names, services};
 use dynamo_wiring::kvbm::{self, DiskTier};
-use dynamo_wiring::{Addresses, EngineService, EnvValue, HF_HOME, SIDECAR_BINARY};
+use dynamo_wiring::{Addresses, EngineService, EnvValue, HF_HOME, SIDECAR_BINARY, connector};
 
 /// Sidecar inference port; Services and the InferencePool target it.
 pub const HTTP_PORT: i32 = Addresses::POD.sidecar_http as i32;
@@ -58,6 +58,9 @@ pub const PLANNER_PROFILE: &str = "/var/run/dynamo/planner/profile.json";
 const MAIN: &str = "main";
 const SIDECAR: &str = "sidecar";
 const SHM_VOLUME: &str = "shm";
+/// The init container that writes our KV connector's package for the engine
+/// ([`connector::POD_DIR`], on its `PYTHONPATH`), and the volume it writes to.
+const CONNECTOR: &str = "dynamo-kv-connector";
 /// Where an engine downloads its model unless the graph sets `HF_HOME`: a volume its
 /// sidecar mounts too, to serve the model card from the same files.
 const HF_HOME_VOLUME: &str = "dynamo-hf-home";
@@ -87,6 +90,13 @@ pub(crate) fn engine_template(g: &Graph, service: &str, spec: &ComponentSpec, ro
     if has_hf_home_volume(&main) {
         volumes.push(Volume {
             name: HF_HOME_VOLUME.into(),
+            empty_dir: Some(EmptyDirVolumeSource::default()),
+            ..Volume::default()
+        });
+    }
+    if uses_connector(engine) {
+        volumes.push(Volume {
+            name: CONNECTOR.into(),
             empty_dir: Some(EmptyDirVolumeSource::default()),
             ..Volume::default()
         });
@@ -121,8 +131,11 @@ pub(crate) fn engine_template(g: &Graph, service: &str, spec: &ComponentSpec, ro
         .take()
         .into_iter()
         .flatten()
-        .filter(|c| c.name != SIDECAR)
+        .filter(|c| c.name != SIDECAR && c.name != CONNECTOR)
         .collect();
+    if uses_connector(engine) {
+        init_containers.push(connector_container(g));
+    }
     init_containers.push(sidecar);
     pod_spec.init_containers = Some(init_containers);
 
@@ -409,11 +422,16 @@ pub(crate) fn main_container(
         .map(|e| e.engine_env(&Addresses::POD))
         .unwrap_or_default()
     {
-        if !env.iter().any(|e| e.name == name) {
-            env.push(match value {
-                EnvValue::Literal(value) => plain_env(name, &value),
-                EnvValue::PodIp => field_env(name, "status.podIP"),
-            });
+        let user = env.iter().position(|e| e.name == name);
+        match (value, user) {
+            (EnvValue::ConnectorPath, Some(at)) => {
+                let theirs = env[at].value.clone().unwrap_or_default();
+                env[at] = plain_env(name, &format!("{}:{theirs}", connector::POD_DIR));
+            }
+            (_, Some(_)) => {}
+            (EnvValue::Literal(value), None) => env.push(plain_env(name, &value)),
+            (EnvValue::PodIp, None) => env.push(field_env(name, "status.podIP")),
+            (EnvValue::ConnectorPath, None) => env.push(plain_env(name, connector::POD_DIR)),
         }
     }
     main.env = (!env.is_empty()).then_some(env);
@@ -456,6 +474,14 @@ pub(crate) fn main_container(
         mounts.push(VolumeMount {
             name: HF_HOME_VOLUME.into(),
             mount_path: home,
+            ..VolumeMount::default()
+        });
+    }
+    if engine.is_some_and(uses_connector) {
+        mounts.push(VolumeMount {
+            name: CONNECTOR.into(),
+            mount_path: connector::POD_DIR.into(),
+            read_only: Some(true),
             ..VolumeMount::default()
         });
     }
@@ -551,13 +577,16 @@ fn sidecar_container(
         .and_then(|e| e.value.as_deref());
     let mut command = vec![SIDECAR_BINARY.to_string()];
     command.extend(engine.sidecar_args(&Addresses::POD, hf_home, &services::prefill_peers(g)));
+    // An engine that feeds the tiers shares memory regions with its sidecar (`OpenRegion`),
+    // which the sidecar makes in its /dev/shm: the engine's, when that is a volume.
+    let feeds_tiers = engine.kvbm.is_some() && engine.unfed_kv_tiers(service).is_none();
     let mut mounts: Vec<VolumeMount> = main
         .volume_mounts
         .iter()
         .flatten()
-        .filter(|m| m.name != SHM_VOLUME)
+        .filter(|m| m.name != CONNECTOR && (m.name != SHM_VOLUME || feeds_tiers))
         .map(|m| VolumeMount {
-            read_only: Some(true),
+            read_only: (m.name != SHM_VOLUME).then_some(true),
             ..m.clone()
         })
         .collect();
@@ -644,6 +673,40 @@ fn sidecar_container(
 
 /// What makes an init container a native sidecar.
 const SIDECAR_RESTART_POLICY: &str = "Always";
+
+/// Whether an engine loads our KV connector from the package the pod's init container
+/// writes ([`connector_container`]).
+fn uses_connector(engine: &EngineService) -> bool {
+    engine
+        .engine_env(&Addresses::POD)
+        .iter()
+        .any(|(_, value)| *value == EnvValue::ConnectorPath)
+}
+
+/// The init container that writes our KV connector's package where the engine's
+/// `PYTHONPATH` finds it: our image's `dynamo` binary carries it, so the engine's image
+/// needs nothing of ours.
+fn connector_container(g: &Graph) -> Container {
+    Container {
+        name: CONNECTOR.into(),
+        image: Some(g.config.sidecar_image.clone()),
+        command: Some(connector::install_argv(connector::POD_DIR)),
+        volume_mounts: Some(vec![VolumeMount {
+            name: CONNECTOR.into(),
+            mount_path: connector::POD_DIR.into(),
+            ..VolumeMount::default()
+        }]),
+        resources: Some(ResourceRequirements {
+            requests: Some(BTreeMap::from([
+                ("cpu".to_string(), Quantity("10m".into())),
+                ("memory".to_string(), Quantity("16Mi".into())),
+            ])),
+            ..ResourceRequirements::default()
+        }),
+        security_context: Some(restricted_container()),
+        ..Container::default()
+    }
+}
 
 /// Container fields of the Pod Security Standards "restricted" profile
 /// (kubernetes.io/docs/concepts/security/pod-security-standards): no privilege escalation,
@@ -1188,6 +1251,75 @@ mod tests {
             "{engine}"
         );
         assert!(mount(main, KV_DISK_VOLUME).is_none());
+    }
+
+    #[test]
+    fn a_vllm_engine_with_tiers_gets_our_connector_from_an_init_container() {
+        let d = desired(
+            "vllm",
+            json!({"worker": {"componentType": "worker", "replicas": 1,
+                "envs": env(&[("DYN_KVBM_CPU_CACHE_GB", "2"), ("PYTHONPATH", "/app")]),
+                "extraPodSpec": {"mainContainer": {"command": ["vllm", "serve", "m"]}}}}),
+        );
+        let pod = d.pods[0].spec.as_ref().unwrap();
+        let main = container(pod, "main");
+        let command = main.command.as_ref().unwrap();
+        let at = command
+            .iter()
+            .position(|w| w == "--kv-transfer-config")
+            .unwrap();
+        let config: Value = serde_json::from_str(&command[at + 1]).unwrap();
+        assert_eq!(config["kv_connector"], connector::CLASS);
+        assert_eq!(config["kv_connector_module_path"], connector::MODULE);
+        assert_eq!(
+            config["kv_connector_extra_config"]["block_api"],
+            "127.0.0.1:9100"
+        );
+        // Its package first on the engine's path, the user's after it.
+        let path = main
+            .env
+            .iter()
+            .flatten()
+            .find(|e| e.name == "PYTHONPATH")
+            .unwrap();
+        assert_eq!(path.value.as_deref(), Some("/opt/dynamo/python:/app"));
+        let package = mount(main, CONNECTOR).unwrap();
+        assert_eq!(
+            (package.mount_path.as_str(), package.read_only),
+            (connector::POD_DIR, Some(true))
+        );
+        // Our image writes it there before the engine starts.
+        let inits = pod.init_containers.as_ref().unwrap();
+        let writer = inits.iter().position(|c| c.name == CONNECTOR).unwrap();
+        assert!(writer < inits.iter().position(|c| c.name == SIDECAR).unwrap());
+        let writer = &inits[writer];
+        assert_eq!(
+            writer.command.as_ref().unwrap().join(" "),
+            "dynamo connector install /opt/dynamo/python"
+        );
+        assert_eq!(writer.image, sidecar(pod).image);
+        assert_eq!(mount(writer, CONNECTOR).unwrap().read_only, None);
+        // The engine's /dev/shm is a volume: its sidecar makes the shared regions there.
+        let shm = mount(sidecar(pod), SHM_VOLUME).expect("the engine's /dev/shm");
+        assert_eq!((shm.mount_path.as_str(), shm.read_only), ("/dev/shm", None));
+        assert!(mount(sidecar(pod), CONNECTOR).is_none());
+
+        // Without tiers, none of it.
+        let d = desired(
+            "vllm",
+            json!({"worker": {"componentType": "worker", "replicas": 1,
+                "extraPodSpec": {"mainContainer": {"command": ["vllm", "serve", "m"]}}}}),
+        );
+        let pod = d.pods[0].spec.as_ref().unwrap();
+        assert!(
+            pod.init_containers
+                .iter()
+                .flatten()
+                .all(|c| c.name != CONNECTOR)
+        );
+        assert!(mount(sidecar(pod), SHM_VOLUME).is_none());
+        let main = container(pod, "main");
+        assert!(main.env.iter().flatten().all(|e| e.name != "PYTHONPATH"));
     }
 
     #[test]

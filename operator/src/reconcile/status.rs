@@ -218,12 +218,12 @@ mod tests {
     #[test]
     fn tiers_an_engine_cannot_feed_are_a_false_condition_and_a_warning() {
         let tiers = json!([{"name": "DYN_KVBM_CPU_CACHE_GB", "value": "2"}]);
-        let vllm = desired(
-            "vllm",
+        let sglang = desired(
+            "sglang",
             json!({"componentType": "worker", "envs": tiers,
-                   "extraPodSpec": {"mainContainer": {"command": ["vllm", "serve", "m"]}}}),
+                   "extraPodSpec": {"mainContainer": {"command": ["python3", "-m", "sglang.launch_server", "--model-path", "m"]}}}),
         );
-        let c = kv_condition(&vllm).expect("a KvTiersFed condition");
+        let c = kv_condition(&sglang).expect("a KvTiersFed condition");
         assert_eq!(
             (c.status.as_str(), c.reason.as_str()),
             ("False", NO_KV_CONNECTOR)
@@ -233,7 +233,7 @@ mod tests {
             "{}",
             c.message
         );
-        let warnings: Vec<_> = vllm
+        let warnings: Vec<_> = sglang
             .decisions
             .iter()
             .filter(|d| d.reason == NO_KV_CONNECTOR)
@@ -242,13 +242,31 @@ mod tests {
         assert_eq!(warnings[0].severity, Severity::Warning);
         assert_eq!(warnings[0].message, c.message);
 
-        let mocker = desired("mocker", json!({"componentType": "worker", "envs": tiers}));
-        let c = kv_condition(&mocker).expect("a KvTiersFed condition");
-        assert_eq!(
-            (c.status.as_str(), c.reason.as_str()),
-            ("True", "EnginesFeedTiers")
-        );
-        assert!(mocker.decisions.iter().all(|d| d.reason != NO_KV_CONNECTOR));
+        // vLLM feeds them through our connector, one rank per engine.
+        let vllm = |flags: &[&str]| {
+            let mut command = vec!["vllm", "serve", "m"];
+            command.extend(flags);
+            desired(
+                "vllm",
+                json!({"componentType": "worker", "envs": tiers,
+                       "extraPodSpec": {"mainContainer": {"command": command}}}),
+            )
+        };
+        let tp = vllm(&["--tensor-parallel-size", "2"]);
+        let c = kv_condition(&tp).expect("a KvTiersFed condition");
+        assert_eq!(c.status, "False");
+        assert!(c.message.contains("runs 2 ranks"), "{}", c.message);
+        for fed in [
+            vllm(&[]),
+            desired("mocker", json!({"componentType": "worker", "envs": tiers})),
+        ] {
+            let c = kv_condition(&fed).expect("a KvTiersFed condition");
+            assert_eq!(
+                (c.status.as_str(), c.reason.as_str()),
+                ("True", "EnginesFeedTiers")
+            );
+            assert!(fed.decisions.iter().all(|d| d.reason != NO_KV_CONNECTOR));
+        }
 
         let untiered = desired("mocker", json!({"componentType": "worker"}));
         assert_eq!(kv_condition(&untiered), None);

@@ -18,8 +18,9 @@ pub(super) const ENGINE: Engine = Engine {
     block_size_flag: Some("--block-size"),
     default_block_size: 64,
     publishes_kv_events: true,
+    kv_events_connect: false,
     replays_kv_events: false,
-    feeds_kv_tiers: true,
+    unfed_kv_tiers: |_| None,
     // Its blocks move through the sidecars' block API.
     kv_side_channel_port: None,
     owned_flags: &[

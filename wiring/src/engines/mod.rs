@@ -36,13 +36,16 @@ pub(super) struct Engine {
     pub default_block_size: u32,
     /// Whether it publishes KV events on a ZMQ socket the sidecar relays.
     pub publishes_kv_events: bool,
+    /// Whether its publisher connects to the loopback endpoint it is given rather than
+    /// binding it, so the sidecar listens there (`--engine-kv-events-listen`).
+    pub kv_events_connect: bool,
     /// Whether it answers vLLM's KV event replay requests, so the sidecar can repair gaps
     /// instead of resetting.
     pub replays_kv_events: bool,
-    /// Whether it offloads to and onboards from its sidecar's KV block tiers (it has a
-    /// connector to the block API). Tiers set on a service whose engine has none hold
-    /// nothing, and the graph says so.
-    pub feeds_kv_tiers: bool,
+    /// Why it cannot offload to and onboard from its sidecar's KV block tiers, if it
+    /// cannot (it has no connector to the block API, or not for this engine's flags).
+    /// Tiers set on such a service hold nothing, and the graph says so.
+    pub unfed_kv_tiers: fn(&EngineService) -> Option<String>,
     /// The port where a disaggregated engine's peers first reach it to set up a KV
     /// transfer, by default.
     pub kv_side_channel_port: Option<u16>,
@@ -87,6 +90,15 @@ pub(super) fn engine(backend: BackendFramework) -> &'static Engine {
 /// For a backend that needs no variables.
 fn no_env(_: &EngineService, _: &Addresses) -> Vec<(&'static str, EnvValue)> {
     Vec::new()
+}
+
+/// For a backend without a connector to the block API.
+fn no_kv_connector(engine: &EngineService) -> Option<String> {
+    Some(format!(
+        "its {} engine has no connector to the sidecar's block API",
+        // The CRD's spelling (`sglang`, `trtllm`).
+        format!("{:?}", engine.backend).to_lowercase()
+    ))
 }
 
 /// The launchers role inference knows, for error messages.

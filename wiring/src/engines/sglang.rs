@@ -22,8 +22,9 @@ pub(super) const ENGINE: Engine = Engine {
     default_block_size: 1,
     // vLLM's `--kv-events-config`, which SGLang copied.
     publishes_kv_events: true,
+    kv_events_connect: false,
     replays_kv_events: false,
-    feeds_kv_tiers: false,
+    unfed_kv_tiers: super::no_kv_connector,
     // Its bootstrap server (`--disaggregation-bootstrap-port`, 8998,
     // python/sglang/srt/server_args.py).
     kv_side_channel_port: Some(8998),

@@ -20,8 +20,9 @@ pub(super) const ENGINE: Engine = Engine {
     default_block_size: 32,
     // No KV event publisher: its pods are routed on load and approximate overlap only.
     publishes_kv_events: false,
+    kv_events_connect: false,
     replays_kv_events: false,
-    feeds_kv_tiers: false,
+    unfed_kv_tiers: super::no_kv_connector,
     kv_side_channel_port: None,
     owned_flags: &[("--host", Arity::One), ("--port", Arity::One)],
     // Dynamo's TensorRT-LLM worker (`components/src/dynamo/trtllm/args.py`) spells these

@@ -5,7 +5,7 @@ use dynamo_names::Role;
 
 use super::Engine;
 use crate::argv::{self, Arity};
-use crate::{Addresses, EngineService, EnvValue, LOOPBACK};
+use crate::{Addresses, EngineService, EnvValue, LOOPBACK, connector};
 
 /// vLLM NixlConnector's side channel: the address it binds and hands to decode engines in
 /// `kv_transfer_params` (`remote_host`, `remote_port`); its host defaults to
@@ -25,9 +25,13 @@ pub(super) const ENGINE: Engine = Engine {
     block_size_flag: Some("--block-size"),
     default_block_size: 16,
     publishes_kv_events: true,
+    // vLLM 0.33 binds only `tcp://*:PORT` (every interface); any other tcp endpoint it
+    // connects to (`ZmqEventPublisher._is_bind_endpoint`, vllm/distributed/kv_events.py).
+    kv_events_connect: true,
     // `KVEventsConfig.replay_endpoint`.
     replays_kv_events: true,
-    feeds_kv_tiers: false,
+    // Through our KV connector (`connector`).
+    unfed_kv_tiers,
     // NixlConnector's side channel (`VLLM_NIXL_SIDE_CHANNEL_PORT`, 5600, vllm/envs.py;
     // each data-parallel rank listens on it plus its rank).
     kv_side_channel_port: Some(5600),
@@ -43,14 +47,46 @@ pub(super) const ENGINE: Engine = Engine {
 
 fn write_flags(engine: &EngineService, at: &Addresses, out: &mut Vec<String>) {
     out.extend(["--kv-events-config".into(), kv_events_config(at, true)]);
-    // NixlConnector moves the blocks itself; both sides are `kv_both` (vllm
-    // docs/features/nixl_connector_usage.md). Its side channel is in the environment.
-    if engine.role != Role::Aggregated && !argv::has(out, "--kv-transfer-config") {
+    if argv::has(out, "--kv-transfer-config") {
+        return;
+    }
+    // With tiers, our connector offloads to and onboards from the sidecar (beside NIXL on
+    // a prefill or decode engine). Without, NixlConnector moves a disaggregated prompt's
+    // blocks itself; both sides are `kv_both` (vllm docs/features/nixl_connector_usage.md),
+    // its side channel is in the environment.
+    if engine.kvbm.is_some() {
+        out.extend([
+            "--kv-transfer-config".into(),
+            connector::kv_transfer_config(
+                engine.role,
+                at.sidecar_grpc,
+                engine.served_model.as_deref(),
+            ),
+        ]);
+    } else if engine.role != Role::Aggregated {
         out.extend([
             "--kv-transfer-config".into(),
             r#"{"kv_connector":"NixlConnector","kv_role":"kv_both"}"#.into(),
         ]);
     }
+}
+
+/// Our connector keeps one payload per block hash, but each rank of a tensor or pipeline
+/// parallel engine holds its own shard of a block under the same hash.
+fn unfed_kv_tiers(engine: &EngineService) -> Option<String> {
+    let size = |long: &str, short: &str| {
+        argv::value(engine.args(), long)
+            .or_else(|| argv::value(engine.args(), short))
+            .and_then(|n| n.parse::<u32>().ok())
+            .unwrap_or(1)
+    };
+    let ranks = size("--tensor-parallel-size", "-tp") * size("--pipeline-parallel-size", "-pp");
+    (ranks > 1).then(|| {
+        format!(
+            "its vllm engine runs {ranks} ranks (tensor or pipeline parallel), whose shards of a \
+             block our KV connector does not keep apart yet"
+        )
+    })
 }
 
 /// vllm/config/kv_events.py `KVEventsConfig` (SGLang takes the same JSON), with the replay
@@ -67,13 +103,18 @@ pub(super) fn kv_events_config(at: &Addresses, replay: bool) -> String {
     config.to_string()
 }
 
-/// A disaggregated vLLM's NIXL side channel, on an address decode pods reach.
+/// A disaggregated vLLM's NIXL side channel, on an address decode pods reach; with tiers,
+/// our connector's package on its `PYTHONPATH`.
 fn env(engine: &EngineService, at: &Addresses) -> Vec<(&'static str, EnvValue)> {
-    match at.kv_side_channel(engine.backend) {
+    let mut env = match at.kv_side_channel(engine.backend) {
         Some(port) if engine.role != Role::Aggregated => vec![
             (SIDE_CHANNEL_HOST, EnvValue::PodIp),
             (SIDE_CHANNEL_PORT, EnvValue::Literal(port.to_string())),
         ],
         _ => Vec::new(),
+    };
+    if engine.kvbm.is_some() {
+        env.push((connector::PYTHONPATH, EnvValue::ConnectorPath));
     }
+    env
 }

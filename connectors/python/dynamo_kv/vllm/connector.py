@@ -77,7 +77,7 @@ class DynamoSidecarConnector(KVConnectorBase_V1):
             self._worker.register(kv_caches)
 
     def start_load_kv(self, forward_context, **kwargs: Any) -> None:
-        if self._worker is not None and self._worker.kv is not None:
+        if self._worker is not None and self.has_connector_metadata():
             self._worker.load(self._metadata())
 
     def wait_for_layer_load(self, layer_name: str) -> None:

@@ -152,7 +152,12 @@ class WorkerSide:
 
     def register(self, kv_caches: dict):
         group = self._kv_cache_config.kv_cache_groups[0]
-        self.kv = PagedKv(kv_caches, list(group.layer_names), self._kv_cache_config.num_blocks, self._block_size)
+        try:
+            self.kv = PagedKv(kv_caches, list(group.layer_names), self._kv_cache_config.num_blocks, self._block_size)
+        except ValueError as e:
+            # Nothing is copied: every load the scheduler plans is reported failed.
+            logger.warning("KV connector: the KV cache cannot be copied (%s); KV tiers unused", e)
+            return
         self._offloader = _Offloader(self._settings, self._api, self._key, self.kv.layout)
         logger.info("KV connector: blocks of %s (%s) to the sidecar at %s", self.kv.layout, self.kv.device, self._settings.block_api)
 
@@ -160,7 +165,10 @@ class WorkerSide:
 
     def load(self, meta: StepMetadata):
         for load in meta.loads:
-            self._load(load)
+            if self.kv is None:
+                self._load_errors.update(load.block_ids)
+            else:
+                self._load(load)
 
     def _onboard_region(self) -> Region | None:
         if not self._region_tried:

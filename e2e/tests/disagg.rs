@@ -210,21 +210,24 @@ async fn blocks_whose_lease_expired_before_the_fetch_are_prefilled_again() {
     no_lease_left(&graph).await;
 }
 
-/// Sends `n` small requests one after another; returns how many failed.
-fn steady_load(graph: &LocalGraph, n: usize) -> tokio::task::JoinHandle<usize> {
+/// Sends `n` small requests one after another; returns how each that failed did (its
+/// status and answer, or the client's error).
+fn steady_load(graph: &LocalGraph, n: usize) -> tokio::task::JoinHandle<Vec<String>> {
     let (url, model) = (graph.url("/v1/completions"), graph.model.clone());
     tokio::spawn(async move {
         let client = reqwest::Client::new();
-        let mut failed = 0;
+        let mut failed = Vec::new();
         for id in 0..n {
             let body = json!({"model": model, "prompt": prompt(id, 200), "max_tokens": 4});
-            let ok = client
-                .post(&url)
-                .json(&body)
-                .send()
-                .await
-                .is_ok_and(|r| r.status().is_success());
-            failed += usize::from(!ok);
+            match client.post(&url).json(&body).send().await {
+                Ok(r) if r.status().is_success() => {}
+                Ok(r) => failed.push(format!(
+                    "request {id}: {} {}",
+                    r.status(),
+                    r.text().await.unwrap_or_default()
+                )),
+                Err(e) => failed.push(format!("request {id}: {e}")),
+            }
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
         failed
@@ -241,10 +244,10 @@ async fn a_prefill_pod_killed_under_load_fails_no_request() {
         .as_u64()
         .expect("the prefill sidecar runs");
     signal(pid, Signal::KILL);
-    assert_eq!(
-        load.await.unwrap(),
-        0,
-        "requests failed\n{}",
+    let failed = load.await.unwrap();
+    assert!(
+        failed.is_empty(),
+        "requests failed: {failed:#?}\n{}",
         graph.log_text()
     );
     assert!(picker_hops(&graph, "remote").await > 0.0);
@@ -270,7 +273,11 @@ async fn prefill_and_decode_scale_separately_under_traffic() {
     tokio::time::sleep(Duration::from_millis(500)).await;
     scale("prefill", 2).await;
     scale("decode", 1).await;
-    assert_eq!(load.await.unwrap(), 0, "requests failed while scaling");
+    let failed = load.await.unwrap();
+    assert!(
+        failed.is_empty(),
+        "requests failed while scaling: {failed:#?}"
+    );
     // The new prefill replica is a member its decode peers accept.
     for id in 100..110 {
         complete(&graph, id).await;

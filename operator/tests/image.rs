@@ -168,16 +168,23 @@ fn the_image_holds_every_binary_the_operator_and_the_chart_run() {
     let (_, image) = stages.last().unwrap();
     let mut copied = BTreeSet::new();
     let mut model_copied = false;
+    let mut connector_deps_copied = false;
     let mut nixl_dirs = BTreeSet::new();
     for copy in image.iter().filter(|i| i.keyword == "COPY") {
         let words: Vec<&str> = copy.args.split_whitespace().collect();
         let (source, target) = (words[1], words[2]);
         if words[0] != format!("--from={builder}") {
             // The only other things the image holds: NIXL's libraries for the sidecars,
-            // and the mock engine's model directory, where the operator points the mocker
-            // by default.
+            // the vLLM connector's dependency where `dynamo connector install` copies it
+            // from, and the mock engine's model directory, where the operator points the
+            // mocker by default.
             if words[0] == "--from=nixl" {
                 nixl_dirs.insert(target.to_owned());
+                continue;
+            }
+            if words[0] == "--from=connector-deps" {
+                assert_eq!(target, dynamo_wiring::connector::IMAGE_DEPS_DIR, "{copy:?}");
+                connector_deps_copied = true;
                 continue;
             }
             assert_eq!(
@@ -214,6 +221,10 @@ fn the_image_holds_every_binary_the_operator_and_the_chart_run() {
     assert!(
         model_copied,
         "the image holds the mock engine's model directory"
+    );
+    assert!(
+        connector_deps_copied,
+        "the image holds the vLLM connector's xxhash builds"
     );
 
     let real = workspace_binaries();

@@ -76,7 +76,16 @@ class Sidecar:
         return total
 
     def freeze(self):
+        """Stops the process (SIGSTOP), and returns once every thread of it has stopped:
+        on a loaded machine a thread may still run for a moment after the signal."""
         self.process.send_signal(signal.SIGSTOP)
+        tasks = f"/proc/{self.process.pid}/task"
+
+        def state(task):
+            with open(f"{tasks}/{task}/stat") as f:
+                return f.read().rsplit(")", 1)[1].split()[0]
+
+        eventually(lambda: all(state(t) in "Tt" for t in os.listdir(tasks)), "the sidecar stopped")
 
     def thaw(self):
         self.process.send_signal(signal.SIGCONT)

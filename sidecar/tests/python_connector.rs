@@ -80,6 +80,11 @@ fn python_vectors() {
 }
 
 #[test]
+fn bad_settings_are_refused_by_name() {
+    pytest("test_settings.py");
+}
+
+#[test]
 fn offload_and_onboard_through_vllms_scheduler() {
     pytest("test_tiers.py");
 }

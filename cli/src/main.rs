@@ -17,6 +17,9 @@ use clap::{Parser, Subcommand};
 struct Cli {
     #[command(subcommand)]
     command: Command,
+    /// Every subcommand's (`dynamo operator --log-format json`, or before the subcommand).
+    #[command(flatten)]
+    log: dynamo_server::LogArgs,
 }
 
 #[derive(Subcommand)]
@@ -51,6 +54,7 @@ enum Command {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    dynamo_server::init_logging(&cli.log);
     let result = match cli.command {
         Command::Crds { root } => dynamo_operator::crdgen::write_all(&root),
         Command::Validate { files } => dynamo_operator::validate::run(&files),
@@ -66,9 +70,6 @@ fn main() -> ExitCode {
     };
     match result {
         Ok(code) => code,
-        Err(err) => {
-            eprintln!("error: {err:#}");
-            ExitCode::FAILURE
-        }
+        Err(err) => dynamo_server::exit_code(&cli.log, Err(err)),
     }
 }

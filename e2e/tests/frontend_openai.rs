@@ -30,6 +30,21 @@ async fn an_agents_turn_through_the_official_client() {
 
     // The hints were seen, and the tool-call turn's next turn was prefilled.
     let metrics = get_text(&graph.url("/metrics")).await;
+    // Responses requests are counted on their own route, refusals included.
+    let responses = &summary["responses"];
+    assert!(responses["events"].as_u64() >= Some(10), "{summary}");
+    for (status, field) in [("200", "answered"), ("400", "refused")] {
+        let n = metric_sum(
+            &metrics,
+            "dynamo_frontend_requests_total",
+            &[("route", "/v1/responses"), ("status", status)],
+        );
+        assert_eq!(
+            Some(n as u64),
+            responses[field].as_u64(),
+            "{status}:\n{metrics}"
+        );
+    }
     for hint in ["osl", "speculative_prefill", "cache_control"] {
         let n = metric_sum(
             &metrics,

@@ -1,5 +1,6 @@
-//! config/monitoring/: the Prometheus rules pass the real `promtool` (syntax and their
-//! unit tests), and the Grafana dashboard and the rules query only metrics the code base
+//! charts/dynamo-platform/files/monitoring/ (the chart's PrometheusRule and Grafana
+//! dashboard ConfigMap render these files): the Prometheus rules pass the real `promtool`
+//! (syntax and their unit tests), and the Grafana dashboard and the rules query only metrics the code base
 //! exports: each family they may use is listed here by its constant in `dynamo_names`,
 //! and the source file that registers it is checked to register it under that constant.
 
@@ -18,7 +19,9 @@ fn repo() -> PathBuf {
 }
 
 fn monitoring(file: &str) -> PathBuf {
-    repo().join("config/monitoring").join(file)
+    repo()
+        .join("charts/dynamo-platform/files/monitoring")
+        .join(file)
 }
 
 fn read(path: &Path) -> String {

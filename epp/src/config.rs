@@ -8,7 +8,7 @@ use std::time::Duration;
 use clap::Parser;
 use dynamo_kvblocks::Credential;
 use dynamo_kvcache::{QueuePolicy, RouterKnobs, RouterMode, SaturationThreshold};
-use dynamo_server::{ServerLimits, parse_duration};
+use dynamo_server::{LogArgs, ServerLimits, parse_duration};
 
 use crate::answer_parsing::AnswerParsers;
 use crate::frontend::FrontendOptions;
@@ -33,7 +33,12 @@ pub struct Args {
     pub model_card_port: u16,
 
     /// Address the HTTP frontend, ext_proc and metrics listeners bind.
-    #[arg(long, env = "DYNAMO_EPP_HOST", default_value = "0.0.0.0")]
+    #[arg(
+        long,
+        alias = "http-host",
+        env = "DYNAMO_EPP_HOST",
+        default_value = "0.0.0.0"
+    )]
     pub host: String,
     /// OpenAI HTTP frontend (also `/health`, `/live`, `/metrics`); 0 picks a free port.
     #[arg(long, env = "DYNAMO_EPP_HTTP_PORT", default_value_t = 8000)]
@@ -88,7 +93,12 @@ pub struct Args {
     #[arg(long, env = "DYNAMO_BLOCK_API_TOKEN_FILE")]
     pub block_api_token_file: Option<PathBuf>,
     /// Tokens per KV block; must match the engines'.
-    #[arg(long, env = "DYNAMO_EPP_BLOCK_SIZE", default_value_t = 16)]
+    #[arg(
+        long,
+        alias = "kv-cache-block-size",
+        env = "DYNAMO_EPP_BLOCK_SIZE",
+        default_value_t = 16
+    )]
     pub block_size: usize,
     /// kv (overlap from KV events), approx (from past picks), round-robin or random.
     #[arg(long, env = "DYN_ROUTER_MODE", default_value = "kv")]
@@ -122,15 +132,20 @@ pub struct Args {
     /// used up, a stream ends with an error event and a whole answer is a 502.
     #[arg(long, env = "DYN_MIGRATION_LIMIT", default_value_t = 0)]
     pub migration_limit: u32,
+    /// How long a request leaving a pod that failed it (a migration, or a retry before
+    /// any answer) waits for another pod to be listed when none is left, before it fails:
+    /// replicas being started or replaced are often seconds from ready.
+    #[arg(long, env = "DYNAMO_EPP_MIGRATION_WAIT", default_value = DEFAULT_MIGRATION_WAIT, value_parser = parse_duration)]
+    pub migration_wait: Duration,
     /// Splits tool calls out of chat answers' text, in this model family's format (vLLM's
     /// `--tool-call-parser` names: hermes, mistral, llama3_json, deepseek_v3, pythonic,
     /// phi4_mini_json), for engines that send calls as text (the mock engine; vLLM without
     /// `--enable-auto-tool-choice`).
-    #[arg(long, env = "DYN_TOOL_CALL_PARSER")]
+    #[arg(long, alias = "dyn-tool-call-parser", env = "DYN_TOOL_CALL_PARSER")]
     pub tool_call_parser: Option<String>,
     /// Splits `<think>` reasoning out of chat answers' text into `reasoning_content`
     /// (vLLM's `--reasoning-parser` names: deepseek_r1, qwen3).
-    #[arg(long, env = "DYN_REASONING_PARSER")]
+    #[arg(long, alias = "dyn-reasoning-parser", env = "DYN_REASONING_PARSER")]
     pub reasoning_parser: Option<String>,
     /// Send each chat prompt's token ids to the engine in `nvext.token_data` (Dynamo's
     /// field), so that an engine reading it (the mock engine) does not render and
@@ -143,7 +158,12 @@ pub struct Args {
     pub max_body_bytes: Option<usize>,
 
     /// Order of requests waiting while every pod is saturated: fcfs, lcfs or wspt.
-    #[arg(long, env = "DYNAMO_EPP_QUEUE_POLICY", default_value = "fcfs")]
+    #[arg(
+        long,
+        alias = "router-queue-policy",
+        env = "DYNAMO_EPP_QUEUE_POLICY",
+        default_value = "fcfs"
+    )]
     pub queue_policy: QueuePolicy,
     /// Requests that may wait; one more is refused with 429. 0 sheds at once.
     #[arg(long, env = "DYNAMO_EPP_QUEUE_CAPACITY", default_value_t = 1024)]
@@ -152,7 +172,11 @@ pub struct Args {
     #[arg(long, env = "DYNAMO_EPP_MAX_WAITING_REQUESTS")]
     pub max_waiting_requests: Option<u64>,
     /// A pod is saturated above this KV cache usage (0 to 1).
-    #[arg(long, env = "DYNAMO_EPP_MAX_KV_USAGE")]
+    #[arg(
+        long,
+        alias = "active-decode-blocks-threshold",
+        env = "DYNAMO_EPP_MAX_KV_USAGE"
+    )]
     pub max_kv_usage: Option<f64>,
     /// A pod is saturated with more prefill plus decode blocks in flight than this.
     #[arg(long, env = "DYNAMO_EPP_MAX_BLOCKS_IN_FLIGHT")]
@@ -160,10 +184,45 @@ pub struct Args {
 
     #[command(flatten)]
     pub server: ServerLimits,
+    #[command(flatten)]
+    pub log: LogArgs,
 }
+
+/// Dynamo's variables for our knobs, `(ours, Dynamo's)`, read by [`dynamo_server::parse_args`]
+/// when ours is unset (the frontend's, in Dynamo's `components/src/dynamo/frontend/frontend_args.py`
+/// and `common/configuration/groups/{router,kv_router}_args.py`; docs/dynamo-compatibility.md).
+/// `DYN_ROUTER_MODE`, `DYN_MIGRATION_LIMIT` and the parsers' are Dynamo's and read directly.
+pub const DYNAMO_ENV_ALIASES: &[(&str, &str)] = &[
+    ("DYNAMO_MODEL_PATH", "DYN_MODEL_PATH"),
+    ("DYNAMO_MODEL_NAME", "DYN_MODEL_NAME"),
+    ("DYNAMO_EPP_HOST", "DYN_HTTP_HOST"),
+    ("DYNAMO_EPP_HTTP_PORT", "DYN_HTTP_PORT"),
+    ("DYNAMO_EPP_BLOCK_SIZE", "DYN_KV_CACHE_BLOCK_SIZE"),
+    ("DYNAMO_EPP_ROUTER_TEMPERATURE", "DYN_ROUTER_TEMPERATURE"),
+    (
+        "DYNAMO_EPP_OVERLAP_SCORE_WEIGHT",
+        "DYN_ROUTER_KV_OVERLAP_SCORE_WEIGHT",
+    ),
+    (
+        "DYNAMO_EPP_OVERLAP_SCORE_WEIGHT",
+        "DYN_OVERLAP_SCORE_WEIGHT",
+    ),
+    (
+        "DYNAMO_EPP_OVERLAP_SCORE_WEIGHT",
+        "DYN_ROUTER_PREFILL_LOAD_SCALE",
+    ),
+    ("DYNAMO_EPP_APPROX_TTL", "DYN_ROUTER_TTL_SECS"),
+    ("DYNAMO_EPP_QUEUE_POLICY", "DYN_ROUTER_QUEUE_POLICY"),
+    (
+        "DYNAMO_EPP_MAX_KV_USAGE",
+        "DYN_ACTIVE_DECODE_BLOCKS_THRESHOLD",
+    ),
+];
 
 /// Pods an HTTP frontend request is tried on unless `--max-attempts` says otherwise.
 pub const DEFAULT_MAX_ATTEMPTS: usize = 3;
+/// `--migration-wait` unless given.
+pub const DEFAULT_MIGRATION_WAIT: &str = "10s";
 
 /// Where the pods come from.
 #[derive(Debug, Clone, PartialEq)]
@@ -321,6 +380,7 @@ impl Args {
             frontend: FrontendOptions {
                 max_attempts: self.max_attempts,
                 migration_limit: self.migration_limit,
+                migration_wait: self.migration_wait,
                 parsers,
                 forward_token_ids: self.forward_token_ids,
             },
@@ -333,6 +393,7 @@ impl Args {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use clap::{CommandFactory, FromArgMatches};
 
     fn args(extra: &[&str]) -> Result<Config, String> {
         let mut argv = vec!["dynamo-epp", "--model-path", "/m"];
@@ -409,6 +470,7 @@ mod tests {
         let c = args(&["--endpoints", "10.0.0.1:8000"]).unwrap();
         assert_eq!((c.frontend.max_attempts, c.max_body_bytes), (3, None));
         assert_eq!(c.frontend.migration_limit, 0, "off, as Dynamo's default");
+        assert_eq!(c.frontend.migration_wait, Duration::from_secs(10));
         assert_eq!(c.frontend.parsers, AnswerParsers::default());
         let c = args(&["--endpoints", "10.0.0.1:8000", "--migration-limit", "3"]).unwrap();
         assert_eq!(c.frontend.migration_limit, 3);
@@ -443,5 +505,132 @@ mod tests {
         ])
         .unwrap();
         assert_eq!(c.metrics_poll_interval, None);
+    }
+
+    /// Ours and Dynamo's spelling of each knob parse to the same configuration.
+    #[test]
+    fn dynamos_flag_names_are_aliases() {
+        let base = ["--endpoints", "10.0.0.1:8000"];
+        let pairs: &[(&[&str], &[&str])] = &[
+            (&["--block-size", "32"], &["--kv-cache-block-size", "32"]),
+            (&["--host", "127.0.0.1"], &["--http-host", "127.0.0.1"]),
+            (
+                &["--overlap-score-weight", "2.5"],
+                &["--kv-overlap-score-weight", "2.5"],
+            ),
+            (
+                &["--overlap-score-weight", "2.5"],
+                &["--router-kv-overlap-score-weight", "2.5"],
+            ),
+            (
+                &["--overlap-score-weight", "2.5"],
+                &["--router-prefill-load-scale", "2.5"],
+            ),
+            (&["--approx-ttl", "30s"], &["--router-ttl-secs", "30"]),
+            (
+                &["--queue-policy", "wspt"],
+                &["--router-queue-policy", "wspt"],
+            ),
+            (
+                &["--max-kv-usage", "0.8"],
+                &["--active-decode-blocks-threshold", "0.8"],
+            ),
+            (
+                &["--tool-call-parser", "hermes"],
+                &["--dyn-tool-call-parser", "hermes"],
+            ),
+            (
+                &["--reasoning-parser", "qwen3"],
+                &["--dyn-reasoning-parser", "qwen3"],
+            ),
+        ];
+        let default = format!("{:?}", args(&base).unwrap());
+        for (ours, dynamo) in pairs {
+            let parse = |flags: &[&str]| {
+                let argv: Vec<&str> = base.iter().chain(flags).copied().collect();
+                format!("{:?}", args(&argv).unwrap())
+            };
+            assert_eq!(parse(ours), parse(dynamo), "{ours:?} vs {dynamo:?}");
+            assert_ne!(parse(ours), default, "{ours:?} changes nothing");
+        }
+    }
+
+    /// Each of Dynamo's variables sets the same field as the flag it stands for.
+    #[test]
+    fn dynamos_variables_stand_in_for_ours() {
+        let parse = |argv: &[&str], env: &[(&str, &str)]| {
+            let var = |name: &str| {
+                env.iter()
+                    .find(|(k, _)| *k == name)
+                    .map(|(_, v)| std::ffi::OsString::from(v))
+            };
+            let command = dynamo_server::with_env_aliases(Args::command(), DYNAMO_ENV_ALIASES, var);
+            let argv = ["dynamo-epp", "--endpoints", "10.0.0.1:8000"]
+                .iter()
+                .chain(argv);
+            let matches = command.try_get_matches_from(argv).unwrap();
+            let args = Args::from_arg_matches(&matches).unwrap();
+            format!("{:?}", args.into_config().unwrap())
+        };
+        let cases: &[(&str, &str, &[&str])] = &[
+            ("DYN_MODEL_PATH", "/m2", &["--model-path", "/m2"]),
+            ("DYN_MODEL_NAME", "served", &["--model-name", "served"]),
+            ("DYN_HTTP_HOST", "127.0.0.1", &["--host", "127.0.0.1"]),
+            ("DYN_HTTP_PORT", "8123", &["--http-port", "8123"]),
+            ("DYN_KV_CACHE_BLOCK_SIZE", "64", &["--block-size", "64"]),
+            (
+                "DYN_ROUTER_TEMPERATURE",
+                "0.7",
+                &["--router-temperature", "0.7"],
+            ),
+            (
+                "DYN_ROUTER_KV_OVERLAP_SCORE_WEIGHT",
+                "3",
+                &["--overlap-score-weight", "3"],
+            ),
+            (
+                "DYN_OVERLAP_SCORE_WEIGHT",
+                "3",
+                &["--overlap-score-weight", "3"],
+            ),
+            (
+                "DYN_ROUTER_PREFILL_LOAD_SCALE",
+                "3",
+                &["--overlap-score-weight", "3"],
+            ),
+            ("DYN_ROUTER_TTL_SECS", "45", &["--approx-ttl", "45s"]),
+            (
+                "DYN_ROUTER_QUEUE_POLICY",
+                "wspt",
+                &["--queue-policy", "wspt"],
+            ),
+            (
+                "DYN_ACTIVE_DECODE_BLOCKS_THRESHOLD",
+                "0.9",
+                &["--max-kv-usage", "0.9"],
+            ),
+        ];
+        for (var, value, flags) in cases {
+            // Every case but the model path's own names the model directory.
+            let base: &[&str] = if *var == "DYN_MODEL_PATH" {
+                &[]
+            } else {
+                &["--model-path", "/m"]
+            };
+            let with_flags: Vec<&str> = base.iter().chain(flags.iter()).copied().collect();
+            assert_eq!(
+                parse(base, &[(var, value)]),
+                parse(&with_flags, &[]),
+                "{var}"
+            );
+        }
+        // A flag wins over Dynamo's variable.
+        assert_eq!(
+            parse(
+                &["--model-path", "/m", "--block-size", "8"],
+                &[("DYN_KV_CACHE_BLOCK_SIZE", "64")]
+            ),
+            parse(&["--model-path", "/m", "--block-size", "8"], &[])
+        );
     }
 }

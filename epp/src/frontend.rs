@@ -46,6 +46,7 @@ use crate::migration::{self, Progress};
 use crate::model_source::ModelSource;
 use crate::openapi;
 use crate::request::{self, Api};
+use crate::responses;
 use crate::router::{Assignment, RouteError, RouteRequest, Router};
 use crate::speculative;
 
@@ -79,6 +80,8 @@ pub struct FrontendOptions {
     pub max_attempts: usize,
     /// Times one request may migrate mid-answer.
     pub migration_limit: u32,
+    /// How long a request leaving a failed pod waits for another when none is listed.
+    pub migration_wait: Duration,
     /// Tool-call and reasoning parsing of chat answers.
     pub parsers: AnswerParsers,
     /// Send chat prompts' token ids along (`nvext.token_data`) to engines that read them.
@@ -127,6 +130,14 @@ pub fn routes(frontend: Arc<Frontend>) -> HttpRouter {
         );
     }
     routes
+        .route(
+            responses::PATH,
+            post(
+                |State(f): State<Arc<Frontend>>, headers: HeaderMap, body: Body| async move {
+                    f.serve_responses(headers, body).await
+                },
+            ),
+        )
         .route("/v1/models", get(models))
         .route(openapi::PATH, get(openapi::serve))
         .merge(ops_routes())
@@ -134,7 +145,8 @@ pub fn routes(frontend: Arc<Frontend>) -> HttpRouter {
             ApiError {
                 status: StatusCode::NOT_FOUND,
                 message: "Not found: the frontend serves /v1/chat/completions, \
-                          /v1/completions, /v1/embeddings, /v1/models and /openapi.json"
+                          /v1/completions, /v1/embeddings, /v1/responses, /v1/models \
+                          and /openapi.json"
                     .into(),
                 kind: "invalid_request_error",
                 param: None,
@@ -248,19 +260,45 @@ enum Answer {
 impl Frontend {
     async fn serve(self: Arc<Self>, api: Api, headers: HeaderMap, body: Body) -> Response {
         let started = Instant::now();
-        let response = match self.model.get() {
-            Ok(loaded) => match read_body(&headers, body, loaded.body_limit).await {
-                Ok(body) => match self.proxy(api, &headers, body, started).await {
-                    Ok(response) => response,
-                    Err(e) => e.into_response(),
-                },
-                Err(e) => e.into_response(),
-            },
-            Err(e) => e.into_response(),
+        let response = match self.read(&headers, body).await {
+            Ok(body) => self.proxy(api, &headers, body, started).await,
+            Err(e) => Err(e),
         };
+        let response = response.unwrap_or_else(IntoResponse::into_response);
         self.metrics
             .request(self.model.name(), api.path(), response.status().as_str());
         response
+    }
+
+    /// `/v1/responses`: the request, translated, goes the chat path; its answer is
+    /// translated back ([`responses`]).
+    async fn serve_responses(self: Arc<Self>, headers: HeaderMap, body: Body) -> Response {
+        let started = Instant::now();
+        let response = async {
+            let body = self.read(&headers, body).await?;
+            let translation = responses::translate(&body)?;
+            let chat = self
+                .proxy(Api::Chat, &headers, translation.chat.clone(), started)
+                .await?;
+            let model = self.model.get()?.model.clone();
+            let count: responses::TokenCounter =
+                Arc::new(move |text: &str| model.encode(text).len() as u64);
+            Ok::<_, ApiError>(responses::answer(translation, chat, count).await)
+        }
+        .await
+        .unwrap_or_else(IntoResponse::into_response);
+        self.metrics.request(
+            self.model.name(),
+            responses::PATH,
+            response.status().as_str(),
+        );
+        response
+    }
+
+    /// The request body, once the model is loaded (its context bounds the body).
+    async fn read(&self, headers: &HeaderMap, body: Body) -> Result<Bytes, ApiError> {
+        let limit = self.model.get()?.body_limit;
+        read_body(headers, body, limit).await
     }
 
     async fn proxy(
@@ -451,9 +489,14 @@ impl Frontend {
         let mut attempt = 0;
         loop {
             attempt += 1;
+            // A request leaving a pod that failed it may wait for another to be listed.
+            let wait = match call.route.exclude.is_empty() {
+                true => Duration::ZERO,
+                false => self.options.migration_wait,
+            };
             let assignment = self
                 .router
-                .route(call.route.clone())
+                .route_within(call.route.clone(), wait)
                 .await
                 .map_err(route_error)?;
             let sent = Instant::now();

@@ -10,8 +10,9 @@
 //!   [`model_source`]: the model, from a directory or the pods' model cards;
 //! - [`router`]: the shared routing state, picks and load accounting;
 //! - [`request`]: OpenAI request checks and tokenization; [`meter`]: response metrics;
-//! - [`frontend`]: the HTTP frontend; [`migration`]: continuing an answer on another
-//!   pod; [`ext_proc`]: the gateway's ext_proc server;
+//! - [`frontend`]: the HTTP frontend; [`responses`]: its Responses API over the chat
+//!   path; [`migration`]: continuing an answer on another pod; [`ext_proc`]: the
+//!   gateway's ext_proc server;
 //! - [`metrics`]: the Prometheus registry.
 
 pub mod answer_parsing;
@@ -28,6 +29,7 @@ pub mod model_source;
 pub mod openapi;
 pub mod pool;
 pub mod request;
+pub mod responses;
 pub mod router;
 pub mod speculative;
 
@@ -40,7 +42,7 @@ use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
-pub use config::{Args, Config};
+pub use config::{Args, Config, DYNAMO_ENV_ALIASES};
 pub use router::Router;
 
 use crate::ext_proc::ExtProc;

@@ -1,14 +1,21 @@
 //! `dynamo-epp`: the endpoint picker binary (see `docs/epp.md`).
 
-use clap::Parser;
-use dynamo_epp::Args;
-use dynamo_server::{init_logging, shutdown_signal};
+use std::process::ExitCode;
+
+use dynamo_epp::{Args, DYNAMO_ENV_ALIASES};
+use dynamo_server::{exit_code, init_logging, parse_args, shutdown_signal};
 
 #[tokio::main]
-async fn main() -> anyhow::Result<()> {
+async fn main() -> ExitCode {
     release_large_allocations();
-    init_logging();
-    let config = Args::parse().into_config()?;
+    let args: Args = parse_args(DYNAMO_ENV_ALIASES);
+    init_logging(&args.log);
+    let log = args.log.clone();
+    exit_code(&log, serve(args).await)
+}
+
+async fn serve(args: Args) -> anyhow::Result<()> {
+    let config = args.into_config()?;
     let epp = dynamo_epp::start(config).await?;
     tracing::info!(
         model = %epp.model_name,
@@ -16,6 +23,7 @@ async fn main() -> anyhow::Result<()> {
         ext_proc = %epp.ext_proc_addr,
         metrics = ?epp.metrics_addr,
         mode = %epp.router.config().mode,
+        block_size = epp.router.config().block_size,
         "dynamo-epp serving"
     );
     let stop = epp.stop_token();

@@ -502,7 +502,7 @@ impl Metrics {
             m.model_card_mismatch.clone(),
         );
         r.register(
-            "dynamo_epp_endpoints",
+            frontend::ENDPOINTS,
             "Known pods, by role and state (ready: KV snapshot received or warm-up over)",
             m.endpoints.clone(),
         );

@@ -11,6 +11,8 @@ use dynamo_llm::openai::{
 };
 use utoipa::OpenApi;
 
+use crate::responses::{ResponseObject, ResponsesRequest};
+
 /// The path it is served at.
 pub const PATH: &str = "/openapi.json";
 
@@ -19,10 +21,10 @@ pub const PATH: &str = "/openapi.json";
     info(
         title = "dynamo-rs OpenAI-compatible frontend",
         description = "The endpoint picker's HTTP frontend: OpenAI's chat, completions, \
-                       embeddings and models APIs, routed to the engine holding the \
-                       prompt's KV cache."
+                       embeddings, responses and models APIs, routed to the engine holding \
+                       the prompt's KV cache."
     ),
-    paths(chat_completions, completions, embeddings, models),
+    paths(chat_completions, completions, embeddings, responses, models),
     components(schemas(ChatCompletionChunk))
 )]
 struct FrontendApi;
@@ -82,6 +84,23 @@ fn completions() {}
 #[allow(dead_code)]
 fn embeddings() {}
 
+/// A response of OpenAI's Responses API, whole or streamed, answered through the chat path.
+#[utoipa::path(
+    post,
+    path = "/v1/responses",
+    request_body = ResponsesRequest,
+    responses(
+        (status = 200, description = "The response; with `stream: true`, `text/event-stream` of the Responses API's events (`response.created` ... `response.completed`)", body = ResponseObject),
+        (status = 400, description = "A malformed request, or one that needs server-side state or built-in tools (`previous_response_id`, `store: true`, ...)", body = ErrorBody),
+        (status = 404, description = "An unknown model", body = ErrorBody),
+        (status = 413, description = "A body over the limit", body = ErrorBody),
+        (status = 429, description = "Every engine is saturated and the queue is full", body = ErrorBody),
+        (status = 503, description = "No engine can serve it", body = ErrorBody),
+    )
+)]
+#[allow(dead_code)]
+fn responses() {}
+
 /// The served model.
 #[utoipa::path(get, path = "/v1/models", responses((status = 200, body = ModelList)))]
 #[allow(dead_code)]
@@ -95,7 +114,12 @@ mod tests {
     async fn the_document_names_every_route_with_its_generated_schemas() {
         let doc = serde_json::to_value(serve().await.0).unwrap();
         assert!(doc["openapi"].as_str().unwrap().starts_with("3."));
-        for path in ["/v1/chat/completions", "/v1/completions", "/v1/embeddings"] {
+        for path in [
+            "/v1/chat/completions",
+            "/v1/completions",
+            "/v1/embeddings",
+            "/v1/responses",
+        ] {
             let op = &doc["paths"][path]["post"];
             assert!(op["requestBody"].is_object(), "{path}: {op}");
             assert!(op["responses"]["400"].is_object(), "{path}");
@@ -117,6 +141,8 @@ mod tests {
             "ChatCompletionChunk",
             "EmbeddingList",
             "ErrorBody",
+            "ResponsesRequest",
+            "ResponseObject",
         ] {
             assert!(schemas[schema].is_object(), "{schema} missing");
         }

@@ -15,14 +15,14 @@
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, RwLock};
-use std::time::{Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use dynamo_kvcache::{
     BlockHasher, Decision, EngineMetrics, IndexError, KvIndex, OverlapScores, QueuedRequest,
     RequestId, RouterMode, RoutingCore, SeqHash, Side, Ticket, WaitingQueue, WorkModel, WorkerId,
 };
 use dynamo_kvstream::PodUpdate;
-use tokio::sync::oneshot;
+use tokio::sync::{oneshot, watch};
 
 use crate::config::RouterConfig;
 use dynamo_names::Role;
@@ -124,6 +124,9 @@ pub struct Router {
     state: Mutex<State>,
     /// Origin of the approximate index's clock.
     origin: Instant,
+    /// Ticks when a pod may have become able to serve (listed, or its model card fixed),
+    /// for requests waiting for one ([`Router::route_within`]).
+    serving_changed: watch::Sender<()>,
 }
 
 /// A routed request: the pod it goes to, accounted as load until dropped.
@@ -213,6 +216,7 @@ impl Router {
             metrics,
             state: Mutex::new(state),
             origin: Instant::now(),
+            serving_changed: watch::Sender::new(()),
         }
     }
 
@@ -243,6 +247,35 @@ impl Router {
         let seconds = started.elapsed().as_secs_f64();
         self.metrics.stage(metrics::ROUTE, seconds);
         routed
+    }
+
+    /// [`Router::route`], but while no pod can take the request (the only ones left
+    /// failed it), waits up to `wait` for one to be listed instead of failing at once:
+    /// a request leaving a dead pod while the other replicas are seconds from being
+    /// listed is not cut.
+    pub async fn route_within(
+        self: &Arc<Self>,
+        request: RouteRequest,
+        wait: Duration,
+    ) -> Result<Assignment, RouteError> {
+        let deadline = tokio::time::Instant::now() + wait;
+        loop {
+            // Subscribed before the attempt, so a pod listed during it is not missed.
+            let mut changed = self.serving_changed.subscribe();
+            match self.route(request.clone()).await {
+                Err(RouteError::NoEndpoint(reason)) if !wait.is_zero() => {
+                    if tokio::time::timeout_at(deadline, changed.changed())
+                        .await
+                        .is_err()
+                    {
+                        return Err(RouteError::NoEndpoint(format!(
+                            "{reason}, and none was listed within {wait:?}"
+                        )));
+                    }
+                }
+                routed => return routed,
+            }
+        }
     }
 
     async fn choose(
@@ -515,6 +548,7 @@ impl Router {
             self.drain(&mut st)
         };
         deliver(deliveries);
+        self.serving_changed.send_replace(());
     }
 
     /// A pod left: its blocks, load and requests in flight are forgotten.
@@ -620,7 +654,11 @@ impl Router {
             .model_card_mismatch
             .get_or_create(&pod)
             .set(i64::from(problem.is_some()));
+        let fixed = endpoint.card_problem.is_some() && problem.is_none();
         endpoint.card_problem = problem;
+        if fixed {
+            self.serving_changed.send_replace(());
+        }
     }
 
     /// The pod at `address` refused a connection: avoid it for a while.

@@ -129,26 +129,33 @@ async fn answer(State(script): State<Arc<Script>>, body: Bytes) -> Response {
 }
 
 impl Script {
-    /// `pods` scripted pods serving one script, in the endpoints file.
-    async fn start(pods: usize, breaks: usize, file: &EndpointsFile) -> Arc<Self> {
-        let script = Arc::new(Script {
+    fn new(breaks: usize) -> Arc<Self> {
+        Arc::new(Script {
             breaks: AtomicUsize::new(breaks),
             answers: AtomicUsize::new(0),
             bodies: Mutex::new(Vec::new()),
-        });
+        })
+    }
+
+    /// One more scripted pod serving this script: its endpoints file entry.
+    async fn pod(self: &Arc<Self>) -> Value {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let address = listener.local_addr().unwrap();
+        let app = axum::Router::new()
+            .route("/v1/completions", post(answer))
+            .route("/v1/chat/completions", post(answer))
+            .with_state(self.clone());
+        tokio::spawn(async move { axum::serve(listener, app).await });
+        // No KV stream: the pods are used in round-robin.
+        json!({"address": address.to_string(), "kv_events": format!("http://{address}")})
+    }
+
+    /// `pods` scripted pods serving one script, in the endpoints file.
+    async fn start(pods: usize, breaks: usize, file: &EndpointsFile) -> Arc<Self> {
+        let script = Self::new(breaks);
         let mut entries = Vec::new();
         for _ in 0..pods {
-            let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-            let address = listener.local_addr().unwrap();
-            let app = axum::Router::new()
-                .route("/v1/completions", post(answer))
-                .route("/v1/chat/completions", post(answer))
-                .with_state(script.clone());
-            tokio::spawn(async move { axum::serve(listener, app).await });
-            // No KV stream: the pods are used in round-robin.
-            entries.push(
-                json!({"address": address.to_string(), "kv_events": format!("http://{address}")}),
-            );
+            entries.push(script.pod().await);
         }
         file.write(&entries);
         script
@@ -160,12 +167,25 @@ impl Script {
 }
 
 async fn picker(file: &EndpointsFile, pods: usize, migration_limit: u32) -> Epp {
+    picker_waiting(file, pods, migration_limit, None).await
+}
+
+/// [`picker`] with `--migration-wait` other than its default.
+async fn picker_waiting(
+    file: &EndpointsFile,
+    pods: usize,
+    migration_limit: u32,
+    migration_wait: Option<Duration>,
+) -> Epp {
     let router = RouterConfig {
         mode: RouterMode::RoundRobin,
         ..RouterConfig::default()
     };
     let mut config = config(file, router);
     config.frontend.migration_limit = migration_limit;
+    if let Some(wait) = migration_wait {
+        config.frontend.migration_wait = wait;
+    }
     let epp = start(config).await.expect("picker starts");
     eventually("the pods", || async {
         epp.router.endpoints().len() == pods
@@ -187,6 +207,16 @@ async fn send(epp: &Epp, path: &str, body: Value) -> reqwest::Response {
 fn events(body: &str) -> Vec<&str> {
     body.split("\n\n")
         .filter_map(|f| f.strip_prefix("data: "))
+        .collect()
+}
+
+/// The parsed events of an SSE body that ends with `[DONE]`, less that.
+fn events_before_done(body: &str) -> Vec<Value> {
+    let frames = events(body);
+    assert_eq!(frames.last(), Some(&"[DONE]"), "{body}");
+    frames[..frames.len() - 1]
+        .iter()
+        .map(|f| serde_json::from_str(f).unwrap())
         .collect()
 }
 
@@ -225,12 +255,7 @@ async fn a_stream_cut_twice_continues_on_a_third_pod_as_one_stream() {
     let response = send(&epp, "/v1/completions", request).await;
     assert_eq!(response.status(), 200);
     let body = response.text().await.unwrap();
-    let frames = events(&body);
-    assert_eq!(frames.last(), Some(&"[DONE]"), "{body}");
-    let parsed: Vec<Value> = frames[..frames.len() - 1]
-        .iter()
-        .map(|f| serde_json::from_str(f).unwrap())
-        .collect();
+    let parsed = events_before_done(&body);
     // Every token once, in order, under the first answer's id and creation time.
     assert_eq!(text_of(&parsed), words(0, MAX_TOKENS), "{body}");
     for event in &parsed {
@@ -337,4 +362,77 @@ async fn a_whole_answer_cut_short_is_asked_again_or_without_migration_is_a_502()
         }
         epp.shutdown().await.unwrap();
     }
+}
+
+/// The only pod breaks off with the other replica not listed yet: the stream waits
+/// (within `--migration-wait`) and continues on the replica once it is listed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_migration_with_no_pod_left_waits_for_one_to_be_listed() {
+    let file = EndpointsFile::new();
+    let script = Script::new(1);
+    let first = script.pod().await;
+    file.write(std::slice::from_ref(&first));
+    let epp = picker(&file, 1, 3).await;
+    let request = json!({"model": MODEL, "prompt": PROMPT, "max_tokens": MAX_TOKENS,
+        "stream": true});
+    let answer = tokio::spawn({
+        let url = format!("http://{}/v1/completions", epp.http_addr);
+        async move {
+            let response = reqwest::Client::new()
+                .post(url)
+                .json(&request)
+                .send()
+                .await
+                .unwrap();
+            response.text().await.unwrap()
+        }
+    });
+    // The first pod's answer broke off, and the picker found no pod to continue on.
+    let failed = format!(
+        "dynamo_epp_upstream_failures_total{{pod=\"{}\"}} 1",
+        first["address"].as_str().unwrap()
+    );
+    eventually("the break", || async {
+        metrics(&epp).await.contains(&failed)
+    })
+    .await;
+    let second = script.pod().await;
+    file.write(&[first, second]);
+    let body = answer.await.unwrap();
+    let parsed = events_before_done(&body);
+    assert!(parsed.iter().all(|e| e.get("error").is_none()), "{body}");
+    assert_eq!(text_of(&parsed), words(0, MAX_TOKENS), "{body}");
+    let bodies = script.bodies();
+    assert_eq!(bodies.len(), 2);
+    assert_eq!(
+        bodies[1]["prompt"],
+        format!("{PROMPT}{}", words(0, BEFORE_BREAK))
+    );
+    epp.shutdown().await.unwrap();
+}
+
+/// No pod listed within `--migration-wait`: the stream ends with an error event that
+/// says so, and `[DONE]`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_migration_that_finds_no_pod_within_the_wait_ends_the_stream_saying_so() {
+    let file = EndpointsFile::new();
+    let script = Script::start(1, 1, &file).await;
+    let epp = picker_waiting(&file, 1, 3, Some(Duration::from_millis(300))).await;
+    let request = json!({"model": MODEL, "prompt": PROMPT, "max_tokens": MAX_TOKENS,
+        "stream": true});
+    let body = send(&epp, "/v1/completions", request)
+        .await
+        .text()
+        .await
+        .unwrap();
+    let frames = events(&body);
+    assert_eq!(frames.last(), Some(&"[DONE]"), "{body}");
+    let error: Value = serde_json::from_str(frames[frames.len() - 2]).unwrap();
+    let message = error["error"]["message"].as_str().unwrap();
+    assert!(
+        message.contains("none was listed within 300ms"),
+        "{message}"
+    );
+    assert_eq!(script.bodies().len(), 1);
+    epp.shutdown().await.unwrap();
 }

@@ -1,7 +1,8 @@
 //! The router's cost knobs as command-line flags (feature `cli`), under one set of names
 //! and variables for the picker and the replays (`dynamo-e2e replay`), so what a replay
 //! measured is set the same way live. Names follow Dynamo's frontend
-//! (`--router-temperature`, `--overlap-score-weight`).
+//! (`--router-temperature`; its other names are aliases, from
+//! `components/src/dynamo/common/configuration/groups/kv_router_args.py`).
 
 use std::time::Duration;
 
@@ -17,13 +18,14 @@ pub struct RouterKnobs {
     /// Weight of prefill work (uncached prompt blocks) against decode load.
     #[arg(
         long,
-        alias = "prefill-load-scale",
+        // Dynamo's current, deprecated and older names of this weight.
+        aliases = ["prefill-load-scale", "router-prefill-load-scale", "router-kv-overlap-score-weight", "kv-overlap-score-weight"],
         env = "DYNAMO_EPP_OVERLAP_SCORE_WEIGHT",
         default_value_t = DEFAULT_PREFILL_LOAD_SCALE
     )]
     pub overlap_score_weight: f64,
     /// approx mode: how long a routed prompt is believed cached on its pod.
-    #[arg(long, env = "DYNAMO_EPP_APPROX_TTL", default_value = "120s", value_parser = parse_duration)]
+    #[arg(long, alias = "router-ttl-secs", env = "DYNAMO_EPP_APPROX_TTL", default_value = "120s", value_parser = parse_duration)]
     pub approx_ttl: Duration,
 }
 

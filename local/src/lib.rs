@@ -253,7 +253,7 @@ async fn serve(
     }
     let admin = tokio::spawn(admin.serve(runner.clone()));
     let probes = tokio::spawn(probe_readiness(runner.clone()));
-    let ready = tokio::spawn(announce_ready(args.host.clone(), args.port));
+    let ready = tokio::spawn(announce_ready(runner.clone(), args.host.clone(), args.port));
     let planner = planner.map(|p| tokio::spawn(start_planner(runner.clone(), p)));
     dynamo_server::logged_shutdown_signal().await;
     admin.abort();
@@ -641,6 +641,22 @@ impl Runner {
         EndpointsFile { endpoints }
     }
 
+    /// With every replica started in the picker's list: how many there are.
+    fn every_replica_listed(&self) -> Option<usize> {
+        let replicas = self
+            .replicas
+            .iter()
+            .flat_map(|(service, list)| list.iter().map(move |r| (service.clone(), r.index)));
+        let mut count = 0;
+        for replica in replicas {
+            if !self.ready.contains(&replica) {
+                return None;
+            }
+            count += 1;
+        }
+        (self.complete && count > 0).then_some(count)
+    }
+
     /// Whether every service that has replicas has a ready one.
     fn every_service_ready(&self) -> bool {
         self.replicas.iter().all(|(service, replicas)| {
@@ -981,20 +997,51 @@ fn print_table(runner: &Runner, args: &RunArgs, admin: &Admin) -> anyhow::Result
     Ok(())
 }
 
-/// Prints one line when the frontend answers `/health` with 200.
-async fn announce_ready(host: String, port: u16) {
+/// Prints one line once every replica started is in the picker's list and the picker
+/// answers `/health` with 200: a graph announced ready with one of its replicas listed
+/// would take a burst of requests, or an engine's loss, on that one alone.
+async fn announce_ready(runner: Arc<Mutex<Runner>>, host: String, port: u16) {
     let host = reachable(&host);
-    let url = format!("http://{host}:{port}/health");
     let client = reqwest::Client::new();
     loop {
-        if let Ok(response) = client.get(&url).send().await
-            && response.status().is_success()
+        let listed = runner.lock().await.every_replica_listed();
+        if let Some(replicas) = listed
+            && picker_answers(&client, &host, port, replicas).await
         {
             println!("ready: the OpenAI API answers on http://{host}:{port}/v1");
             return;
         }
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
+}
+
+/// Whether the picker at `host:port` is healthy and lists `replicas` pods.
+async fn picker_answers(client: &reqwest::Client, host: &str, port: u16, replicas: usize) -> bool {
+    let url = |path: &str| format!("http://{host}:{port}{path}");
+    let healthy = client
+        .get(url("/health"))
+        .send()
+        .await
+        .is_ok_and(|r| r.status().is_success());
+    if !healthy {
+        return false;
+    }
+    let Ok(metrics) = client.get(url("/metrics")).send().await else {
+        return false;
+    };
+    metrics
+        .text()
+        .await
+        .is_ok_and(|text| listed_pods(&text) == replicas)
+}
+
+/// The pods the picker's `/metrics` text says it lists, in any role and state.
+fn listed_pods(metrics: &str) -> usize {
+    metrics
+        .lines()
+        .filter(|l| l.starts_with(&format!("{}{{", dynamo_names::metrics::frontend::ENDPOINTS)))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum::<f64>() as usize
 }
 
 /// Takes `n` replicas out of `list`, as Kubernetes' ReplicaSet picks pods to delete:
@@ -1023,6 +1070,17 @@ mod tests {
 
     use super::*;
     use crate::plan::tests::{options, sample};
+
+    #[test]
+    fn the_listed_pods_are_counted_over_every_role_and_state() {
+        let metrics = "# HELP dynamo_epp_endpoints Known pods\n\
+            dynamo_epp_endpoints{role=\"prefill\",state=\"ready\"} 2\n\
+            dynamo_epp_endpoints{role=\"decode\",state=\"syncing\"} 1\n\
+            dynamo_epp_endpoints_other{role=\"decode\"} 7\n\
+            dynamo_epp_index_blocks 40\n";
+        assert_eq!(listed_pods(metrics), 3);
+        assert_eq!(listed_pods(""), 0);
+    }
 
     #[test]
     fn a_scale_down_takes_replicas_still_starting_before_ready_ones_newest_first() {

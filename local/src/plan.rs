@@ -462,7 +462,11 @@ impl Graph {
         if self.wiring.served_model.is_none() {
             args.extend(["--model-name".into(), self.model_name.clone()]);
         }
-        let mut env = Vec::new();
+        // The service's log format is its sidecar's too (docs/dynamo-compatibility.md).
+        let mut env: Vec<_> = (worker.env.iter())
+            .filter(|(name, _)| dynamo_server::LOG_FORMAT_ENVS.contains(&name.as_str()))
+            .cloned()
+            .collect();
         let mut dirs = Vec::new();
         if let Some(tiers) = &worker.engine.kvbm {
             let prefix = kvbm::object_prefix(LOCAL_SCOPE, &self.name, service);
@@ -649,6 +653,24 @@ pub(crate) mod tests {
     }
 
     #[test]
+    fn the_services_log_format_reaches_its_sidecar() {
+        let mut dgd = sample("agg-mocker.yaml");
+        let var = |name: &str, value: &str| k8s_openapi::api::core::v1::EnvVar {
+            name: name.into(),
+            value: Some(value.into()),
+            value_from: None,
+        };
+        let worker = dgd.spec.services.get_mut("worker").unwrap();
+        worker.envs = Some(vec![var("DYN_LOGGING_JSONL", "1"), var("OTHER", "x")]);
+        let graph = Graph::from_dgd(&dgd, &options()).unwrap();
+        let sidecar = graph.sidecar_command("worker", PORTS, Path::new("/d"), Path::new(ENDPOINTS));
+        assert_eq!(
+            sidecar.env,
+            [("DYN_LOGGING_JSONL".to_string(), "1".to_string())]
+        );
+    }
+
+    #[test]
     fn tiers_on_a_vllm_worker_load_our_connector_unless_it_runs_several_ranks() {
         let mut dgd = sample("agg-vllm.yaml");
         let worker = dgd.spec.services.get_mut("VllmWorker").unwrap();
@@ -731,7 +753,7 @@ pub(crate) mod tests {
             var("AWS_ACCESS_KEY_ID", "id"),
             var("DYN_KVBM_OBJECT_ENABLED", "true"),
             var("DYN_KVBM_OBJECT_BUCKET", "kv-blocks"),
-            var("DYN_KVBM_OBJECT_CACHE_GB", "1"),
+            var("DYNAMO_KVBM_OBJECT_CACHE_GB", "1"),
             var("DYN_KVBM_OBJECT_ENDPOINT", "https://s3.example.com"),
         ]);
         let graph = Graph::from_dgd(&dgd, &options()).unwrap();

@@ -9,7 +9,7 @@ use anyhow::{Context, anyhow};
 use clap::{Parser, ValueEnum};
 use dynamo_llm::parsers::ToolCallParser;
 use dynamo_perfmodel::{Dtype, Estimator, GpuSpec, ModelArch};
-use dynamo_server::ServerLimits;
+use dynamo_server::{LogArgs, ServerLimits};
 
 use crate::kv_blocks::{
     DEFAULT_DISK_BANDWIDTH_GBPS, DEFAULT_HOST_BANDWIDTH_GBPS, DEFAULT_LINK_BANDWIDTH_GBPS,
@@ -134,6 +134,8 @@ pub struct Args {
     pub tool_call_format: Option<ToolCallParser>,
     #[command(flatten)]
     pub server: ServerLimits,
+    #[command(flatten)]
+    pub log: LogArgs,
 }
 
 fn tool_call_format(name: &str) -> Result<ToolCallParser, String> {

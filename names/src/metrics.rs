@@ -1,7 +1,8 @@
 //! Metric family names, as registered (prometheus-client adds `_total` to a counter and
 //! `_bucket`, `_sum`, `_count` to a histogram). Only names that cross a crate are here:
 //! what the picker exports and the planner queries, and what the dashboards and alert
-//! rules in `config/monitoring/` read (checked by `e2e/tests/monitoring_config.rs`).
+//! rules in `charts/dynamo-platform/files/monitoring/` read (checked by
+//! `e2e/tests/monitoring_config.rs`).
 
 /// The picker's, in Dynamo's frontend names where Dynamo has one (`epp/src/metrics.rs`).
 pub mod frontend {
@@ -37,6 +38,8 @@ pub mod frontend {
     pub const ENGINE_KV_USAGE: &str = "dynamo_epp_engine_kv_usage";
     /// Gauge by `pod`.
     pub const ENGINE_KV_BLOCKS: &str = "dynamo_epp_engine_kv_blocks";
+    /// Gauge by `role` and `state`: the pods the picker lists.
+    pub const ENDPOINTS: &str = "dynamo_epp_endpoints";
 }
 
 /// The planner's own (`planner-service/src/metrics.rs`).

@@ -9,7 +9,7 @@ mod common;
 
 use std::process::Command;
 
-use clap::Args;
+use clap::{Args, FromArgMatches};
 use common::repo_root;
 use dynamo_operator::controller::{OperatorArgs, rbac};
 use dynamo_operator::reconcile::DEFAULT_IMAGE;
@@ -37,6 +37,8 @@ fn the_chart_rbac_is_generated_from_the_operator_tables() {
         "{{ .Files.Get \"files/clusterrole-rules.yaml\" }}",
         "kind: Role\n",
         "{{ .Files.Get \"files/role-rules.yaml\" }}",
+        "{{ .Files.Get \"files/namespace-role-rules.yaml\" }}",
+        "{{ .Files.Get \"files/conversion-rules.yaml\" }}",
     ] {
         assert!(template.contains(include), "rbac.yaml lacks {include:?}");
     }
@@ -205,4 +207,280 @@ fn the_chart_runs_the_image_make_image_builds_and_hands_it_to_the_operator() {
         String::from_utf8_lossy(&output.stdout).trim(),
         DEFAULT_IMAGE
     );
+}
+
+/// The rendered documents of `kind`.
+fn of_kind(docs: &[serde_json::Value], kind: &str) -> Vec<serde_json::Value> {
+    docs.iter().filter(|d| d["kind"] == kind).cloned().collect()
+}
+
+/// One rendered document of `kind` named `name`.
+fn named(docs: &[serde_json::Value], kind: &str, name: &str) -> serde_json::Value {
+    of_kind(docs, kind)
+        .into_iter()
+        .find(|d| d["metadata"]["name"] == name)
+        .unwrap_or_else(|| panic!("no {kind} {name}"))
+}
+
+/// The `rules:` of a generated rules file, as JSON.
+fn rules_json(yaml: &str) -> serde_json::Value {
+    serde_saphyr::from_str(yaml).expect("the rules are YAML")
+}
+
+const FULLNAME: &str = "dynamo-dynamo-platform";
+
+#[test]
+fn the_monitoring_files_render_as_a_prometheus_rule_and_a_dashboard_config_map() {
+    let docs = common::rendered_chart(&[]);
+    assert!(of_kind(&docs, "PrometheusRule").is_empty());
+    assert!(of_kind(&docs, "ConfigMap").is_empty());
+
+    let docs = common::rendered_chart(&[
+        "prometheusRule.enabled=true",
+        "prometheusRule.labels.release=kps",
+        "grafanaDashboard.enabled=true",
+    ]);
+    // The one copy of the rules, which promtool checks (e2e/tests/monitoring_config.rs).
+    let rules: serde_json::Value =
+        serde_saphyr::from_str(&chart_file("files/monitoring/prometheus-rules.yaml")).unwrap();
+    let rule = named(&docs, "PrometheusRule", FULLNAME);
+    assert_eq!(rule["apiVersion"], "monitoring.coreos.com/v1");
+    assert_eq!(rule["metadata"]["namespace"], "ns");
+    assert_eq!(rule["metadata"]["labels"]["release"], "kps");
+    assert_eq!(rule["spec"]["groups"], rules["groups"]);
+    assert!(rule["spec"]["groups"].as_array().unwrap().len() >= 2);
+
+    let dashboard: serde_json::Value =
+        serde_json::from_str(&chart_file("files/monitoring/grafana-dashboard.json")).unwrap();
+    let map = named(&docs, "ConfigMap", &format!("{FULLNAME}-dashboard"));
+    assert_eq!(map["metadata"]["labels"]["grafana_dashboard"], "1");
+    let data = map["data"]["dynamo.json"].as_str().expect("the dashboard");
+    // Byte for byte: Grafana's `{{model}}` legends are not taken for templates.
+    assert_eq!(
+        data,
+        chart_file("files/monitoring/grafana-dashboard.json").trim_end()
+    );
+    assert_eq!(
+        serde_json::from_str::<serde_json::Value>(data).unwrap(),
+        dashboard
+    );
+
+    let docs = common::rendered_chart(&[
+        "grafanaDashboard.enabled=true",
+        "grafanaDashboard.label=dashboards.example.com/dynamo",
+        "grafanaDashboard.labelValue=yes",
+        "grafanaDashboard.namespace=monitoring",
+        "grafanaDashboard.annotations.grafana_folder=Dynamo",
+    ]);
+    let map = named(&docs, "ConfigMap", &format!("{FULLNAME}-dashboard"));
+    let labels = &map["metadata"]["labels"];
+    assert_eq!(labels["dashboards.example.com/dynamo"], "yes");
+    assert!(labels.get("grafana_dashboard").is_none(), "{labels}");
+    assert_eq!(map["metadata"]["namespace"], "monitoring");
+    assert_eq!(map["metadata"]["annotations"]["grafana_folder"], "Dynamo");
+}
+
+fn args(deployment: &Deployment) -> Vec<String> {
+    operator_pod(deployment).1.args.clone().unwrap_or_default()
+}
+
+#[test]
+fn namespace_scoped_mode_grants_a_role_where_the_operator_watches() {
+    let docs = common::rendered_chart(&[]);
+    let cluster = named(&docs, "ClusterRole", FULLNAME);
+    assert_eq!(
+        cluster["rules"],
+        rules_json(&rbac::rules_yaml(rbac::CLUSTER_RULES))
+    );
+    assert_eq!(of_kind(&docs, "ClusterRole").len(), 1);
+    assert!(
+        !args(&rendered_deployment(&[]))
+            .iter()
+            .any(|a| a.starts_with("--watch-namespace"))
+    );
+
+    for (sets, watched) in [
+        (&["namespaceScoped.enabled=true"][..], "ns"),
+        (
+            &[
+                "namespaceScoped.enabled=true",
+                "namespaceScoped.namespace=team-a",
+            ][..],
+            "team-a",
+        ),
+    ] {
+        let docs = common::rendered_chart(sets);
+        let role = named(&docs, "Role", FULLNAME);
+        assert_eq!(role["metadata"]["namespace"], watched);
+        assert_eq!(
+            role["rules"],
+            rules_json(&rbac::rules_yaml(&rbac::namespaced_rules()))
+        );
+        let binding = named(&docs, "RoleBinding", FULLNAME);
+        assert_eq!(binding["metadata"]["namespace"], watched);
+        assert_eq!(binding["roleRef"]["kind"], "Role");
+        assert_eq!(binding["subjects"][0]["name"], FULLNAME);
+        assert_eq!(binding["subjects"][0]["namespace"], "ns");
+        // Cluster-wide only the graph CRD, by name; no binding to the full ClusterRole.
+        let cluster_roles = of_kind(&docs, "ClusterRole");
+        assert_eq!(cluster_roles.len(), 1, "{cluster_roles:?}");
+        let crd_role = &cluster_roles[0];
+        let crd_role_name = format!("{FULLNAME}-{watched}-crd");
+        assert_eq!(crd_role["metadata"]["name"], crd_role_name.as_str());
+        assert_eq!(
+            crd_role["rules"],
+            rules_json(&rbac::rules_yaml(&rbac::conversion_rules()))
+        );
+        let bindings = of_kind(&docs, "ClusterRoleBinding");
+        assert_eq!(bindings.len(), 1);
+        assert_eq!(bindings[0]["roleRef"]["name"], crd_role_name.as_str());
+        // The lease and webhook Roles stay in the release's namespace.
+        let webhook = named(&docs, "Role", &format!("{FULLNAME}-webhook"));
+        assert_eq!(webhook["metadata"]["namespace"], "ns");
+
+        let deployment = rendered_deployment(sets);
+        let flag = format!("--watch-namespace={watched}");
+        assert!(args(&deployment).contains(&flag), "{:?}", args(&deployment));
+    }
+    let refused = common::helm_template(&["namespaceScoped.namespace=Team_A"]).unwrap_err();
+    assert!(refused.contains("/namespaceScoped/namespace"), "{refused}");
+}
+
+#[test]
+fn an_optional_pod_disruption_budget_covers_the_operator_pods() {
+    assert!(of_kind(&common::rendered_chart(&[]), "PodDisruptionBudget").is_empty());
+    let selector = rendered_deployment(&[]).spec.unwrap().selector;
+    for (sets, field, value) in [
+        (
+            &["podDisruptionBudget.enabled=true"][..],
+            "maxUnavailable",
+            serde_json::json!(1),
+        ),
+        (
+            &[
+                "podDisruptionBudget.enabled=true",
+                "podDisruptionBudget.minAvailable=1",
+            ][..],
+            "minAvailable",
+            serde_json::json!(1),
+        ),
+        (
+            &[
+                "podDisruptionBudget.enabled=true",
+                "podDisruptionBudget.maxUnavailable=50%",
+            ][..],
+            "maxUnavailable",
+            serde_json::json!("50%"),
+        ),
+    ] {
+        let docs = common::rendered_chart(sets);
+        let pdb = named(&docs, "PodDisruptionBudget", FULLNAME);
+        assert_eq!(pdb["apiVersion"], "policy/v1");
+        assert_eq!(pdb["spec"][field], value, "{sets:?}");
+        let other = if field == "minAvailable" {
+            "maxUnavailable"
+        } else {
+            "minAvailable"
+        };
+        assert!(pdb["spec"].get(other).is_none(), "{pdb}");
+        assert_eq!(
+            pdb["spec"]["selector"]["matchLabels"],
+            serde_json::to_value(&selector.match_labels).unwrap()
+        );
+    }
+    let both = common::helm_template(&[
+        "podDisruptionBudget.enabled=true",
+        "podDisruptionBudget.minAvailable=1",
+        "podDisruptionBudget.maxUnavailable=1",
+    ])
+    .unwrap_err();
+    assert!(both.contains("not both"), "{both}");
+    let bad = common::helm_template(&["podDisruptionBudget.minAvailable=half"]).unwrap_err();
+    assert!(bad.contains("/podDisruptionBudget/minAvailable"), "{bad}");
+}
+
+#[test]
+fn an_image_digest_wins_over_the_tag_for_the_operator_and_every_image_it_generates() {
+    let digest = format!("sha256:{}", "0123456789abcdef".repeat(4));
+    let deployment = rendered_deployment(&[
+        "image.repository=r.io/x/dynamo",
+        "image.tag=t1",
+        &format!("image.digest={digest}"),
+        &format!("operator.sidecarImage=r.io/x/sidecar@{digest}"),
+    ]);
+    let (_, operator) = operator_pod(&deployment);
+    let pinned = format!("r.io/x/dynamo@{digest}");
+    assert_eq!(operator.image.as_deref(), Some(pinned.as_str()));
+    let flags = args(&deployment);
+    // --image is the default of the sidecar, EPP, planner and mocker images.
+    assert!(flags.contains(&format!("--image={pinned}")), "{flags:?}");
+    assert!(
+        flags.contains(&format!("--sidecar-image=r.io/x/sidecar@{digest}")),
+        "{flags:?}"
+    );
+    let command = OperatorArgs::augment_args(clap::Command::new("operator"));
+    let parsed = command
+        // The first argument is the subcommand, `operator`: the binary's name here.
+        .try_get_matches_from(&flags)
+        .expect("the operator takes the rendered flags");
+    let config = OperatorArgs::from_arg_matches(&parsed)
+        .unwrap()
+        .operator_config();
+    assert_eq!(config.epp_image, pinned);
+    assert_eq!(config.planner_image, pinned);
+    assert_eq!(config.mocker_image, pinned);
+    assert_eq!(config.sidecar_image, format!("r.io/x/sidecar@{digest}"));
+
+    for bad in [
+        "image.digest=sha256:abc".to_string(),
+        "image.digest=0123".to_string(),
+        format!("operator.eppImage=r.io/x/epp@md5:{}", "0".repeat(32)),
+    ] {
+        let refused = common::helm_template(&[&bad]).unwrap_err();
+        assert!(
+            refused.contains("does not match pattern"),
+            "{bad}: {refused}"
+        );
+    }
+}
+
+#[test]
+fn extra_env_is_appended_to_the_operator_container() {
+    let names = |deployment: &Deployment| -> Vec<String> {
+        let (_, operator) = operator_pod(deployment);
+        operator
+            .env
+            .iter()
+            .flatten()
+            .map(|e| e.name.clone())
+            .collect()
+    };
+    let chart_own = names(&rendered_deployment(&[]));
+    assert_eq!(chart_own, ["POD_NAME", "POD_NAMESPACE", "RUST_LOG"]);
+    let deployment = rendered_deployment(&[
+        "extraEnv[0].name=HTTPS_PROXY",
+        "extraEnv[0].value=http://proxy:3128",
+        "extraEnv[1].name=NODE",
+        "extraEnv[1].valueFrom.fieldRef.fieldPath=spec.nodeName",
+    ]);
+    assert_eq!(
+        names(&deployment),
+        [
+            "POD_NAME",
+            "POD_NAMESPACE",
+            "RUST_LOG",
+            "HTTPS_PROXY",
+            "NODE"
+        ]
+    );
+    let (_, operator) = operator_pod(&deployment);
+    let env = operator.env.as_ref().unwrap();
+    assert_eq!(env[3].value.as_deref(), Some("http://proxy:3128"));
+    let from = env[4]
+        .value_from
+        .as_ref()
+        .and_then(|v| v.field_ref.as_ref());
+    assert_eq!(from.map(|f| f.field_path.as_str()), Some("spec.nodeName"));
+    let refused = common::helm_template(&["extraEnv[0].value=x"]).unwrap_err();
+    assert!(refused.contains("name"), "{refused}");
 }

@@ -16,6 +16,11 @@ use serde_json::{Value, json};
 
 /// Starts both controllers on a fresh fake API server.
 fn start() -> (FakeApi, tokio::task::JoinHandle<()>) {
+    start_watching(None)
+}
+
+/// [`start`], watching only `namespace` when given (`--watch-namespace`).
+fn start_watching(namespace: Option<&'static str>) -> (FakeApi, tokio::task::JoinHandle<()>) {
     let (client, api) = FakeApi::start();
     let apis = OptionalApis::default();
     let controllers = tokio::spawn(async move {
@@ -26,6 +31,7 @@ fn start() -> (FakeApi, tokio::task::JoinHandle<()>) {
             apis,
             Arc::new(Metrics::default()),
             "test",
+            namespace,
         )
         .await;
     });
@@ -75,6 +81,49 @@ fn kubelet(api: &FakeApi) {
 
 fn state(api: &FakeApi, graph: &str) -> Value {
     api.object(&graph_path(graph)).unwrap()["status"]["state"].clone()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn watching_one_namespace_lists_and_watches_only_there() {
+    let (api, controllers) = start_watching(Some("inference"));
+    api.put(
+        &graph_path("agg-vllm"),
+        serde_json::to_value(sample("agg-vllm")).unwrap(),
+    );
+    let elsewhere = path(
+        "nvidia.com/v1alpha1",
+        "other",
+        "dynamographdeployments",
+        "agg-vllm",
+    );
+    let mut other = sample("agg-vllm");
+    other.metadata.namespace = Some("other".into());
+    api.put(&elsewhere, serde_json::to_value(other).unwrap());
+
+    eventually("the watched graph's pods are created", || {
+        api.object(&pod_path("agg-vllm-vllmworker-1")).is_some()
+    })
+    .await;
+    eventually("the watched graph is deploying", || {
+        state(&api, "agg-vllm") == "deploying"
+    })
+    .await;
+    let requests = api.requests();
+    let reads: Vec<_> = requests.iter().filter(|r| r.method == "GET").collect();
+    assert!(reads.len() >= 5, "{reads:?}");
+    for r in reads {
+        assert!(
+            r.path.contains("/namespaces/inference/"),
+            "a read outside the watched namespace: {} {}?{}",
+            r.method,
+            r.path,
+            r.query
+        );
+    }
+    assert!(requests.iter().all(|r| !r.path.contains("/nodes")));
+    assert!(api.paths("/namespaces/other/pods/").is_empty());
+    assert!(api.object(&elsewhere).unwrap()["status"].is_null());
+    controllers.abort();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -7,7 +7,7 @@ pub mod cycle;
 mod kube;
 mod local;
 pub mod metrics;
-mod source;
+pub mod source;
 pub mod target;
 
 use std::path::{Path, PathBuf};
@@ -89,9 +89,8 @@ fn read_profile(path: &Path) -> anyhow::Result<Profile> {
     Profile::from_json(&text).with_context(|| format!("profile {}", path.display()))
 }
 
-/// Runs the planner until SIGINT/SIGTERM.
+/// Runs the planner until SIGINT/SIGTERM (logging is the caller's: `dynamo --log-format`).
 pub fn run(args: PlannerArgs) -> anyhow::Result<()> {
-    dynamo_server::init_logging();
     // Every setting is checked before anything starts: a bad profile is a clear exit.
     let settings = settings(&args)?;
     tokio::runtime::Builder::new_multi_thread()
@@ -102,7 +101,11 @@ pub fn run(args: PlannerArgs) -> anyhow::Result<()> {
 }
 
 async fn serve(args: PlannerArgs, settings: Settings) -> anyhow::Result<()> {
-    let source = Prometheus::new(&args.prometheus, args.model.as_deref())?;
+    let source = Prometheus::new(
+        &args.prometheus,
+        args.model.as_deref(),
+        &args.prometheus_access,
+    )?;
     let target = match (&args.admin_url, &args.graph) {
         (Some(url), _) => Target::Local(local::LocalTarget::new(url, args.admin_token.clone())),
         (None, Some(graph)) => {

@@ -1,6 +1,7 @@
 //! The planner's own metrics (`dynamo_planner_*`): what it saw, predicted and decided, so
-//! a dashboard shows its decisions beside the traffic (config/monitoring/) and an advisory
-//! run can be read without acting on it.
+//! a dashboard shows its decisions beside the traffic
+//! (charts/dynamo-platform/files/monitoring/) and an advisory run can be read without
+//! acting on it.
 
 use std::sync::atomic::AtomicU64;
 

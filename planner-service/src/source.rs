@@ -8,6 +8,7 @@
 //! never 0: the planner holds rather than reading "no data" as "no traffic".
 
 use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
 
 use dynamo_names::metrics::frontend::{
     ENGINE_KV_BLOCKS, INPUT_SEQUENCE_TOKENS as ISL, INTER_TOKEN_LATENCY as ITL,
@@ -15,8 +16,11 @@ use dynamo_names::metrics::frontend::{
     REQUEST_DURATION as DURATION, REQUESTS, TIME_TO_FIRST_TOKEN as TTFT,
     WORKER_ACTIVE_DECODE_BLOCKS as ACTIVE_DECODE, WORKER_ACTIVE_PREFILL_TOKENS as ACTIVE_PREFILL,
 };
+use dynamo_wiring::planner::PrometheusAccess;
 use prometheus_http_query::Client;
 use prometheus_http_query::response::Data;
+use reqwest::StatusCode;
+use reqwest::header::{AUTHORIZATION, HeaderValue};
 
 use super::cycle::{EngineReading, Traffic, WorkerKind};
 
@@ -32,19 +36,227 @@ pub struct Prometheus {
     url: String,
     /// `{model="..."}` or empty.
     selector: String,
+    credentials: Option<Credentials>,
+}
+
+/// Where the `Authorization` header comes from. The files are read again for every query,
+/// as Prometheus' own client does (`prometheus/common` `config/http_config.go`: the
+/// `credentials_file` and `password_file` round trippers read the file per request): a
+/// kubelet-rotated projected token or a re-mounted Secret is used at the next query, with
+/// no watcher and no restart, for a file read per query (a few per interval).
+enum Credentials {
+    Bearer(PathBuf),
+    Basic {
+        user: String,
+        password_file: PathBuf,
+    },
+}
+
+impl Credentials {
+    fn of(access: &PrometheusAccess) -> Option<Self> {
+        match (&access.bearer_token_file, &access.basic_auth_user) {
+            (Some(file), _) => Some(Self::Bearer(file.clone())),
+            (None, Some(user)) => Some(Self::Basic {
+                user: user.clone(),
+                // The parser requires the file with the user.
+                password_file: access.basic_auth_password_file.clone()?,
+            }),
+            (None, None) => None,
+        }
+    }
+
+    /// The header, from the file as it is now; the error names the flag and the file.
+    fn header(&self) -> Result<HeaderValue, String> {
+        let mut value = match self {
+            Self::Bearer(file) => {
+                let token = secret(file, "--prometheus-bearer-token-file")?;
+                HeaderValue::try_from(format!("Bearer {token}"))
+            }
+            Self::Basic {
+                user,
+                password_file,
+            } => {
+                use base64::Engine as _;
+                let password = secret(password_file, "--prometheus-basic-auth-password-file")?;
+                let pair =
+                    base64::engine::general_purpose::STANDARD.encode(format!("{user}:{password}"));
+                HeaderValue::try_from(format!("Basic {pair}"))
+            }
+        }
+        .map_err(|_| "the credentials hold a character an HTTP header cannot".to_string())?;
+        // Kept out of any debug output of the request.
+        value.set_sensitive(true);
+        Ok(value)
+    }
+}
+
+/// A secret file's content without surrounding whitespace (the newline `echo` and editors
+/// leave; Prometheus trims it too); an empty file is refused.
+fn secret(file: &Path, flag: &str) -> Result<String, String> {
+    let text = std::fs::read_to_string(file)
+        .map_err(|e| format!("{flag} {}: cannot read it: {e}", file.display()))?;
+    let text = text.trim();
+    if text.is_empty() {
+        return Err(format!("{flag} {}: the file is empty", file.display()));
+    }
+    Ok(text.to_string())
+}
+
+fn read_file(file: &Path, flag: &str) -> Result<Vec<u8>, String> {
+    std::fs::read(file).map_err(|e| format!("{flag} {}: cannot read it: {e}", file.display()))
+}
+
+/// The HTTP client `access` describes: rustls (on aws-lc-rs, the workspace's one
+/// provider). As Prometheus' `tls_config.ca_file`, a CA file replaces the system's roots
+/// rather than adding to them. Plain HTTP with no TLS setting trusts no root at all, so a
+/// machine or image without a CA bundle still starts it.
+fn http_client(url: &str, access: &PrometheusAccess) -> Result<reqwest::Client, String> {
+    let mut builder = reqwest::Client::builder().timeout(std::time::Duration::from_secs(10));
+    if let Some(file) = &access.ca_file {
+        let flag = "--prometheus-ca-file";
+        let certs = reqwest::Certificate::from_pem_bundle(&read_file(file, flag)?)
+            .map_err(|e| format!("{flag} {}: not PEM certificates: {e}", file.display()))?;
+        if certs.is_empty() {
+            return Err(format!(
+                "{flag} {}: holds no PEM certificate (-----BEGIN CERTIFICATE-----)",
+                file.display()
+            ));
+        }
+        builder = builder.tls_certs_only(certs);
+    } else if access.insecure_skip_verify {
+        builder = builder.tls_danger_accept_invalid_certs(true);
+    } else if !url
+        .get(..6)
+        .is_some_and(|s| s.eq_ignore_ascii_case("https:"))
+    {
+        builder = builder.tls_certs_only([]);
+    }
+    if let (Some(cert), Some(key)) = (&access.cert_file, &access.key_file) {
+        let mut pem = read_file(cert, "--prometheus-cert-file")?;
+        pem.push(b'\n');
+        pem.extend(read_file(key, "--prometheus-key-file")?);
+        let identity = reqwest::Identity::from_pem(&pem).map_err(|e| {
+            format!(
+                "--prometheus-cert-file {} / --prometheus-key-file {}: not a PEM certificate \
+                 and its private key: {}",
+                cert.display(),
+                key.display(),
+                chain(&e)
+            )
+        })?;
+        builder = builder.identity(identity);
+    }
+    builder.build().map_err(|e| {
+        format!(
+            "cannot set up its HTTP client: {} (for https without --prometheus-ca-file, \
+             the system's CA certificates)",
+            chain(&e)
+        )
+    })
+}
+
+/// An error and its causes, each once.
+fn chain(e: &dyn std::error::Error) -> String {
+    let mut out = e.to_string();
+    let mut source = e.source();
+    while let Some(cause) = source {
+        let text = cause.to_string();
+        if !out.contains(&text) {
+            out = format!("{out}: {text}");
+        }
+        source = cause.source();
+    }
+    out
+}
+
+/// What went wrong with a query, named for what to change: a refusal of the credentials,
+/// a TLS failure, else the error and its causes.
+fn explain(e: &prometheus_http_query::Error, credentials: Option<&Credentials>) -> String {
+    let mut source: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    while let Some(cause) = source {
+        if let Some(status) = cause
+            .downcast_ref::<reqwest::Error>()
+            .and_then(reqwest::Error::status)
+        {
+            return refused(status, credentials);
+        }
+        if let Some(tls) = rustls_cause(cause) {
+            let hint = match tls {
+                rustls::Error::InvalidCertificate(_) => {
+                    "is --prometheus-ca-file the CA that signed Prometheus' certificate?"
+                }
+                _ => {
+                    "does Prometheus want a client certificate it trusts \
+                     (--prometheus-cert-file, --prometheus-key-file)?"
+                }
+            };
+            return format!("TLS error: {tls} ({hint})");
+        }
+        source = cause.source();
+    }
+    chain(e)
+}
+
+/// rustls' error, which reaches us inside the I/O error(s) of the TLS stream.
+fn rustls_cause<'e>(mut e: &'e (dyn std::error::Error + 'static)) -> Option<&'e rustls::Error> {
+    loop {
+        if let Some(tls) = e.downcast_ref::<rustls::Error>() {
+            return Some(tls);
+        }
+        e = e.downcast_ref::<std::io::Error>()?.get_ref()?;
+    }
+}
+
+fn refused(status: StatusCode, credentials: Option<&Credentials>) -> String {
+    let given = match credentials {
+        Some(Credentials::Bearer(file)) => format!(
+            "the token of --prometheus-bearer-token-file {}",
+            file.display()
+        ),
+        Some(Credentials::Basic {
+            user,
+            password_file,
+        }) => format!(
+            "user {user:?} with the password of --prometheus-basic-auth-password-file {}",
+            password_file.display()
+        ),
+        None => {
+            return format!(
+                "HTTP {status}: it wants credentials and none were given: \
+                 --prometheus-bearer-token-file, or --prometheus-basic-auth-user and \
+                 --prometheus-basic-auth-password-file"
+            );
+        }
+    };
+    match status {
+        StatusCode::UNAUTHORIZED => format!("HTTP {status}: it refused {given}"),
+        StatusCode::FORBIDDEN => format!(
+            "HTTP {status}: {given} may not query it (OpenShift's Thanos Querier wants the \
+             cluster-monitoring-view cluster role)"
+        ),
+        _ => format!("HTTP {status}"),
+    }
 }
 
 impl Prometheus {
-    /// `url` is Prometheus' base URL; `model`, when given, keeps only that model's series.
-    pub fn new(url: &str, model: Option<&str>) -> Result<Self, SourceError> {
-        let client = reqwest::Client::builder()
-            .timeout(std::time::Duration::from_secs(10))
-            .build()
-            .expect("a plain HTTP client builds");
-        let client = Client::from(client, url).map_err(|e| SourceError {
+    /// `url` is Prometheus' base URL; `model`, when given, keeps only that model's series;
+    /// `access` says how to reach it. Every file it names is read now, so a bad one stops
+    /// the planner at start naming the flag and the file.
+    pub fn new(
+        url: &str,
+        model: Option<&str>,
+        access: &PrometheusAccess,
+    ) -> Result<Self, SourceError> {
+        let error = |message: String| SourceError {
             url: url.into(),
-            message: e.to_string(),
-        })?;
+            message,
+        };
+        let client = http_client(url, access).map_err(error)?;
+        let client = Client::from(client, url).map_err(|e| error(e.to_string()))?;
+        let credentials = Credentials::of(access);
+        if let Some(credentials) = &credentials {
+            credentials.header().map_err(error)?;
+        }
         let selector = model
             .map(|m| {
                 format!(
@@ -57,6 +269,7 @@ impl Prometheus {
             client,
             url: url.into(),
             selector,
+            credentials,
         })
     }
 
@@ -72,12 +285,17 @@ impl Prometheus {
         &self,
         promql: &str,
     ) -> Result<Vec<(BTreeMap<String, String>, f64)>, SourceError> {
-        let result = self
-            .client
-            .query(promql)
+        let mut request = self.client.query(promql);
+        if let Some(credentials) = &self.credentials {
+            request = request.header(
+                AUTHORIZATION,
+                credentials.header().map_err(|e| self.error(e))?,
+            );
+        }
+        let result = request
             .get()
             .await
-            .map_err(|e| self.error(e))?;
+            .map_err(|e| self.error(explain(&e, self.credentials.as_ref())))?;
         match result.data() {
             Data::Vector(v) => Ok(v
                 .iter()

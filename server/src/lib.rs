@@ -5,7 +5,8 @@
 //! - [`Server`]: the accept loops that apply them, for axum apps ([`Server::serve_http`])
 //!   and, with the `grpc` feature, tonic servers ([`Server::grpc_incoming`]), whose
 //!   request messages [`MessageLimitsLayer`] bounds;
-//! - [`shutdown_signal`] and [`init_logging`]: what every binary's `main` does;
+//! - [`shutdown_signal`], [`init_logging`] with its [`LogArgs`], and [`parse_args`]
+//!   (Dynamo's variable names beside ours): what every binary's `main` does;
 //! - [`on_every_worker`]: per-thread set-up done before serving;
 //! - [`metrics_endpoint`]: `/metrics` and `/healthz` on one port;
 //! - [`Throttled`]: a warning that may repeat at a high rate, logged once per interval.
@@ -39,7 +40,10 @@ pub use grpc::{GrpcConnectInfo, GrpcConnection};
 pub use grpc_messages::{MessageLimits, MessageLimitsLayer, MessageStats};
 pub use guarded::Guarded;
 pub use limits::{ServerLimits, parse_duration};
-pub use process::{init_logging, logged_shutdown_signal, shutdown_signal};
+pub use process::{
+    DYNAMO_JSONL_ENV, LOG_FORMAT_ENV, LOG_FORMAT_ENVS, LogArgs, LogFormat, exit_code, init_logging,
+    logged_shutdown_signal, parse_args, shutdown_signal, with_env_aliases,
+};
 pub use throttled::Throttled;
 pub use workers::on_every_worker;
 

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use clap::Parser;
 use dynamo_kvblocks::MAX_MESSAGE_BYTES;
-use dynamo_server::{MessageLimits, ServerLimits, parse_duration};
+use dynamo_server::{LogArgs, MessageLimits, ServerLimits, parse_duration};
 
 #[derive(Parser, Clone, Debug)]
 #[command(name = "dynamo-sidecar", version, about)]
@@ -117,6 +117,8 @@ pub struct Config {
     pub disagg: DisaggFlags,
     #[command(flatten)]
     pub server: ServerLimits,
+    #[command(flatten)]
+    pub log: LogArgs,
 }
 
 /// Bounds on what clients of the gRPC port (the KV block API, the KV event stream) can

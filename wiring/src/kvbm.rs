@@ -9,7 +9,8 @@
 //! parsed as a float, so `0.5` is allowed).
 //! Dynamo sizes its object tier in blocks (`DYN_KVBM_OBJECT_NUM_BLOCKS`); a block's bytes
 //! depend on the model and engine, which the operator does not know, so the object tier
-//! is sized with a variable of our own, `DYN_KVBM_OBJECT_CACHE_GB`, and every `*_NUM_BLOCKS`
+//! is sized with a variable of our own, `DYNAMO_KVBM_OBJECT_CACHE_GB` (also read under its
+//! first name, `DYN_KVBM_OBJECT_CACHE_GB`), and every `*_NUM_BLOCKS`
 //! variable is refused with the one to use instead. Where Dynamo reads a bad value as 0
 //! (no tier), the operator refuses it.
 
@@ -29,7 +30,9 @@ const OBJECT_BUCKET: &str = "DYN_KVBM_OBJECT_BUCKET";
 const OBJECT_ENDPOINT: &str = "DYN_KVBM_OBJECT_ENDPOINT";
 const OBJECT_REGION: &str = "DYN_KVBM_OBJECT_REGION";
 /// Ours, not Dynamo's: the object tier's capacity, in the same gigabytes as the others.
-const OBJECT_CACHE_GB: &str = "DYN_KVBM_OBJECT_CACHE_GB";
+const OBJECT_CACHE_GB: &str = "DYNAMO_KVBM_OBJECT_CACHE_GB";
+/// [`OBJECT_CACHE_GB`]'s first name, read when it is unset.
+const OBJECT_CACHE_GB_OLD: &str = "DYN_KVBM_OBJECT_CACHE_GB";
 
 /// Dynamo's block-count sizes, and the variable in bytes that replaces each.
 const BLOCK_COUNTS: [(&str, &str); 3] = [
@@ -124,7 +127,7 @@ impl Kvbm {
             .flatten()
             .chain(spec.envs.iter().flatten())
             .chain(main_env.into_iter().flatten())
-            .filter(|v| v.name.starts_with("DYN_KVBM_"))
+            .filter(|v| v.name.starts_with("DYN_KVBM_") || v.name == OBJECT_CACHE_GB)
         {
             env.insert(var.name.as_str(), var);
         }
@@ -314,10 +317,14 @@ impl Env<'_> {
                 ),
             ));
         }
-        let bytes = self.bytes(OBJECT_CACHE_GB)?;
+        let size = [OBJECT_CACHE_GB, OBJECT_CACHE_GB_OLD]
+            .into_iter()
+            .find(|name| self.env.contains_key(name))
+            .unwrap_or(OBJECT_CACHE_GB);
+        let bytes = self.bytes(size)?;
         if bytes == 0 {
             return Err(self.error(
-                OBJECT_CACHE_GB,
+                size,
                 format!(
                     "is not set, and {OBJECT_ENABLED} is: the object tier's capacity in gigabytes"
                 ),
@@ -428,6 +435,25 @@ mod tests {
     }
 
     #[test]
+    fn the_object_size_keeps_its_first_name_and_the_new_one_wins() {
+        let object_bytes = |size: &[(&'static str, &'static str)]| {
+            let mut env = vec![(OBJECT_ENABLED, "1"), (OBJECT_BUCKET, "kv-blocks")];
+            env.extend_from_slice(size);
+            plan(vars(&env)).unwrap().unwrap().object.unwrap().bytes
+        };
+        assert_eq!(object_bytes(&[(OBJECT_CACHE_GB_OLD, "3")]), 3_000_000_000);
+        let both = [(OBJECT_CACHE_GB, "5"), (OBJECT_CACHE_GB_OLD, "3")];
+        assert_eq!(object_bytes(&both), 5_000_000_000);
+        let e = plan(vars(&[
+            (OBJECT_ENABLED, "1"),
+            (OBJECT_BUCKET, "kv-blocks"),
+            (OBJECT_CACHE_GB_OLD, "lots"),
+        ]))
+        .unwrap_err();
+        assert!(e.to_string().contains(OBJECT_CACHE_GB_OLD), "{e}");
+    }
+
+    #[test]
     fn the_disk_filter_stays_unless_disabled_and_object_settings_need_the_switch() {
         let kvbm = plan(vars(&[
             (DISK_CACHE_GB, "2"),
@@ -492,7 +518,7 @@ mod tests {
             ),
             (
                 &[(OBJECT_ENABLED, "true"), (OBJECT_BUCKET, "kv-blocks")],
-                "DYN_KVBM_OBJECT_CACHE_GB is not set, and DYN_KVBM_OBJECT_ENABLED is",
+                "DYNAMO_KVBM_OBJECT_CACHE_GB is not set, and DYN_KVBM_OBJECT_ENABLED is",
             ),
             (
                 &[
@@ -505,7 +531,7 @@ mod tests {
             ),
             (
                 &[("DYN_KVBM_OBJECT_NUM_BLOCKS", "1000")],
-                "DYN_KVBM_OBJECT_NUM_BLOCKS counts blocks, whose size depends on the model and engine, which the operator does not know: set DYN_KVBM_OBJECT_CACHE_GB (gigabytes) instead",
+                "DYN_KVBM_OBJECT_NUM_BLOCKS counts blocks, whose size depends on the model and engine, which the operator does not know: set DYNAMO_KVBM_OBJECT_CACHE_GB (gigabytes) instead",
             ),
             (
                 &[("DYN_KVBM_CPU_CACHE_OVERRIDE_NUM_BLOCKS", "10")],

@@ -28,9 +28,25 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- end -}}
 {{- end -}}
 
-{{/* The dynamo image: the operator's own, and what it passes as --image. */}}
+{{/* The dynamo image: the operator's own, and what it passes as --image (so the
+default of the sidecar, EPP, planner and mocker images). A digest wins over the tag. */}}
 {{- define "dynamo-platform.image" -}}
+{{- if .Values.image.digest -}}
+{{ .Values.image.repository }}@{{ .Values.image.digest }}
+{{- else -}}
 {{ .Values.image.repository }}:{{ .Values.image.tag | default .Chart.AppVersion }}
+{{- end -}}
+{{- end -}}
+
+{{/* The namespace a namespace-scoped operator watches: namespaceScoped.namespace, or the
+release's. */}}
+{{- define "dynamo-platform.watchNamespace" -}}
+{{- .Values.namespaceScoped.namespace | default .Release.Namespace -}}
+{{- end -}}
+
+{{/* The cluster-wide CRD role of a namespace-scoped release, one per watched namespace. */}}
+{{- define "dynamo-platform.conversionRoleName" -}}
+{{- printf "%s-%s-crd" (include "dynamo-platform.fullname" .) (include "dynamo-platform.watchNamespace" .) | trunc 253 -}}
 {{- end -}}
 
 {{/* Leader election is on exactly when more than one replica runs. */}}

@@ -64,6 +64,11 @@ pub fn third_party_crds() -> Vec<PathBuf> {
 /// `helm install` of the chart (its CRDs included) into [`NAMESPACE`], after the Gateway
 /// API and InferencePool CRDs, so the operator finds them at start-up.
 pub fn install_platform(cp: &ControlPlane) {
+    install_platform_with(cp, &[]);
+}
+
+/// [`install_platform`] with more `--set` values `sets`.
+pub fn install_platform_with(cp: &ControlPlane, sets: &[&str]) {
     for crd in third_party_crds() {
         cp.kubectl_ok(&["apply", "--server-side", "-f", &crd.to_string_lossy()])
             .unwrap();
@@ -80,6 +85,7 @@ pub fn install_platform(cp: &ControlPlane) {
             "--set",
             "replicaCount=0",
         ])
+        .args(sets.iter().flat_map(|set| ["--set", set]))
         .env("KUBECONFIG", cp.kubeconfig())
         .env(
             "HELM_CACHE_HOME",

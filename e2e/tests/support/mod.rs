@@ -47,7 +47,7 @@ pub struct LocalGraph {
 
 impl LocalGraph {
     /// Runs `graph` (a file under `e2e/tests/graphs/` or `config/samples/`) with extra
-    /// `dynamo run` arguments and waits until its frontend is healthy.
+    /// `dynamo run` arguments and waits until it says it is ready.
     pub async fn start(graph: &str, extra: &[&str]) -> Self {
         Self::start_with_env(graph, extra, &[]).await
     }
@@ -90,7 +90,38 @@ impl LocalGraph {
             model: "Qwen/Qwen3-0.6B".into(),
         };
         graph.wait_healthy(Duration::from_secs(120)).await;
+        graph.wait_announced_ready(Duration::from_secs(60)).await;
         graph
+    }
+
+    /// Waits for `dynamo run`'s `ready:` line, then checks what it promises: the picker
+    /// lists every replica the runner started.
+    async fn wait_announced_ready(&self, limit: Duration) {
+        let start = Instant::now();
+        while !self.log_text().lines().any(|l| l.starts_with("ready: ")) {
+            assert!(
+                start.elapsed() < limit,
+                "no ready: line {limit:?} after the picker was healthy\n{}",
+                self.log_text()
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        let graph = self.graph().await;
+        let started: usize = graph["services"]
+            .as_object()
+            .expect("the graph lists its services")
+            .values()
+            .map(|replicas| replicas.as_array().map_or(0, Vec::len))
+            .sum();
+        let listed = metric_sum(
+            &get_text(&self.url("/metrics")).await,
+            "dynamo_epp_endpoints",
+            &[],
+        );
+        assert_eq!(
+            listed as usize, started,
+            "ready: printed with {listed} of {started} replicas listed to the picker\n{graph:#}"
+        );
     }
 
     pub fn url(&self, path: &str) -> String {

@@ -9,13 +9,16 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use dynamo_epp::config::{Config, DEFAULT_MAX_ATTEMPTS, DiscoveryConfig, RouterConfig};
+use dynamo_epp::config::{
+    Config, DEFAULT_MAX_ATTEMPTS, DEFAULT_MIGRATION_WAIT, DiscoveryConfig, RouterConfig,
+};
 use dynamo_epp::frontend::FrontendOptions;
 use dynamo_kvcache::{BlockHasher, KvEvent, StoredBlock, Tier};
 use dynamo_kvstream::{HubConfig, KvEventHub};
 use dynamo_llm::ModelDir;
 use dynamo_mocker::EngineConfig;
 use dynamo_mocker::server::{ServerConfig, start};
+use dynamo_server::parse_duration;
 use serde_json::{Value, json};
 use tonic::transport::server::TcpIncoming;
 
@@ -235,6 +238,7 @@ pub fn config(file: &EndpointsFile, router: RouterConfig) -> Config {
         frontend: FrontendOptions {
             max_attempts: DEFAULT_MAX_ATTEMPTS,
             migration_limit: 0,
+            migration_wait: parse_duration(DEFAULT_MIGRATION_WAIT).unwrap(),
             parsers: Default::default(),
             forward_token_ids: false,
         },

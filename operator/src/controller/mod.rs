@@ -63,6 +63,12 @@ pub struct OperatorArgs {
     /// Identity written into the Lease and Events (default: the host name).
     #[arg(long, env = "POD_NAME")]
     pub identity: Option<String>,
+    /// Watch and reconcile graphs in this namespace only, with the namespaced part of the
+    /// operator's rules granted there (a Role; the chart's `namespaceScoped.enabled`)
+    /// instead of cluster-wide. Nodes are not read: multinode (gang) services stay
+    /// pending.
+    #[arg(long, env = "DYNAMO_WATCH_NAMESPACE", value_parser = namespace_name)]
+    pub watch_namespace: Option<String>,
     /// Graphs reconciled at the same time.
     #[arg(long, env = "DYNAMO_OPERATOR_CONCURRENCY", default_value_t = 8)]
     pub concurrency: u16,
@@ -140,13 +146,9 @@ impl OperatorArgs {
 }
 
 /// Runs the operator until SIGINT/SIGTERM, or until it loses the leader Lease (an error,
-/// so the pod restarts and stands in line again).
+/// so the pod restarts and stands in line again). Logging is the caller's (`dynamo
+/// --log-format`).
 pub fn run(args: OperatorArgs) -> anyhow::Result<()> {
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
-        )
-        .try_init();
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
@@ -176,19 +178,29 @@ async fn serve(args: OperatorArgs) -> anyhow::Result<()> {
         .lease_namespace
         .clone()
         .unwrap_or_else(|| client.default_namespace().to_string());
-    let missing = rbac::missing_access(
-        client.clone(),
-        &lease_namespace,
-        args.leader_elect,
-        args.webhook.uses_secret(),
-    )
-    .await
-    .context("checking the operator's RBAC")?;
+    let watch_namespace = args.watch_namespace.as_deref();
+    let needs = rbac::Needs {
+        namespace: &lease_namespace,
+        watch_namespace,
+        leader_elect: args.leader_elect,
+        webhook_secret: args.webhook.uses_secret(),
+    };
+    let missing = rbac::missing_access(client.clone(), &needs)
+        .await
+        .context("checking the operator's RBAC")?;
+    let remedy = match watch_namespace {
+        None => "install the chart's ClusterRole and Roles".to_string(),
+        Some(ns) => format!("install the chart with namespaceScoped.enabled (its Role in {ns})"),
+    };
     anyhow::ensure!(
         missing.is_empty(),
-        "the operator's service account may not: {}; install the chart's ClusterRole and Roles",
+        "the operator's service account may not: {}; {remedy}",
         missing.join(", ")
     );
+    match watch_namespace {
+        Some(ns) => tracing::info!(namespace = %ns, "watching one namespace"),
+        None => tracing::info!("watching every namespace"),
+    }
     webhook::start(
         client.clone(),
         &args.webhook,
@@ -208,6 +220,7 @@ async fn serve(args: OperatorArgs) -> anyhow::Result<()> {
         apis,
         metrics.clone(),
         &identity,
+        watch_namespace,
     );
 
     let shutdown = dynamo_server::logged_shutdown_signal();
@@ -242,7 +255,7 @@ async fn serve(args: OperatorArgs) -> anyhow::Result<()> {
 }
 
 /// The controllers over shared watches, until the watches end. `identity` names this
-/// replica in Events.
+/// replica in Events; `watch_namespace` limits the watches to one namespace.
 pub async fn run_controllers(
     client: Client,
     config: OperatorConfig,
@@ -250,8 +263,9 @@ pub async fn run_controllers(
     apis: OptionalApis,
     metrics: Arc<Metrics>,
     identity: &str,
+    watch_namespace: Option<&str>,
 ) {
-    let (stores, queues, watching) = watches::start(client.clone(), apis);
+    let (stores, queues, watching) = watches::start(client.clone(), apis, watch_namespace);
     let adapters = (stores.children)
         .get::<DynamoGraphDeploymentScalingAdapter>()
         .cloned()
@@ -306,6 +320,23 @@ async fn log_outcome<T, E: std::error::Error, Q: std::error::Error>(
     }
 }
 
+/// `--watch-namespace`: a namespace name (an RFC 1123 label).
+fn namespace_name(value: &str) -> Result<String, String> {
+    let label = value.len() <= 63
+        && value.starts_with(|c: char| c.is_ascii_lowercase() || c.is_ascii_digit())
+        && value.ends_with(|c: char| c.is_ascii_lowercase() || c.is_ascii_digit())
+        && value
+            .chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-');
+    if label {
+        Ok(value.to_string())
+    } else {
+        Err(format!(
+            "{value:?} is not a namespace name (lower-case letters, digits and '-', at most 63)"
+        ))
+    }
+}
+
 fn hostname() -> String {
     std::env::var("HOSTNAME")
         .ok()
@@ -342,5 +373,22 @@ mod tests {
         assert_eq!(c.planner_image, "r/dynamo:1");
         assert_eq!(c.epp_image, "r/epp:2");
         assert_eq!(c.default_engine_image, defaults.default_engine_image);
+    }
+
+    #[test]
+    fn the_watch_namespace_is_a_namespace_name() {
+        let parse = |flags: &[&str]| {
+            let argv = std::iter::once("operator").chain(flags.iter().copied());
+            Cli::try_parse_from(argv).map(|c| c.args.watch_namespace)
+        };
+        assert_eq!(parse(&[]).unwrap(), None);
+        assert_eq!(
+            parse(&["--watch-namespace=team-a"]).unwrap().as_deref(),
+            Some("team-a")
+        );
+        for bad in ["Team", "-a", "a_b", ""] {
+            let e = parse(&[&format!("--watch-namespace={bad}")]).unwrap_err();
+            assert!(e.to_string().contains("not a namespace name"), "{bad}: {e}");
+        }
     }
 }

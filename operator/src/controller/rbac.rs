@@ -1,7 +1,8 @@
 //! The API access the operator needs, declared once. `make crds` writes these tables into
-//! the Helm chart (its ClusterRole and lease Role include them), the operator checks them
-//! at start-up with SelfSubjectAccessReviews, and the controller tests check every request
-//! the controllers make against them, so code, chart and tests cannot drift apart.
+//! the Helm chart (its ClusterRole and lease Role include them; in namespace-scoped mode a
+//! Role holds the namespaced part), the operator checks them at start-up with
+//! SelfSubjectAccessReviews, and the controller tests check every request the controllers
+//! make against them, so code, chart and tests cannot drift apart.
 
 use std::path::PathBuf;
 
@@ -218,6 +219,36 @@ pub const WEBHOOK_RULES: &[Rule] = &[Rule {
     names: &[],
 }];
 
+/// The cluster-scoped resources of [`CLUSTER_RULES`]. An operator that watches one
+/// namespace (`--watch-namespace`) holds the rest in a Role there; of these it reads no
+/// nodes (gang placement, which needs them, is off) and keeps the graph CRD's rule,
+/// cluster-wide, for the conversion webhook.
+const CLUSTER_SCOPED: &[&str] = &["nodes", "customresourcedefinitions"];
+
+fn cluster_scoped(rule: &Rule) -> bool {
+    let resource = rule.resource.split('/').next().unwrap_or(rule.resource);
+    CLUSTER_SCOPED.contains(&resource)
+}
+
+/// The namespaced part of [`CLUSTER_RULES`]: the Role of a namespace-scoped operator.
+pub fn namespaced_rules() -> Vec<Rule> {
+    CLUSTER_RULES
+        .iter()
+        .filter(|r| !cluster_scoped(r))
+        .copied()
+        .collect()
+}
+
+/// What a namespace-scoped operator still needs cluster-wide: the conversion webhook
+/// points the graph CRD (one named object) at itself.
+pub fn conversion_rules() -> Vec<Rule> {
+    CLUSTER_RULES
+        .iter()
+        .filter(|r| r.resource == "customresourcedefinitions")
+        .copied()
+        .collect()
+}
+
 /// Whether `rules` allow `verb` on `resource` (with its `/subresource`, if any) of `group`,
 /// on some object.
 pub fn allows(rules: &[Rule], group: &str, resource: &str, verb: &str) -> bool {
@@ -278,6 +309,14 @@ pub fn generated_files() -> Vec<(PathBuf, String)> {
             format!("{header}{}", rules_yaml(CLUSTER_RULES)),
         ),
         (
+            PathBuf::from("charts/dynamo-platform/files/namespace-role-rules.yaml"),
+            format!("{header}{}", rules_yaml(&namespaced_rules())),
+        ),
+        (
+            PathBuf::from("charts/dynamo-platform/files/conversion-rules.yaml"),
+            format!("{header}{}", rules_yaml(&conversion_rules())),
+        ),
+        (
             PathBuf::from("charts/dynamo-platform/files/role-rules.yaml"),
             format!("{header}{}", rules_yaml(LEASE_RULES)),
         ),
@@ -288,27 +327,38 @@ pub fn generated_files() -> Vec<(PathBuf, String)> {
     ]
 }
 
+/// What the operator needs, for [`missing_access`].
+pub struct Needs<'a> {
+    /// The operator's own namespace: the Lease's and the webhook Secret's.
+    pub namespace: &'a str,
+    /// `--watch-namespace`: the namespaced rules there (and the CRD's cluster-wide)
+    /// instead of every cluster rule anywhere.
+    pub watch_namespace: Option<&'a str>,
+    pub leader_elect: bool,
+    /// The conversion webhook keeps its certificate in a Secret.
+    pub webhook_secret: bool,
+}
+
 /// Asks the API server whether this process may do everything in the tables it needs:
-/// the cluster rules anywhere, and in `namespace` (its own) the lease rules with
-/// `leader_elect` and the webhook rules with `webhook`. Returns what it may not do.
-pub async fn missing_access(
-    client: Client,
-    namespace: &str,
-    leader_elect: bool,
-    webhook: bool,
-) -> Result<Vec<String>, kube::Error> {
+/// the cluster rules anywhere (or, watching one namespace, their namespaced part there
+/// and the CRD rule), and in its own namespace the lease rules with `leader_elect` and
+/// the webhook rules with `webhook_secret`. Returns what it may not do.
+pub async fn missing_access(client: Client, needs: &Needs<'_>) -> Result<Vec<String>, kube::Error> {
     let reviews: Api<SelfSubjectAccessReview> = Api::all(client);
-    let namespaced = |rules: &'static [Rule], wanted: bool| {
-        rules
-            .iter()
-            .filter(move |_| wanted)
-            .map(|r| (r, Some(namespace.to_string())))
+    let own = Some(needs.namespace.to_string());
+    let mut scoped: Vec<(Rule, Option<String>)> = match needs.watch_namespace {
+        None => CLUSTER_RULES.iter().map(|r| (*r, None)).collect(),
+        Some(watched) => (namespaced_rules().into_iter())
+            .map(|r| (r, Some(watched.to_string())))
+            .chain(conversion_rules().into_iter().map(|r| (r, None)))
+            .collect(),
     };
-    let scoped = CLUSTER_RULES
-        .iter()
-        .map(|r| (r, None))
-        .chain(namespaced(LEASE_RULES, leader_elect))
-        .chain(namespaced(WEBHOOK_RULES, webhook));
+    if needs.leader_elect {
+        scoped.extend(LEASE_RULES.iter().map(|r| (*r, own.clone())));
+    }
+    if needs.webhook_secret {
+        scoped.extend(WEBHOOK_RULES.iter().map(|r| (*r, own.clone())));
+    }
     let mut missing = Vec::new();
     for (rule, namespace) in scoped {
         let (resource, subresource) = match rule.resource.split_once('/') {
@@ -484,6 +534,38 @@ mod tests {
             yaml,
             "- apiGroups: [\"apiextensions.k8s.io\"]\n  resources: [\"customresourcedefinitions\"]\n  resourceNames: [\"dynamographdeployments.nvidia.com\"]\n  verbs: [\"get\", \"patch\"]\n"
         );
+    }
+
+    #[test]
+    fn the_namespace_role_holds_every_namespaced_rule_and_no_cluster_scoped_one() {
+        let namespaced = namespaced_rules();
+        let conversion = conversion_rules();
+        for rule in CLUSTER_RULES {
+            let kept = namespaced.contains(rule) || conversion.contains(rule);
+            assert_eq!(kept, rule.resource != "nodes", "{rule:?}");
+        }
+        assert!(namespaced.iter().all(|r| r.group != "apiextensions.k8s.io"));
+        assert!(!allows(&namespaced, "", "nodes", "list"));
+        assert_eq!(conversion.len(), 1);
+        assert_eq!(conversion[0].names, ["dynamographdeployments.nvidia.com"]);
+        // What the operator grants the graphs' EPPs and planners (RBAC escalation
+        // prevention) it holds in its Role too.
+        for (group, resource, verbs) in crate::reconcile::EPP_RULES {
+            for verb in *verbs {
+                assert!(
+                    allows(&namespaced, group, resource, verb),
+                    "{verb} {resource}"
+                );
+            }
+        }
+        for (group, resource, verbs, _) in crate::reconcile::PLANNER_RULES {
+            for verb in *verbs {
+                assert!(
+                    allows(&namespaced, group, resource, verb),
+                    "{verb} {resource}"
+                );
+            }
+        }
     }
 
     #[test]

@@ -17,6 +17,7 @@ use dynamo_crds::{
 use futures::channel::mpsc;
 use futures::stream::{BoxStream, select_all};
 use futures::{Stream, StreamExt};
+use k8s_openapi::NamespaceResourceScope;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::Api;
 use kube::runtime::reflector::{self, ObjectRef, Store};
@@ -96,24 +97,33 @@ pub struct Queues {
 }
 
 /// Starts nothing by itself: returns the caches, the queues, and the future that drives
-/// every watch (poll it for as long as the controllers run).
+/// every watch (poll it for as long as the controllers run). With `namespace`, every
+/// watch is of that namespace only and nodes are not watched (their cache stays empty).
 pub fn start(
     client: Client,
     apis: OptionalApis,
+    namespace: Option<&str>,
 ) -> (Stores, Queues, impl Future<Output = ()> + Send) {
+    let all = watcher::Config::default;
     let (graphs, graph_events) =
-        reflect::<DynamoGraphDeployment>(&client, watcher::Config::default(), |_| {});
+        reflect::<DynamoGraphDeployment>(scoped(&client, namespace), all(), |_| {});
     let (adapters, adapter_events) =
-        reflect::<DynamoGraphDeploymentScalingAdapter>(&client, watcher::Config::default(), |_| {});
+        reflect::<DynamoGraphDeploymentScalingAdapter>(scoped(&client, namespace), all(), |_| {});
     let (requests, request_events) =
-        reflect::<DynamoGraphDeploymentRequest>(&client, watcher::Config::default(), |_| {});
-    let (pods, pod_events) = reflect::<Pod>(&client, watcher::Config::default(), |_| {});
-    // A node's image list can run to hundreds of entries.
-    let (nodes, node_events) = reflect::<Node>(&client, watcher::Config::default(), |n| {
-        if let Some(status) = n.status.as_mut() {
-            status.images = None;
+        reflect::<DynamoGraphDeploymentRequest>(scoped(&client, namespace), all(), |_| {});
+    let (pods, pod_events) = reflect::<Pod>(scoped(&client, namespace), all(), |_| {});
+    let (nodes, node_events) = match namespace {
+        // A node's image list can run to hundreds of entries.
+        None => {
+            let (nodes, events) = reflect::<Node>(Api::all(client.clone()), all(), |n| {
+                if let Some(status) = n.status.as_mut() {
+                    status.images = None;
+                }
+            });
+            (nodes, events.boxed())
         }
-    });
+        Some(_) => (empty_store(), futures::stream::empty().boxed()),
+    };
 
     let mut streams: Vec<BoxStream<'static, Vec<Trigger>>> = Vec::new();
     streams.push(graph_triggers(graph_events, adapters.clone()).boxed());
@@ -140,6 +150,7 @@ pub fn start(
     children.insert(adapters);
     each_kind(&mut WatchChildren {
         client: &client,
+        namespace,
         apis: &apis,
         children: &mut children,
         streams: &mut streams,
@@ -183,6 +194,7 @@ pub fn start(
 /// of their own ([`Watch::Custom`], above), or of an API the cluster lacks are skipped.
 struct WatchChildren<'a> {
     client: &'a Client,
+    namespace: Option<&'a str>,
     apis: &'a OptionalApis,
     children: &'a mut ChildStores,
     streams: &'a mut Vec<BoxStream<'static, Vec<Trigger>>>,
@@ -200,7 +212,7 @@ impl KindVisitor for WatchChildren<'_> {
         if !self.apis.serves::<K>() {
             return;
         }
-        let (store, events) = reflect::<K>(self.client, config, |_| {});
+        let (store, events) = reflect::<K>(scoped(self.client, self.namespace), config, |_| {});
         self.streams.push(owner_triggers(events).boxed());
         self.children.insert(store);
     }
@@ -220,11 +232,34 @@ impl<K> Seen<K> {
     }
 }
 
-/// A cluster-wide watch (of the objects `config` selects) into a store; yields every object it sees change or vanish.
-/// Watch errors are logged; the watcher retries them with back-off.
-/// `trim` drops parts of each object nothing reads, to keep the caches small.
+/// The namespaced kind `K` in `namespace`, or in every namespace.
+fn scoped<K>(client: &Client, namespace: Option<&str>) -> Api<K>
+where
+    K: Resource<Scope = NamespaceResourceScope, DynamicType = ()>,
+{
+    match namespace {
+        Some(ns) => Api::namespaced(client.clone(), ns),
+        None => Api::all(client.clone()),
+    }
+}
+
+/// A cache that holds nothing and is ready at once.
+fn empty_store<K>() -> Store<K>
+where
+    K: Resource<DynamicType = ()> + Clone + 'static,
+{
+    let (store, mut writer) = reflector::store();
+    writer.apply_watcher_event(&watcher::Event::Init);
+    writer.apply_watcher_event(&watcher::Event::InitDone);
+    store
+}
+
+/// A watch through `api` (of the objects `config` selects) into a store; yields every
+/// object it sees change or vanish. Watch errors are logged; the watcher retries them
+/// with back-off. `trim` drops parts of each object nothing reads, to keep the caches
+/// small.
 fn reflect<K>(
-    client: &Client,
+    api: Api<K>,
     config: watcher::Config,
     trim: fn(&mut K),
 ) -> (Store<K>, impl Stream<Item = Seen<K>> + Send + 'static)
@@ -238,7 +273,7 @@ where
         + 'static,
 {
     let (store, writer) = reflector::store();
-    let events = watcher(Api::<K>::all(client.clone()), config)
+    let events = watcher(api, config)
         .default_backoff()
         // Managed fields are large and never read.
         .modify(move |o: &mut K| {

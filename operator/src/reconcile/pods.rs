@@ -597,6 +597,12 @@ fn sidecar_container(
         field_env("POD_NAME", "metadata.name"),
         field_env("POD_IP", "status.podIP"),
     ];
+    // The service's log format is its sidecar's too (docs/dynamo-compatibility.md).
+    for var in main.env.iter().flatten() {
+        if dynamo_server::LOG_FORMAT_ENVS.contains(&var.name.as_str()) {
+            upsert_env(&mut env, var.clone());
+        }
+    }
     let mut env_from = None;
     let mut requests = BTreeMap::from([
         ("cpu".to_string(), Quantity("100m".into())),
@@ -1203,6 +1209,27 @@ mod tests {
     }
 
     #[test]
+    fn the_services_log_format_reaches_its_sidecar() {
+        let d = desired(
+            "mocker",
+            json!({"worker": {"componentType": "worker", "replicas": 1, "envs": env(&[
+                ("DYN_LOGGING_JSONL", "1"), ("DYNAMO_LOG_FORMAT", "json"), ("OTHER", "x")])}}),
+        );
+        let env = sidecar(d.pods[0].spec.as_ref().unwrap())
+            .env
+            .clone()
+            .unwrap();
+        let value = |name: &str| {
+            env.iter()
+                .find(|e| e.name == name)
+                .and_then(|e| e.value.clone())
+        };
+        assert_eq!(value("DYN_LOGGING_JSONL").as_deref(), Some("1"));
+        assert_eq!(value("DYNAMO_LOG_FORMAT").as_deref(), Some("json"));
+        assert_eq!(value("OTHER"), None, "only the log format's variables");
+    }
+
+    #[test]
     fn kv_tiers_give_the_sidecar_its_flags_a_sized_disk_volume_and_the_memory() {
         let d = desired(
             "mocker",
@@ -1400,7 +1427,7 @@ mod tests {
                 {"name": "HF_TOKEN", "value": "not-for-the-sidecar"},
                 {"name": "DYN_KVBM_OBJECT_ENABLED", "value": "true"},
                 {"name": "DYN_KVBM_OBJECT_BUCKET", "value": "kv-blocks"},
-                {"name": "DYN_KVBM_OBJECT_CACHE_GB", "value": "50"},
+                {"name": "DYNAMO_KVBM_OBJECT_CACHE_GB", "value": "50"},
                 {"name": "DYN_KVBM_OBJECT_ENDPOINT", "value": "http://minio.storage:9000"},
                 {"name": "DYN_KVBM_OBJECT_REGION", "value": "eu-west-1"},
             ]}}),

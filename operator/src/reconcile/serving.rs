@@ -812,6 +812,46 @@ mod tests {
     }
 
     #[test]
+    fn a_planner_reaches_a_prometheus_behind_tls_and_a_token_as_its_service_says() {
+        // docs/planner.md's OpenShift example: our flags, kept.
+        let sa = "/var/run/secrets/kubernetes.io/serviceaccount";
+        let ours = json!({"componentType": "planner", "extraPodSpec": {"mainContainer": {
+            "command": ["dynamo", "planner"],
+            "args": ["--mode", "load",
+                "--prometheus=https://thanos-querier.openshift-monitoring.svc:9091",
+                format!("--prometheus-ca-file={sa}/service-ca.crt"),
+                format!("--prometheus-bearer-token-file={sa}/token")]}}});
+        let d = desired(disagg_with(ours)).unwrap();
+        let args = planner_argv(planner_pod(&d));
+        assert_eq!(
+            args.prometheus,
+            "https://thanos-querier.openshift-monitoring.svc:9091"
+        );
+        let access = &args.prometheus_access;
+        assert_eq!(
+            access.ca_file.as_deref(),
+            Some(Path::new(&format!("{sa}/service-ca.crt")))
+        );
+        assert_eq!(
+            access.bearer_token_file.as_deref(),
+            Some(Path::new(&format!("{sa}/token")))
+        );
+
+        // Dynamo's launcher takes no such flag: the service's variables reach the pod.
+        let mut dynamos = dynamos_planner("--adjustment-interval=60");
+        dynamos["envs"]
+            .as_array_mut()
+            .unwrap()
+            .push(json!({"name": "DYNAMO_PROMETHEUS_CA_FILE", "value": "/etc/prom/ca.crt"}));
+        let d = desired(disagg_with(dynamos)).unwrap();
+        let main = &planner_pod(&d).containers[0];
+        assert_eq!(
+            env(main, "DYNAMO_PROMETHEUS_CA_FILE").and_then(|e| e.value.as_deref()),
+            Some("/etc/prom/ca.crt")
+        );
+    }
+
+    #[test]
     fn the_planners_role_grants_its_graph_and_its_adapters_only() {
         let d = desired(disagg_with(dynamos_planner("--adjustment-interval 60"))).unwrap();
         let role = d

@@ -215,6 +215,11 @@ where
 
 /// The documents `helm template` renders with `--set` values `sets`.
 pub fn rendered_chart(sets: &[&str]) -> Vec<serde_json::Value> {
+    helm_template(sets).unwrap_or_else(|stderr| panic!("{stderr}"))
+}
+
+/// [`rendered_chart`], or helm's error output when it refuses the values.
+pub fn helm_template(sets: &[&str]) -> Result<Vec<serde_json::Value>, String> {
     let helm = std::env::var_os("HELM")
         .map(std::path::PathBuf::from)
         .unwrap_or_else(|| repo_root().join(".cache/bin/helm"));
@@ -234,10 +239,8 @@ pub fn rendered_chart(sets: &[&str]) -> Vec<serde_json::Value> {
     let output = command
         .output()
         .unwrap_or_else(|e| panic!("running {}: {e}; `make helm` fetches it", helm.display()));
-    assert!(
-        output.status.success(),
-        "{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    serde_saphyr::from_multiple(&String::from_utf8(output.stdout).unwrap()).unwrap()
+    if !output.status.success() {
+        return Err(String::from_utf8_lossy(&output.stderr).into_owned());
+    }
+    Ok(serde_saphyr::from_multiple(&String::from_utf8(output.stdout).unwrap()).unwrap())
 }

@@ -91,6 +91,8 @@ pub struct PlannerArgs {
     /// Prometheus' base URL.
     #[arg(long, env = PROMETHEUS_ENV, default_value = DEFAULT_PROMETHEUS)]
     pub prometheus: String,
+    #[command(flatten)]
+    pub prometheus_access: PrometheusAccess,
     /// Only this model's frontend series (the `model` label); all models when absent.
     #[arg(long)]
     pub model: Option<String>,
@@ -116,6 +118,77 @@ pub struct PlannerArgs {
     /// The graph's namespace [default: the client's, i.e. the pod's].
     #[arg(long, env = NAMESPACE_ENV)]
     pub namespace: Option<String>,
+}
+
+/// How the planner reaches a Prometheus behind TLS or authentication (OpenShift's Thanos
+/// Querier, a managed Prometheus), named after Prometheus' own client settings
+/// (`http_config`: `tls_config`, `authorization`, `basic_auth`;
+/// https://prometheus.io/docs/prometheus/latest/configuration/configuration/#http_config).
+/// Secrets come from files only, never from a flag's value, so they stay out of the pod
+/// spec and the process list.
+#[derive(clap::Args, Clone, Debug, Default)]
+pub struct PrometheusAccess {
+    /// PEM CA certificate(s) that Prometheus' certificate must chain to, instead of the
+    /// system's roots (`tls_config.ca_file`).
+    #[arg(
+        long = "prometheus-ca-file",
+        env = "DYNAMO_PROMETHEUS_CA_FILE",
+        value_name = "FILE"
+    )]
+    pub ca_file: Option<PathBuf>,
+    /// PEM client certificate for mutual TLS, with --prometheus-key-file
+    /// (`tls_config.cert_file`).
+    #[arg(
+        long = "prometheus-cert-file",
+        env = "DYNAMO_PROMETHEUS_CERT_FILE",
+        value_name = "FILE",
+        requires = "key_file"
+    )]
+    pub cert_file: Option<PathBuf>,
+    /// PEM private key of --prometheus-cert-file (`tls_config.key_file`).
+    #[arg(
+        long = "prometheus-key-file",
+        env = "DYNAMO_PROMETHEUS_KEY_FILE",
+        value_name = "FILE",
+        requires = "cert_file"
+    )]
+    pub key_file: Option<PathBuf>,
+    /// Accept any certificate from Prometheus (`tls_config.insecure_skip_verify`): an
+    /// encrypted but unauthenticated connection, for trials only.
+    #[arg(
+        long = "prometheus-insecure-skip-verify",
+        env = "DYNAMO_PROMETHEUS_INSECURE_SKIP_VERIFY",
+        conflicts_with = "ca_file"
+    )]
+    pub insecure_skip_verify: bool,
+    /// File holding a token sent as `Authorization: Bearer`, read again for every query so
+    /// a rotated token (a projected ServiceAccount token) is used at once
+    /// (`authorization.credentials_file`).
+    #[arg(
+        long = "prometheus-bearer-token-file",
+        env = "DYNAMO_PROMETHEUS_BEARER_TOKEN_FILE",
+        value_name = "FILE",
+        conflicts_with = "basic_auth_user"
+    )]
+    pub bearer_token_file: Option<PathBuf>,
+    /// Basic authentication's user name, with --prometheus-basic-auth-password-file
+    /// (`basic_auth.username`).
+    #[arg(
+        long = "prometheus-basic-auth-user",
+        env = "DYNAMO_PROMETHEUS_BASIC_AUTH_USER",
+        value_name = "USER",
+        requires = "basic_auth_password_file"
+    )]
+    pub basic_auth_user: Option<String>,
+    /// File holding basic authentication's password, read again for every query
+    /// (`basic_auth.password_file`).
+    #[arg(
+        long = "prometheus-basic-auth-password-file",
+        env = "DYNAMO_PROMETHEUS_BASIC_AUTH_PASSWORD_FILE",
+        value_name = "FILE",
+        requires = "basic_auth_user"
+    )]
+    pub basic_auth_password_file: Option<PathBuf>,
 }
 
 impl PlannerArgs {

@@ -15,7 +15,9 @@ use dynamo_planner::predict::PredictorConfig;
 
 mod args;
 
-pub use args::{GRAPH_ENV, LoadTargetArg, ModeArg, NAMESPACE_ENV, PROMETHEUS_ENV, PlannerArgs};
+pub use args::{
+    GRAPH_ENV, LoadTargetArg, ModeArg, NAMESPACE_ENV, PROMETHEUS_ENV, PlannerArgs, PrometheusAccess,
+};
 
 use crate::argv::{self, Arity};
 use crate::{EngineService, GraphWiring};
@@ -214,16 +216,18 @@ fn render(
     }
     let parsed = parse(&out).map_err(|e| PlannerWiringError::Refused {
         service: service.into(),
-        message: first_line(&e.to_string()),
+        message: first_paragraph(&e.to_string()),
     })?;
     Ok((out, parsed, launcher))
 }
 
 /// Parses a planner command line (`planner` first, as [`planner_args`] writes it) with the
-/// planner's own parser, reading no environment variable: the result depends on the
-/// words alone, whichever process parses them.
+/// planner's own parser and `dynamo`'s logging flags, reading no environment variable:
+/// the result depends on the words alone, whichever process parses them.
 pub fn parse<S: AsRef<str>>(args: &[S]) -> Result<PlannerArgs, clap::Error> {
-    let command = PlannerArgs::augment_args(Command::new(SUBCOMMAND)).mut_args(|arg| arg.env(None));
+    let command =
+        dynamo_server::LogArgs::augment_args(PlannerArgs::augment_args(Command::new(SUBCOMMAND)))
+            .mut_args(|arg| arg.env(None));
     let matches = command.try_get_matches_from(args.iter().map(AsRef::as_ref))?;
     PlannerArgs::from_arg_matches(&matches)
 }
@@ -402,9 +406,16 @@ fn command_words(command: &[String]) -> Vec<String> {
     command.to_vec()
 }
 
-fn first_line(message: &str) -> String {
-    let line = message.lines().next().unwrap_or(message);
-    line.strip_prefix("error: ").unwrap_or(line).to_string()
+/// clap's message without its usage: the first paragraph, on one line (a missing
+/// argument is named on the line after "required arguments were not provided:").
+fn first_paragraph(message: &str) -> String {
+    let text = message
+        .lines()
+        .take_while(|l| !l.trim().is_empty())
+        .map(str::trim)
+        .collect::<Vec<_>>()
+        .join(" ");
+    text.strip_prefix("error: ").unwrap_or(&text).to_string()
 }
 
 #[cfg(test)]
@@ -413,6 +424,19 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
+
+    #[test]
+    fn a_planner_command_line_may_ask_for_json_logs() {
+        let words = ["planner", "--admin-url", "http://a", "--log-format", "json"];
+        assert!(parse(&words).is_ok());
+        let bad = ["planner", "--admin-url", "http://a", "--log-format", "xml"];
+        assert!(
+            parse(&bad)
+                .unwrap_err()
+                .to_string()
+                .contains("--log-format")
+        );
+    }
 
     fn service(yaml: &str) -> ComponentSpec {
         serde_saphyr::from_str(yaml).unwrap()
@@ -623,6 +647,41 @@ extraPodSpec:
             need(custom),
             Err(PlannerWiringError::Custom { .. })
         ));
+    }
+
+    #[test]
+    fn prometheus_access_flags_are_kept_and_checked() {
+        let spec = |args: &str| {
+            serde_json::json!({"extraPodSpec": {"mainContainer": {
+                "command": ["dynamo", "planner"],
+                "args": args.split_whitespace().collect::<Vec<_>>(),
+            }}})
+            .to_string()
+        };
+        let flags = "--mode load --prometheus https://thanos-querier.openshift-monitoring.svc:9091 \
+                     --prometheus-ca-file /ca.crt --prometheus-bearer-token-file /token";
+        let out = args(&spec(flags), &inputs(PlannerTarget::Graph("g"))).unwrap();
+        let access = parse(&out).unwrap().prometheus_access;
+        assert_eq!(access.ca_file.as_deref(), Some(Path::new("/ca.crt")));
+        assert_eq!(
+            access.bearer_token_file.as_deref(),
+            Some(Path::new("/token"))
+        );
+
+        // One kind of credentials, and basic authentication's two halves together.
+        for bad in [
+            "--prometheus-bearer-token-file /t --prometheus-basic-auth-user u \
+             --prometheus-basic-auth-password-file /p",
+            "--prometheus-basic-auth-user u",
+            "--prometheus-cert-file /c",
+            "--prometheus-ca-file /ca --prometheus-insecure-skip-verify",
+        ] {
+            let e = args(&spec(bad), &inputs(PlannerTarget::Graph("g"))).unwrap_err();
+            assert!(
+                matches!(&e, PlannerWiringError::Refused { message, .. } if message.contains("--prometheus-")),
+                "{bad}: {e:?}"
+            );
+        }
     }
 
     #[test]

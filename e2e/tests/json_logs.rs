@@ -43,14 +43,14 @@ fn log_lines(binary: &str, args: &[&str], env: &[(&str, &str)], until: &str) -> 
         .envs(env.iter().copied())
         .env("RUST_LOG", "info")
         .stdin(Stdio::null())
-        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
         .spawn()
         .unwrap_or_else(|e| panic!("{binary} starts (build it first: cargo build): {e}"));
-    let stdout = child.stdout.take().unwrap();
+    let logs = child.stderr.take().unwrap();
     let _child = Killed(child);
     let (tx, rx) = mpsc::channel();
     std::thread::spawn(move || {
-        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+        for line in BufReader::new(logs).lines().map_while(Result::ok) {
             if tx.send(line).is_err() {
                 break;
             }
@@ -259,8 +259,8 @@ fn a_fatal_error_is_the_last_json_line() {
             .output()
             .unwrap();
         assert!(!out.status.success(), "{binary}: {out:?}");
-        let stdout = String::from_utf8(out.stdout).unwrap();
-        let lines: Vec<String> = stdout.lines().map(String::from).collect();
+        let stderr = String::from_utf8(out.stderr).unwrap();
+        let lines: Vec<String> = stderr.lines().map(String::from).collect();
         let last = json_lines(binary, &lines).pop().expect("a line");
         assert_eq!(last["level"], "ERROR", "{binary}: {last}");
         assert!(
@@ -271,9 +271,9 @@ fn a_fatal_error_is_the_last_json_line() {
             "{binary}: {last}"
         );
         assert!(
-            out.stderr.is_empty(),
+            out.stdout.is_empty(),
             "{binary}: {}",
-            String::from_utf8_lossy(&out.stderr)
+            String::from_utf8_lossy(&out.stdout)
         );
     }
 }

@@ -68,11 +68,15 @@ impl LogArgs {
     }
 }
 
-/// Logs to stdout in `args`' format, filtered by `RUST_LOG` (default `info`).
+/// Logs to stderr in `args`' format, filtered by `RUST_LOG` (default `info`): stdout is
+/// what a command makes (`dynamo profile`'s graph, `dynamo run`'s table), and Dynamo's
+/// processes log to stderr too.
 pub fn init_logging(args: &LogArgs) {
-    let logs = tracing_subscriber::fmt().with_env_filter(
-        tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
-    );
+    let logs = tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
+        );
     match args.format() {
         LogFormat::Text => logs.init(),
         LogFormat::Json => logs.json().init(),

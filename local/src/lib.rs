@@ -1037,9 +1037,10 @@ async fn picker_answers(client: &reqwest::Client, host: &str, port: u16, replica
 
 /// The pods the picker's `/metrics` text says it lists, in any role and state.
 fn listed_pods(metrics: &str) -> usize {
+    let series = format!("{}{{", dynamo_names::metrics::frontend::ENDPOINTS);
     metrics
         .lines()
-        .filter(|l| l.starts_with(&format!("{}{{", dynamo_names::metrics::frontend::ENDPOINTS)))
+        .filter(|l| l.starts_with(&series))
         .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
         .sum::<f64>() as usize
 }

@@ -127,10 +127,7 @@ fn http_client(url: &str, access: &PrometheusAccess) -> Result<reqwest::Client, 
         builder = builder.tls_certs_only(certs);
     } else if access.insecure_skip_verify {
         builder = builder.tls_danger_accept_invalid_certs(true);
-    } else if !url
-        .get(..6)
-        .is_some_and(|s| s.eq_ignore_ascii_case("https:"))
-    {
+    } else if !is_https(url) {
         builder = builder.tls_certs_only([]);
     }
     if let (Some(cert), Some(key)) = (&access.cert_file, &access.key_file) {
@@ -155,6 +152,12 @@ fn http_client(url: &str, access: &PrometheusAccess) -> Result<reqwest::Client, 
             chain(&e)
         )
     })
+}
+
+/// Whether `url` is an `https:` one (the scheme in any case).
+fn is_https(url: &str) -> bool {
+    url.get(..6)
+        .is_some_and(|s| s.eq_ignore_ascii_case("https:"))
 }
 
 /// An error and its causes, each once.
@@ -287,7 +290,7 @@ impl Prometheus {
             url: url.into(),
             selector,
             credentials,
-            tls_without_client_cert: url.starts_with("https:") && access.cert_file.is_none(),
+            tls_without_client_cert: is_https(url) && access.cert_file.is_none(),
         })
     }
 

@@ -29,6 +29,7 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 use dynamo_crds::DynamoGraphDeploymentScalingAdapter;
+use dynamo_crds::common::NameRule;
 use futures::StreamExt;
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::Client;
@@ -320,21 +321,12 @@ async fn log_outcome<T, E: std::error::Error, Q: std::error::Error>(
     }
 }
 
-/// `--watch-namespace`: a namespace name (an RFC 1123 label).
+/// `--watch-namespace`: a namespace name, as the API server checks it (a DNS-1123 label).
 fn namespace_name(value: &str) -> Result<String, String> {
-    let label = value.len() <= 63
-        && value.starts_with(|c: char| c.is_ascii_lowercase() || c.is_ascii_digit())
-        && value.ends_with(|c: char| c.is_ascii_lowercase() || c.is_ascii_digit())
-        && value
-            .chars()
-            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-');
-    if label {
-        Ok(value.to_string())
-    } else {
-        Err(format!(
-            "{value:?} is not a namespace name (lower-case letters, digits and '-', at most 63)"
-        ))
-    }
+    NameRule::Dns1123Label
+        .check(value)
+        .map(|()| value.to_string())
+        .map_err(|e| format!("not a namespace name: {e}"))
 }
 
 fn hostname() -> String {

@@ -274,11 +274,7 @@ fn run_command(file: &str, extra: &[&str], envs: &[(&str, &str)]) -> Command {
 }
 
 fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    dynamo_server::free_port().unwrap()
 }
 
 #[test]

@@ -234,12 +234,9 @@ fn clock_ticks_per_second() -> anyhow::Result<u64> {
 }
 
 fn free_ports() -> std::io::Result<[u16; 6]> {
-    let listeners = (0..6)
-        .map(|_| std::net::TcpListener::bind("127.0.0.1:0"))
-        .collect::<std::io::Result<Vec<_>>>()?;
     let mut ports = [0; 6];
-    for (port, listener) in ports.iter_mut().zip(&listeners) {
-        *port = listener.local_addr()?.port();
+    for port in &mut ports {
+        *port = dynamo_server::free_port()?;
     }
     Ok(ports)
 }

@@ -21,10 +21,11 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use dynamo_kvcache::RouterMode;
 use dynamo_loadgen::client::{Api, RequestRecord, Target, Words, send, send_whole};
-use dynamo_loadgen::launch::{Launched, free_port};
+use dynamo_loadgen::launch::Launched;
 use dynamo_loadgen::workload::{PROMPT_VOCAB, WorkItem};
 use dynamo_mocker::replay::Percentiles;
 use dynamo_mocker::tokens::{stream_key, token_at};
+use dynamo_server::free_port;
 use serde::Serialize;
 use tokio::task::JoinSet;
 

@@ -10,7 +10,6 @@
 pub mod kubelet;
 
 use std::fmt::Write as _;
-use std::net::TcpListener;
 use std::os::unix::process::CommandExt as _;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -97,10 +96,7 @@ pub fn assets() -> PathBuf {
 
 /// A loopback port nothing listens on now.
 pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("binding a loopback port")
+    dynamo_server::free_port().expect("binding a loopback port")
 }
 
 impl ControlPlane {

@@ -35,12 +35,6 @@ pub fn expand(template: &str, mode: &str, port: u16) -> String {
         .replace("{port}", &port.to_string())
 }
 
-/// A loopback port nobody listens on right now.
-pub fn free_port() -> anyhow::Result<u16> {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
-    Ok(listener.local_addr()?.port())
-}
-
 impl Launched {
     /// Runs `command` with `sh -c` in a new process group; its output goes to our
     /// stderr, so stdout keeps only the results.

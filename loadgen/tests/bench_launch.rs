@@ -5,7 +5,8 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
-use dynamo_loadgen::launch::{Launched, Stopped, expand, free_port};
+use dynamo_loadgen::launch::{Launched, Stopped, expand};
+use dynamo_server::free_port;
 
 /// Serves `GET /health` (200) and `GET /mode` (the mode it was started with); on
 /// SIGTERM writes "term" to the marker file and exits 0.

@@ -11,7 +11,7 @@ mod process;
 pub mod prometheus;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
-use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
@@ -382,8 +382,6 @@ pub(crate) struct Runner {
     /// would otherwise start out serving aggregated, and a graph of several services
     /// would start out on some of them.
     complete: bool,
-    /// Ports handed out in this run, so a port the OS offers twice is not used twice.
-    used_ports: HashSet<u16>,
 }
 
 struct RunningPrometheus {
@@ -435,18 +433,11 @@ impl Runner {
             planner: None,
             ready: HashSet::new(),
             complete: false,
-            used_ports: HashSet::new(),
         }
     }
 
     fn free_port(&mut self) -> anyhow::Result<u16> {
-        for _ in 0..64 {
-            let port = TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
-            if self.used_ports.insert(port) {
-                return Ok(port);
-            }
-        }
-        bail!("no free loopback port found")
+        dynamo_server::free_port().context("no free loopback port")
     }
 
     /// Starts Prometheus (the program at `path`) on a free loopback port, scraping what

@@ -394,8 +394,7 @@ async fn a_prefill_that_lends_nothing_answers_null_parameters() {
 
 /// A port free now, for a server that must be named before it starts.
 fn free_port() -> SocketAddr {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    listener.local_addr().unwrap()
+    SocketAddr::from(([127, 0, 0, 1], dynamo_server::free_port().unwrap()))
 }
 
 /// A pod: a mock engine behind its sidecar, each knowing the other's address, both

@@ -6,7 +6,7 @@
 //! scrapes a target of the test's own every second; the source must read its series.
 //! Certificates come from a CA the test makes (rcgen).
 
-use std::net::{SocketAddr, TcpListener as StdListener};
+use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
@@ -122,11 +122,7 @@ async fn scrape_target() -> SocketAddr {
 }
 
 fn free_port() -> u16 {
-    StdListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    dynamo_server::free_port().unwrap()
 }
 
 /// A real Prometheus scraping `target` every second, serving its API as `web` (its web

@@ -9,7 +9,8 @@
 //!   (Dynamo's variable names beside ours): what every binary's `main` does;
 //! - [`on_every_worker`]: per-thread set-up done before serving;
 //! - [`metrics_endpoint`]: `/metrics` and `/healthz` on one port;
-//! - [`Throttled`]: a warning that may repeat at a high rate, logged once per interval.
+//! - [`Throttled`]: a warning that may repeat at a high rate, logged once per interval;
+//! - [`free_port`]: a loopback port for a process that must be told it before it starts.
 
 mod budget;
 mod connection;
@@ -22,6 +23,7 @@ mod guarded;
 mod http;
 mod limits;
 pub mod metrics_endpoint;
+mod ports;
 mod process;
 mod throttled;
 mod workers;
@@ -40,6 +42,7 @@ pub use grpc::{GrpcConnectInfo, GrpcConnection};
 pub use grpc_messages::{MessageLimits, MessageLimitsLayer, MessageStats};
 pub use guarded::Guarded;
 pub use limits::{ServerLimits, parse_duration};
+pub use ports::free_port;
 pub use process::{
     DYNAMO_JSONL_ENV, LOG_FORMAT_ENV, LOG_FORMAT_ENVS, LogArgs, LogFormat, exit_code, init_logging,
     logged_shutdown_signal, parse_args, shutdown_signal, with_env_aliases,

@@ -117,7 +117,7 @@ pub(super) async fn run_bench(args: BenchArgs) -> anyhow::Result<()> {
             for mode in &args.modes {
                 for (rate, plan) in &plans {
                     let at = rate.map_or_else(String::new, |r| format!(" at {r} req/s"));
-                    let port = launch::free_port()?;
+                    let port = dynamo_server::free_port()?;
                     let mut graph = Launched::start(launch::expand(template, mode, port))?;
                     eprintln!("bench {mode}{at}: started `{}`", graph.command);
                     let url = format!("http://127.0.0.1:{port}");

@@ -29,11 +29,7 @@ pub fn model_dir() -> PathBuf {
 }
 
 pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    dynamo_server::free_port().unwrap()
 }
 
 pub struct LocalGraph {

@@ -3,7 +3,6 @@
 //! `moto_server -H 127.0.0.1 -p PORT`, one per test, with one bucket.
 #![allow(dead_code)] // each test binary uses its own part of this
 
-use std::net::TcpListener;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
@@ -30,10 +29,7 @@ pub struct Moto {
 impl Moto {
     /// moto on a free loopback port, answering, with `bucket` created.
     pub async fn start(bucket: &str) -> Self {
-        let port = TcpListener::bind("127.0.0.1:0")
-            .and_then(|l| l.local_addr())
-            .expect("a free port")
-            .port();
+        let port = dynamo_server::free_port().expect("a free port");
         let mut moto = Self {
             port,
             bucket: bucket.to_owned(),

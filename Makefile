@@ -199,6 +199,11 @@ $(HADOLINT_WHEEL):
 
 bench: model ## Benchmarks of the hot code (criterion), router-mode, KV-tier and disaggregation replays, CPU per request (tables in .cache/bench/); live beside Dynamo: make side-by-side
 bench: MOONCAKE_TRACE ?= ../shared/data/mooncake_synthetic_trace.jsonl
+# The brief's disaggregation workload on the hardware model of its setup (Llama-3.3-70B FP8,
+# 2 x H100 per engine): docs/performance-disagg.md, "On the hardware model".
+bench: DISAGG_70B = --perf-model hardware --gpu H100_SXM --model meta-llama/Llama-3.3-70B-Instruct \
+	  --tensor-parallel-size 2 --quantization fp8 --kv-cache-dtype fp8 --prefixes 1000 --suffixes 1 \
+	  --prefix-tokens 0 --unique-tokens 3000 --output-tokens 150 --request-rate 2,4,6,8,10,12
 bench:
 	$(CARGO) bench --locked -p dynamo-llm -p dynamo-kvcache -p dynamo-mocker -p dynamo-sidecar -p dynamo-epp -p dynamo-profiler
 	$(CARGO) build --release --locked -p dynamo-e2e
@@ -215,6 +220,10 @@ bench:
 	  --prefixes 1000 --suffixes 1 --prefix-tokens 0 --unique-tokens 3000 --output-tokens 150 \
 	  --request-rate 4,6,8,12,16,24,32 --kv-block-bytes 8MiB \
 	  --out .cache/bench/replay-disagg.json --markdown .cache/bench/replay-disagg.md
+	$(CARGO) run --release --locked --quiet -p dynamo-e2e -- replay --topology agg:4 --modes kv $(DISAGG_70B) \
+	  --max-num-batched-tokens 384 --out .cache/bench/replay-disagg-70b-agg.json --markdown .cache/bench/replay-disagg-70b-agg.md
+	$(CARGO) run --release --locked --quiet -p dynamo-e2e -- replay --topology 2p2d,3p1d --modes kv $(DISAGG_70B) \
+	  --out .cache/bench/replay-disagg-70b.json --markdown .cache/bench/replay-disagg-70b.md
 	$(CARGO) run --release --locked --quiet -p dynamo-e2e -- planner \
 	  --out .cache/bench/planner.json --markdown .cache/bench/planner.md --timeline-csv .cache/bench/planner-timeline.csv
 	$(CARGO) run --release --locked --quiet -p dynamo-e2e -- planner --max-waiting-requests 2 \

@@ -12,9 +12,9 @@
 //!   each engine having one link (a prefill engine sends one prompt at a time, a decode
 //!   engine receives one at a time, in the order prefills end; a transfer waits for its
 //!   prefill engine's link, then for its decode engine's, each busy for the wire time).
-//!   On arrival the decode engine queues the request with those blocks onboarded
-//!   (`Engine::submit_onboarded`), so it computes only what follows the last full block
-//!   (the last prompt token at least, as vLLM recomputes it) before its first token.
+//!   On arrival the decode engine queues the request with those blocks
+//!   (`Engine::submit_remote_prefilled`): it computes only the last prompt token, as a
+//!   decode token, before its first token (vLLM's decode after a remote prefill).
 //!   TTFT is therefore prefill (queueing included) + transfer + the decode engine's
 //!   first step, counted from the request's arrival; ITL and throughput come from the
 //!   decode engines, the KV hit rate from the prefill engines' prefix caches.
@@ -377,7 +377,7 @@ impl Graph<'_> {
         let i = t.request.id as usize;
         let engine = self.cluster.engine_mut(t.decode);
         if engine
-            .submit_onboarded(t.request, t.arrival_ms, 0..t.blocks)
+            .submit_remote_prefilled(t.request, t.arrival_ms, 0..t.blocks)
             .is_err()
         {
             self.rejected += 1;
@@ -565,7 +565,8 @@ mod tests {
     #[test]
     fn one_request_ttft_is_prefill_plus_transfer_plus_the_first_decode_step() {
         // 1,000 prompt tokens: 62 full blocks of 16 cross the link; the decode engine
-        // computes the 8 after them and samples the first token in one step.
+        // computes the last prompt token as a decode token and samples the first token
+        // in one step, its 63 blocks in use.
         let w = unique(1, 1000, 3);
         let t = TimingModel::Polynomial;
         let wire = 62.0 * BLOCK_BYTES as f64 / 1e9 * 1000.0; // ms at 1 GB/s
@@ -587,20 +588,20 @@ mod tests {
             "{:?}",
             sim.transfer_ms
         );
-        let ttft = t.prefill_ms(1000) + wire + t.prefill_ms(8);
+        let ttft = t.prefill_ms(1000) + wire + t.decode_ms(1, 63.0 / 16384.0);
         assert!(
             (r.ttft_ms.p50 - ttft).abs() < 1e-9,
             "{} vs {ttft}",
             r.ttft_ms.p50
         );
         assert_eq!(r.itl_ms.count, 2);
-        // The prefill engine sampled one token, the decode engine computed the tail.
+        // The prefill engine sampled one token, the decode engine prefilled nothing.
         let (p, d) = (
             sim.engines[0].metrics().counters,
             sim.engines[1].metrics().counters,
         );
         assert_eq!((p.prefill_tokens, p.generation_tokens), (1000, 1));
-        assert_eq!((d.prefill_tokens, d.generation_tokens), (8, 3));
+        assert_eq!((d.prefill_tokens, d.generation_tokens), (0, 3));
         // 10x the bandwidth: the transfer takes a tenth; aggregated: no transfer at all.
         let fast = simulate(
             &w,
@@ -745,9 +746,9 @@ mod tests {
                 .iter()
                 .map(|e| e.metrics().counters)
                 .collect();
-            // Each request's decode computes only the 8 tokens past its 62 full blocks.
-            let tails: u64 = decode.iter().map(|c| c.prefill_tokens).sum();
-            assert_eq!(tails, n as u64 * 8, "{mode}");
+            // A decode computes no prompt token as a prefill: the last one is a decode.
+            let prefilled: u64 = decode.iter().map(|c| c.prefill_tokens).sum();
+            assert_eq!(prefilled, 0, "{mode}");
             let out: u64 = decode.iter().map(|c| c.generation_tokens).sum();
             assert_eq!(out, n as u64 * 20);
             // Every decode engine got work.

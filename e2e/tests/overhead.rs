@@ -32,6 +32,9 @@ fn the_overhead_probe_measures_every_process_for_both_deliveries() {
         .arg("--model-path")
         .arg(model_dir())
         .args(["--concurrency", "8", "--warmup-s", "1", "--duration-s", "2"])
+        // A debug mock engine loading its tokenizer on a loaded 2-core machine took
+        // over the default minute to answer its health check (CI, beside a build).
+        .args(["--health-timeout-s", "180"])
         .arg("--out")
         .arg(&json)
         .arg("--markdown")

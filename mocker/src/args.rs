@@ -48,33 +48,8 @@ pub struct Args {
     /// ZMQ PUB endpoint for KV events; "none" disables them.
     #[arg(long, default_value = "tcp://127.0.0.1:5557")]
     pub kv_events_endpoint: String,
-    /// JSON timing table replacing the built-in polynomials (see docs/mocker.md).
-    #[arg(long)]
-    pub timing_table: Option<PathBuf>,
-    /// Step times: Dynamo's polynomial, or the performance model of `--gpu` running the
-    /// model of `--model-path`'s config.json (else the catalog's `--model-name`).
-    #[arg(long, value_enum, default_value_t = PerfModel::Polynomial)]
-    pub perf_model: PerfModel,
-    /// GPU SKU of `--perf-model hardware`: H100_SXM, H200_SXM, B200_SXM, A100_SXM, L40S.
-    #[arg(long)]
-    pub gpu: Option<String>,
-    /// GPUs one engine spans: the hardware model splits the model across them, and the
-    /// planner profile divides throughputs by them.
-    #[arg(long, default_value_t = 1)]
-    pub tensor_parallel_size: u64,
-    /// Weights' dtype (`--perf-model hardware`): auto (config.json's), bfloat16, float16,
-    /// float32.
-    #[arg(long, default_value = "auto")]
-    pub dtype: String,
-    /// `fp8`: FP8 weights (`--perf-model hardware`).
-    #[arg(long)]
-    pub quantization: Option<String>,
-    /// KV cache dtype (`--perf-model hardware`): auto (the model's), fp8, bfloat16, ...
-    #[arg(long, default_value = "auto")]
-    pub kv_cache_dtype: String,
-    /// Share of GPU memory for weights, activations and KV (`--perf-model hardware`).
-    #[arg(long, default_value_t = dynamo_perfmodel::estimate::GPU_MEMORY_UTILIZATION)]
-    pub gpu_memory_utilization: f64,
+    #[command(flatten)]
+    pub timing: TimingArgs,
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
     #[arg(long)]
@@ -142,59 +117,67 @@ fn tool_call_format(name: &str) -> Result<ToolCallParser, String> {
     ToolCallParser::from_name(name).map_err(|e| e.to_string())
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
-pub enum PerfModel {
-    /// Dynamo mocker's polynomials of an 8B model on an H100.
-    Polynomial,
-    /// `dynamo-perfmodel`: a GPU SKU, a model architecture, tensor parallelism.
-    Hardware,
+/// How long a step takes: the mock engine's flags, which the replays share.
+#[derive(clap::Args, Clone, Debug)]
+pub struct TimingArgs {
+    /// JSON timing table replacing the built-in polynomials (see docs/mocker.md).
+    #[arg(long)]
+    pub timing_table: Option<PathBuf>,
+    /// Step times: Dynamo's polynomial, or the performance model of `--gpu` running the
+    /// model (the mock engine's: `--model-path`'s config.json, else the catalog's
+    /// `--model-name`).
+    #[arg(long, value_enum, default_value_t = PerfModel::Polynomial)]
+    pub perf_model: PerfModel,
+    /// GPU SKU of `--perf-model hardware`: H100_SXM, H200_SXM, B200_SXM, A100_SXM, L40S.
+    #[arg(long)]
+    pub gpu: Option<String>,
+    /// GPUs one engine spans: the hardware model splits the model across them, and the
+    /// planner profile divides throughputs by them.
+    #[arg(long, default_value_t = 1)]
+    pub tensor_parallel_size: u64,
+    /// Weights' dtype (`--perf-model hardware`): auto (config.json's), bfloat16, float16,
+    /// float32.
+    #[arg(long, default_value = "auto")]
+    pub dtype: String,
+    /// `fp8`: FP8 weights (`--perf-model hardware`).
+    #[arg(long)]
+    pub quantization: Option<String>,
+    /// KV cache dtype (`--perf-model hardware`): auto (the model's), fp8, bfloat16, ...
+    #[arg(long, default_value = "auto")]
+    pub kv_cache_dtype: String,
+    /// Share of GPU memory for weights, activations and KV (`--perf-model hardware`).
+    #[arg(long, default_value_t = dynamo_perfmodel::estimate::GPU_MEMORY_UTILIZATION)]
+    pub gpu_memory_utilization: f64,
 }
 
-impl Args {
-    /// The engine configuration these flags ask for (reads the timing table, or the
-    /// model's config.json for the hardware model). Serving adds the model's vocabulary
-    /// size and name, which do not change timing.
-    pub fn engine_config(&self) -> anyhow::Result<EngineConfig> {
+impl TimingArgs {
+    /// `config` with these step times. `model` gives the architecture the hardware model
+    /// runs (asked only for it); `num_gpu_blocks`, when set, overrides the blocks its
+    /// memory holds.
+    pub fn apply(
+        &self,
+        config: EngineConfig,
+        model: impl FnOnce() -> anyhow::Result<ModelArch>,
+        num_gpu_blocks: Option<usize>,
+    ) -> anyhow::Result<EngineConfig> {
         anyhow::ensure!(
             !(self.perf_model == PerfModel::Hardware && self.timing_table.is_some()),
             "--timing-table and --perf-model hardware both set the step times"
         );
-        let timing = match &self.timing_table {
-            Some(path) => {
-                TimingModel::Table(TimingTable::from_json(&std::fs::read_to_string(path)?)?)
-            }
-            None => TimingModel::Polynomial,
-        };
-        let default = EngineConfig::default();
-        let config = EngineConfig {
-            num_gpu_blocks: self.num_gpu_blocks.unwrap_or(default.num_gpu_blocks),
-            block_size: self.block_size,
-            max_num_seqs: self.max_num_seqs,
-            max_num_batched_tokens: self.max_num_batched_tokens,
-            speedup_ratio: self.speedup_ratio,
-            seed: self.seed,
-            enable_prefix_caching: !self.no_enable_prefix_caching,
-            timing,
-            kv_blocks: self.kv_blocks_url.clone().map(|url| KvBlocksConfig {
-                url,
-                offload: self.kv_offload,
-                bytes_scale: self.kv_bytes_scale,
-                host_bandwidth_gbps: self.kv_host_bandwidth_gbps,
-                disk_bandwidth_gbps: self.kv_disk_bandwidth_gbps,
-                object_bandwidth_gbps: self.kv_object_bandwidth_gbps,
-                link_bandwidth_gbps: self.kv_link_bandwidth_gbps,
-                timeout_ms: self.kv_blocks_timeout_ms,
-                engine_id: self.engine_id.clone(),
-                token_file: self.kv_blocks_token_file.clone(),
-            }),
-            ..default
-        };
+        if let Some(path) = &self.timing_table {
+            let json = std::fs::read_to_string(path)
+                .with_context(|| format!("--timing-table {}", path.display()))?;
+            return Ok(EngineConfig {
+                timing: TimingModel::Table(TimingTable::from_json(&json)?),
+                ..config
+            });
+        }
         if self.perf_model == PerfModel::Polynomial {
             return Ok(config);
         }
-        let e = self.hardware_model()?;
+        let e = self.estimator(model()?)?;
         let (gpu, model, tp) = (e.gpu.name.clone(), e.model.name.clone(), e.tp);
-        let (config, capacity) = config.on_hardware(e, self.num_gpu_blocks)?;
+        let (config, capacity) = config.on_hardware(e, num_gpu_blocks)?;
         tracing::info!(
             %gpu,
             %model,
@@ -206,18 +189,14 @@ impl Args {
         Ok(config)
     }
 
-    /// The performance model these flags describe.
-    fn hardware_model(&self) -> anyhow::Result<Estimator> {
+    /// The performance model these flags describe for `model`.
+    pub fn estimator(&self, model: ModelArch) -> anyhow::Result<Estimator> {
         let gpu = self.gpu.as_deref().ok_or_else(|| {
             anyhow!(
                 "--perf-model hardware needs --gpu (H100_SXM, H200_SXM, B200_SXM, A100_SXM, L40S)"
             )
         })?;
-        let mut e = Estimator::new(
-            GpuSpec::by_name(gpu)?,
-            self.model_arch()?,
-            self.tensor_parallel_size,
-        )?;
+        let mut e = Estimator::new(GpuSpec::by_name(gpu)?, model, self.tensor_parallel_size)?;
         if self.dtype != "auto" {
             e.weight_dtype = self.dtype.parse().context("--dtype")?;
         }
@@ -235,6 +214,47 @@ impl Args {
         );
         e.gpu_memory_utilization = self.gpu_memory_utilization;
         Ok(e)
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum PerfModel {
+    /// Dynamo mocker's polynomials of an 8B model on an H100.
+    Polynomial,
+    /// `dynamo-perfmodel`: a GPU SKU, a model architecture, tensor parallelism.
+    Hardware,
+}
+
+impl Args {
+    /// The engine configuration these flags ask for (reads the timing table, or the
+    /// model's config.json for the hardware model). Serving adds the model's vocabulary
+    /// size and name, which do not change timing.
+    pub fn engine_config(&self) -> anyhow::Result<EngineConfig> {
+        let default = EngineConfig::default();
+        let config = EngineConfig {
+            num_gpu_blocks: self.num_gpu_blocks.unwrap_or(default.num_gpu_blocks),
+            block_size: self.block_size,
+            max_num_seqs: self.max_num_seqs,
+            max_num_batched_tokens: self.max_num_batched_tokens,
+            speedup_ratio: self.speedup_ratio,
+            seed: self.seed,
+            enable_prefix_caching: !self.no_enable_prefix_caching,
+            kv_blocks: self.kv_blocks_url.clone().map(|url| KvBlocksConfig {
+                url,
+                offload: self.kv_offload,
+                bytes_scale: self.kv_bytes_scale,
+                host_bandwidth_gbps: self.kv_host_bandwidth_gbps,
+                disk_bandwidth_gbps: self.kv_disk_bandwidth_gbps,
+                object_bandwidth_gbps: self.kv_object_bandwidth_gbps,
+                link_bandwidth_gbps: self.kv_link_bandwidth_gbps,
+                timeout_ms: self.kv_blocks_timeout_ms,
+                engine_id: self.engine_id.clone(),
+                token_file: self.kv_blocks_token_file.clone(),
+            }),
+            ..default
+        };
+        self.timing
+            .apply(config, || self.model_arch(), self.num_gpu_blocks)
     }
 
     /// The architecture in the model directory's config.json, else the catalog's of the
@@ -269,7 +289,7 @@ impl Args {
             return Ok(false);
         };
         // Per-GPU throughputs: the engine stands for all the GPUs it spans.
-        let gpus_per_engine = u32::try_from(self.tensor_parallel_size)?;
+        let gpus_per_engine = u32::try_from(self.timing.tensor_parallel_size)?;
         let sweep = ProfileSweep {
             gpus_per_engine,
             ..ProfileSweep::default()

@@ -148,7 +148,22 @@ impl<C: Clock> Engine<C> {
         arrival_ms: f64,
         onboarded: Range<usize>,
     ) -> Result<(), Rejected> {
-        self.scheduler.add_onboarded(req, arrival_ms, onboarded)
+        self.scheduler
+            .add_onboarded(req, arrival_ms, onboarded, false)
+    }
+
+    /// As [`Self::submit_onboarded`], for a disaggregated decode: a prefill engine
+    /// computed the whole prompt and `onboarded` are its blocks; once they (or the GPU's
+    /// own cache) reach the last token's block, only that token is computed, as a decode
+    /// token (vLLM's decode after a remote prefill).
+    pub fn submit_remote_prefilled(
+        &mut self,
+        req: Request,
+        arrival_ms: f64,
+        onboarded: Range<usize>,
+    ) -> Result<(), Rejected> {
+        self.scheduler
+            .add_onboarded(req, arrival_ms, onboarded, true)
     }
 
     /// Cancels a request (client gone); frees its blocks at once.

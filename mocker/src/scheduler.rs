@@ -11,7 +11,12 @@
 //!    `max_num_seqs` and the pool allow; each first looks up its prefix in the cache
 //!    (at most `len - 1` tokens, since the last one must be computed to sample from).
 //!    Blocks onboarded from the sidecar before submission extend that prefix on the
-//!    first admission: they get fresh blocks and are registered as if computed.
+//!    first admission: they get fresh blocks and are registered as if computed. A
+//!    request whose whole prompt a prefill engine computed (a disaggregated decode) has
+//!    every prompt token but the last computed once its blocks are in, and computes that
+//!    one token as a decode does (vLLM's scheduler after a remote prefill's KV arrived,
+//!    `_update_waiting_for_remote_kv`: `num_computed_tokens` is the prompt's length less
+//!    one, the partial last block being transferred too).
 //!
 //! A scheduled chunk's full blocks are registered in the prefix cache as soon as it is
 //! scheduled, before the step computes them, as vLLM's `KVCacheManager.allocate_slots`
@@ -119,6 +124,8 @@ struct Sequence {
     num_committed: usize,
     /// Positions of blocks whose KV was onboarded before the first admission.
     onboarded: Range<usize>,
+    /// A prefill engine computed the whole prompt and its KV came with `onboarded`.
+    remote_prefill: bool,
     /// How long to pin the prompt's full blocks, ms.
     pin_ttl_ms: Option<f64>,
     arrival_ms: f64,
@@ -256,17 +263,20 @@ impl Scheduler {
 
     /// Queues a request, or refuses one that could never run.
     pub fn add(&mut self, req: Request, arrival_ms: f64) -> Result<(), Rejected> {
-        self.add_onboarded(req, arrival_ms, 0..0)
+        self.add_onboarded(req, arrival_ms, 0..0, false)
     }
 
     /// As [`Self::add`], for a request whose full prompt blocks at positions `onboarded`
     /// have their KV loaded from outside the GPU pool: on first admission they count as
-    /// cached where they continue the cached prefix.
+    /// cached where they continue the cached prefix. With `remote_prefill` (a prefill
+    /// engine computed the whole prompt), a cached prefix reaching the last token's block
+    /// leaves only the last token to compute (see the module's notes).
     pub fn add_onboarded(
         &mut self,
         req: Request,
         arrival_ms: f64,
         onboarded: Range<usize>,
+        remote_prefill: bool,
     ) -> Result<(), Rejected> {
         if req.token_ids.is_empty() {
             return Err(Rejected::EmptyPrompt);
@@ -297,6 +307,7 @@ impl Scheduler {
             num_computed: 0,
             num_committed: 0,
             onboarded,
+            remote_prefill,
             pin_ttl_ms: req.pin_ttl.map(|ttl| ttl.as_secs_f64() * 1000.0),
             arrival_ms,
             first_token_ms: None,
@@ -399,8 +410,8 @@ impl Scheduler {
         let bs = self.pool.block_size();
         let seq = &self.seqs[&id];
         // Leading blocks held on the GPU or onboarded; `on_gpu` of them are in the pool.
+        let max_blocks = (seq.tokens.len() - 1) / bs;
         let (hit, on_gpu) = if self.limits.enable_prefix_caching {
-            let max_blocks = (seq.tokens.len() - 1) / bs;
             let mut on_gpu = 0;
             let hit = seq.hashes[..max_blocks]
                 .iter()
@@ -415,7 +426,14 @@ impl Scheduler {
         } else {
             (0, 0)
         };
-        let computed = hit * bs;
+        // The prompt's KV is all here but the last token's, whose logits are sampled from.
+        let prefilled =
+            self.limits.enable_prefix_caching && seq.remote_prefill && hit == max_blocks;
+        let computed = if prefilled {
+            seq.tokens.len() - 1
+        } else {
+            hit * bs
+        };
         let n = (seq.tokens.len() - computed).min(budget);
         let need = self.blocks_for(computed + n) - on_gpu;
         let hits_leaving_free = self.pool.free_among_cached(&seq.hashes[..hit]);
@@ -458,6 +476,7 @@ impl Scheduler {
         seq.num_committed = hit;
         // Onboarded KV is used once: after a preemption the blocks are cached or gone.
         seq.onboarded = 0..0;
+        seq.remote_prefill = false;
         if seq.num_preemptions == 0 {
             // vLLM counts queries and hits in tokens, once per request; onboarded tokens
             // are not prefix cache hits (vLLM counts them as the connector's), but they
@@ -466,7 +485,8 @@ impl Scheduler {
             self.counters.prefix_cache_hits += (on_gpu * bs) as u64;
             seq.cached_prompt_tokens = computed;
         }
-        let is_prefill = !(n == 1 && seq.outputs() > 0);
+        // A decode, or a remote prefill's last prompt token, which costs as a decode does.
+        let is_prefill = !(n == 1 && (seq.outputs() > 0 || prefilled));
         Some(Scheduled {
             id,
             num_tokens: n,

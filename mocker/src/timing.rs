@@ -63,6 +63,19 @@ pub enum TimingModel {
 }
 
 impl TimingModel {
+    /// What the step times come from, for a report's title: the GPU and model of the
+    /// hardware model.
+    pub fn describe(&self) -> String {
+        match self {
+            Self::Polynomial => "step times: Dynamo's polynomial (an 8B model on an H100)".into(),
+            Self::Table(_) => "step times: a timing table".into(),
+            Self::Hardware(e) => format!(
+                "step times: {} on {} x {} ({} weights, {} KV)",
+                e.model.name, e.tp, e.gpu.name, e.weight_dtype, e.kv_dtype
+            ),
+        }
+    }
+
     pub fn prefill_ms(&self, tokens: usize) -> f64 {
         if tokens == 0 {
             return 0.0;

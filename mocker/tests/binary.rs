@@ -20,11 +20,7 @@ impl Drop for Killed {
 
 #[tokio::test]
 async fn the_idle_timeout_flag_closes_silent_connections() {
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let port = dynamo_server::free_port().unwrap();
     let model = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../.cache/models/qwen-mock");
     let _mocker = Killed(
         Command::new(env!("CARGO_BIN_EXE_dynamo-mocker"))

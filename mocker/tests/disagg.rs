@@ -263,8 +263,8 @@ async fn a_decode_takes_the_lent_blocks_and_answers_as_an_aggregated_engine() {
     );
     assert_eq!(answer["usage"]["completion_tokens"], 8);
     assert_eq!(
-        answer["usage"]["prompt_tokens_details"]["cached_tokens"],
-        96
+        answer["usage"]["prompt_tokens_details"]["cached_tokens"], 99,
+        "every prompt token but the last came from the prefill, as vLLM counts them"
     );
     assert!(
         answer.get("kv_transfer_params").is_none(),
@@ -460,8 +460,8 @@ async fn a_disaggregated_request_through_both_pods_sidecars() {
     let expected = post(&aggregated, "/v1/completions", &request(&tokens), None).await;
     assert_eq!(answer["choices"][0]["text"], expected["choices"][0]["text"]);
     assert_eq!(
-        answer["usage"]["prompt_tokens_details"]["cached_tokens"],
-        96
+        answer["usage"]["prompt_tokens_details"]["cached_tokens"], 99,
+        "every prompt token but the last came from the prefill, as vLLM counts them"
     );
     assert_eq!(lends(&prefill_engine, "lent").await, 1.0);
     assert_eq!(

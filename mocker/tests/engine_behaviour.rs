@@ -573,3 +573,48 @@ fn onboarded_blocks_extend_the_cached_prefix_on_first_admission() {
     let evicted: Vec<_> = offloaded(&drain(&mut e)).iter().map(|b| b.hash).collect();
     assert_eq!(evicted, e.hasher().seq_hashes(&q));
 }
+
+#[test]
+fn a_remote_prefill_leaves_only_the_last_prompt_token_computed_as_a_decode() {
+    let p = prompt(1, 100); // 6 full blocks of 16 + 4 tokens
+    let mut e = Engine::simulated(config(64, 16)).unwrap();
+    e.submit_remote_prefilled(req(1, p.clone(), 3), 0.0, 0..6)
+        .unwrap();
+    let steps = drain(&mut e);
+    let first = &steps[0];
+    assert_eq!(
+        first.work.prefill_tokens, 0,
+        "the tail past the last full block came too"
+    );
+    assert_eq!(first.work.prefill_seqs, 0);
+    assert_eq!(first.work.decode_seqs, 1);
+    assert_eq!(first.work.decode_context_tokens, 100);
+    assert_eq!(
+        first.outputs.len(),
+        1,
+        "the first token comes from the first step"
+    );
+    let done = steps.iter().flat_map(|s| &s.finished).next().unwrap();
+    assert_eq!(done.cached_prompt_tokens, 99);
+    assert_eq!(e.metrics().counters.prefill_tokens, 0);
+    // The prompt's full blocks are cached as if computed here.
+    assert_eq!(e.cached_prefix_blocks(&e.hasher().seq_hashes(&p)), 6);
+
+    // A prompt of whole blocks: the last block is full only with the last token.
+    let q = prompt(500, 64);
+    let mut e = Engine::simulated(config(64, 16)).unwrap();
+    e.submit_remote_prefilled(req(1, q, 1), 0.0, 0..3).unwrap();
+    let first = &drain(&mut e)[0];
+    assert_eq!((first.work.prefill_tokens, first.work.decode_seqs), (0, 1));
+
+    // Fewer blocks than the prompt's (a transfer that came short): the rest is a prefill.
+    let mut e = Engine::simulated(config(64, 16)).unwrap();
+    e.submit_remote_prefilled(req(1, p.clone(), 1), 0.0, 0..4)
+        .unwrap();
+    assert_eq!(drain(&mut e)[0].work.prefill_tokens, 100 - 64);
+
+    // The same blocks onboarded from a tier: the tail past them is computed.
+    let mut e = Engine::simulated(config(64, 16)).unwrap();
+    e.submit_onboarded(req(1, p, 1), 0.0, 0..6).unwrap();
+    assert_eq!(drain(&mut e)[0].work.prefill_tokens, 4);
+}

@@ -8,8 +8,9 @@
 //!   closed loop keeps `in_flight` requests on it, each replaced when it ends.
 //! - Its stage: an aggregated engine prefills and decodes each request; a prefill engine
 //!   computes the prompt and samples one token (the prefill leg); a decode engine gets
-//!   the prompt's full blocks as onboarded KV (`Engine::submit_onboarded`, as a
-//!   disaggregated decode does after the transfer) and computes the rest, then decodes.
+//!   the prompt's KV from a prefill engine (`Engine::submit_remote_prefilled`, as a
+//!   disaggregated decode does after the transfer), computes its last token as a decode
+//!   token, then decodes.
 //! - Warm-up: the requests in flight when the first one ends may have seen an emptier
 //!   engine; the measured requests are the next ones to arrive after all of those have
 //!   ended, so every one of them meets the steady state.
@@ -283,10 +284,8 @@ pub fn simulate(
         vocab: config.vocab_size,
         // A decode engine receives the prompt's full blocks short of the last token, as
         // a prefill lends them.
-        onboarded: match stage {
-            Stage::Decode => 0..isl.saturating_sub(1) / config.block_size,
-            _ => 0..0,
-        },
+        remote_prefill: (stage == Stage::Decode)
+            .then(|| 0..isl.saturating_sub(1) / config.block_size),
         clients,
     };
     run.run()?;
@@ -335,7 +334,8 @@ struct Run {
     isl: usize,
     max_tokens: usize,
     vocab: u32,
-    onboarded: Range<usize>,
+    /// A decode engine's requests: their prompt's full blocks, lent by a prefill engine.
+    remote_prefill: Option<Range<usize>>,
     clients: Clients,
 }
 
@@ -352,7 +352,11 @@ impl Run {
             pin_ttl: None,
         };
         let engine = self.cluster.engine_mut(0);
-        Ok(engine.submit_onboarded(request, at_ms, self.onboarded.clone())?)
+        match &self.remote_prefill {
+            Some(blocks) => engine.submit_remote_prefilled(request, at_ms, blocks.clone())?,
+            None => engine.submit_at(request, at_ms)?,
+        }
+        Ok(())
     }
 }
 
@@ -509,10 +513,10 @@ mod tests {
         let prefill = simulate(&config, Stage::Prefill, one, 1000, 50, 1).unwrap();
         assert!(close(prefill.ttft_ms, e.prefill_ms(1000, 0)));
         assert_eq!((prefill.itl_ms, prefill.e2e_ms), (0.0, prefill.ttft_ms));
-        // A decode engine computes only the last partial block (1000 = 15 x 64 + 40
-        // tokens) after the onboarded ones, then decodes as an aggregated engine does.
+        // A decode engine has the prompt's KV but the last token's, which it computes as
+        // one decode token over the other 999, then decodes as an aggregated engine does.
         let decode = simulate(&config, Stage::Decode, one, 1000, 50, 1).unwrap();
-        assert!(close(decode.ttft_ms, e.prefill_ms(40, 960)));
+        assert!(close(decode.ttft_ms, e.decode_step_ms(1, 1000.0)));
         let agg = simulate(&config, Stage::Aggregated, one, 1000, 50, 1).unwrap();
         assert!((decode.itl_ms / agg.itl_ms - 1.0).abs() < 1e-9);
     }

@@ -72,7 +72,7 @@ fn the_generated_graph_passes_the_crd_schema_and_its_mock_engines_are_the_simula
         )
         .unwrap_or_else(|e| panic!("{name}: {e}"));
         let config = parsed.engine_config().unwrap();
-        let tp = parsed.tensor_parallel_size;
+        let tp = parsed.timing.tensor_parallel_size;
         let e = Estimator::new(GpuSpec::by_name("H100_SXM").unwrap(), model.clone(), tp).unwrap();
         let (simulated, _) = EngineConfig::default().on_hardware(e, None).unwrap();
         assert_eq!(config.timing, simulated.timing, "{name}");

@@ -11,7 +11,9 @@ use dynamo_kvblocks::parse_bytes;
 use dynamo_kvblocks::placement::{PlacementConfig, TierLimits};
 use dynamo_kvcache::{ApproxConfig, RouterKnobs, RouterMode, SchedulerConfig};
 use dynamo_llm::ModelDir;
-use dynamo_mocker::{EngineConfig, KvBlocksConfig, KvGeometry};
+use dynamo_mocker::args::TimingArgs;
+use dynamo_mocker::{EngineConfig, KvBlocksConfig, KvGeometry, TimingModel};
+use dynamo_perfmodel::ModelArch;
 use serde::Serialize;
 use serde_json::json;
 
@@ -177,12 +179,13 @@ pub struct OutputArgs {
     pub sla_itl_ms: f64,
 }
 
-/// The simulated engines' shape (the replays').
+/// The simulated engines' shape and step times (the replays').
 #[derive(Args, Debug)]
 pub struct SimEngineArgs {
-    /// KV blocks per engine.
-    #[arg(long, default_value_t = 16384, env = "DYNAMO_E2E_NUM_GPU_BLOCKS")]
-    pub num_gpu_blocks: usize,
+    /// KV blocks per engine [default: 16384; with `--perf-model hardware`, what the
+    /// GPUs' memory holds after the weights].
+    #[arg(long, env = "DYNAMO_E2E_NUM_GPU_BLOCKS")]
+    pub num_gpu_blocks: Option<usize>,
     #[arg(long, default_value_t = 64, env = "DYNAMO_E2E_BLOCK_SIZE")]
     pub block_size: usize,
     #[arg(long, default_value_t = 256, env = "DYNAMO_E2E_MAX_NUM_SEQS")]
@@ -193,17 +196,42 @@ pub struct SimEngineArgs {
         env = "DYNAMO_E2E_MAX_NUM_BATCHED_TOKENS"
     )]
     pub max_num_batched_tokens: usize,
+    /// The model `--perf-model hardware` runs: a name of the performance model's catalog
+    /// (docs/perfmodel.md), e.g. meta-llama/Llama-3.1-8B-Instruct.
+    #[arg(long, env = "DYNAMO_E2E_MODEL")]
+    pub model: Option<String>,
+    #[command(flatten)]
+    pub timing: TimingArgs,
 }
 
 impl SimEngineArgs {
-    fn config(&self) -> EngineConfig {
-        EngineConfig {
-            num_gpu_blocks: self.num_gpu_blocks,
+    fn config(&self) -> anyhow::Result<EngineConfig> {
+        let default = EngineConfig::default();
+        let config = EngineConfig {
+            num_gpu_blocks: self.num_gpu_blocks.unwrap_or(default.num_gpu_blocks),
             block_size: self.block_size,
             max_num_seqs: self.max_num_seqs,
             max_num_batched_tokens: self.max_num_batched_tokens,
-            ..EngineConfig::default()
+            ..default
+        };
+        let model = || {
+            let name = self.model.as_deref().context(
+                "--perf-model hardware needs --model (a catalog name, e.g. meta-llama/Llama-3.1-8B-Instruct)",
+            )?;
+            Ok(ModelArch::by_name(name)?)
+        };
+        self.timing.apply(config, model, self.num_gpu_blocks)
+    }
+}
+
+/// Real KV bytes of one block of `block_size` tokens of the hardware model's model, all
+/// its GPUs together: what a transfer between two engines moves.
+fn hardware_block_bytes(engine: &EngineConfig) -> Option<u64> {
+    match &engine.timing {
+        TimingModel::Hardware(e) => {
+            Some(e.kv_bytes_per_token_per_gpu() * e.tp * engine.block_size as u64)
         }
+        _ => None,
     }
 }
 

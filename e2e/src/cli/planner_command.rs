@@ -135,7 +135,7 @@ pub(super) fn run_planner(args: PlannerArgs) -> anyhow::Result<()> {
     let engine = EngineConfig {
         speedup_ratio: args.speedup_ratio,
         seed: args.seed,
-        ..args.engine.config()
+        ..args.engine.config()?
     };
     engine.validate()?;
     anyhow::ensure!(
@@ -259,7 +259,7 @@ pub(super) fn run_planner(args: PlannerArgs) -> anyhow::Result<()> {
     });
     let versus = planner_replay::compare(&runs, peak);
     let title = format!(
-        "Planner replay: rate schedule {schedule} (req/s x s), {} arrivals, {} requests of ISL {} / OSL {}; targets TTFT {} ms, ITL {} ms; aggregated mocker engines ({} blocks of {} tokens, max_num_seqs {}, max_num_batched_tokens {}, speedup {}), {} routing{}; planner interval {} s (load mode {} s), predictor {}, correction {}, startup {} s, budget {} GPUs",
+        "Planner replay: rate schedule {schedule} (req/s x s), {} arrivals, {} requests of ISL {} / OSL {}; targets TTFT {} ms, ITL {} ms; aggregated mocker engines ({} blocks of {} tokens, max_num_seqs {}, max_num_batched_tokens {}, speedup {}, {}), {} routing{}; planner interval {} s (load mode {} s), predictor {}, correction {}, startup {} s, budget {} GPUs",
         format!("{:?}", args.arrival).to_lowercase(),
         times.len(),
         args.isl,
@@ -271,6 +271,7 @@ pub(super) fn run_planner(args: PlannerArgs) -> anyhow::Result<()> {
         engine.max_num_seqs,
         engine.max_num_batched_tokens,
         engine.speedup_ratio,
+        engine.timing.describe(),
         args.router_mode,
         match args.max_waiting_requests {
             Some(n) => format!(", picker queue past {n} waiting per engine"),

@@ -142,7 +142,7 @@ pub(super) fn run_replay(args: ReplayArgs) -> anyhow::Result<()> {
     };
     anyhow::ensure!(args.workers > 0, "--workers must be at least 1");
     args.router.check().map_err(anyhow::Error::msg)?;
-    let engine = args.engine.config();
+    let engine = args.engine.config()?;
     engine.validate()?;
     let scheduler = args.router.scheduler();
     let approx = args.router.approx();
@@ -166,7 +166,10 @@ pub(super) fn run_replay(args: ReplayArgs) -> anyhow::Result<()> {
         .any(|t| matches!(t, Topology::Disaggregated { .. }));
     let block_bytes = match (args.kv_block_bytes, args.tiers.iter().any(on) || moves_kv) {
         (Some(b), _) => Some(b),
-        (None, true) => Some(kv_block_bytes(&args.model_path, args.engine.block_size)?),
+        (None, true) => match hardware_block_bytes(&engine) {
+            Some(b) => Some(b),
+            None => Some(kv_block_bytes(&args.model_path, args.engine.block_size)?),
+        },
         (None, false) => None,
     };
     anyhow::ensure!(block_bytes != Some(0), "--kv-block-bytes must be positive");
@@ -241,8 +244,10 @@ pub(super) fn run_replay(args: ReplayArgs) -> anyhow::Result<()> {
         }
     }
     let blocks = format!(
-        "{} blocks of {} tokens",
-        args.engine.num_gpu_blocks, args.engine.block_size
+        "{} blocks of {} tokens, {}",
+        engine.num_gpu_blocks,
+        engine.block_size,
+        engine.timing.describe()
     );
     let graph = if topologies {
         let list: Vec<String> = args.topology.iter().map(Topology::to_string).collect();

@@ -306,3 +306,42 @@ fn a_rate_schedule_sizes_the_run_and_bad_ones_are_refused_clearly() {
     assert!(bench(&["--rate-schedule", "2x60", "--request-rate", "3"]).is_err());
     assert!(bench(&["--rate-schedule", "2x60", "--concurrency", "3"]).is_err());
 }
+
+#[test]
+fn the_replays_engines_run_on_the_hardware_model_the_mock_engine_has() {
+    let default = replay(&[]).unwrap().engine.config().unwrap();
+    assert_eq!(default.timing, TimingModel::Polynomial);
+    assert_eq!(default.num_gpu_blocks, 16384);
+    assert_eq!(hardware_block_bytes(&default), None);
+
+    let hardware = [
+        "--perf-model",
+        "hardware",
+        "--gpu",
+        "H100_SXM",
+        "--model",
+        "meta-llama/Llama-3.1-8B-Instruct",
+    ];
+    let engine = replay(&hardware).unwrap().engine.config().unwrap();
+    let TimingModel::Hardware(e) = &engine.timing else {
+        panic!("{:?}", engine.timing)
+    };
+    assert_eq!((e.gpu.name.as_str(), e.tp), ("H100_SXM", 1));
+    // The blocks the mock engine's memory fit gives with the same flags.
+    let (fitted, _) = EngineConfig::default()
+        .on_hardware(e.as_ref().clone(), None)
+        .unwrap();
+    assert_eq!(engine.num_gpu_blocks, fitted.num_gpu_blocks);
+    // Llama 3.1 8B in BF16: 32 layers x 8 KV heads x 128 x 2 bytes x K and V = 128 KiB a
+    // token, 8 MiB a block of 64.
+    assert_eq!(hardware_block_bytes(&engine), Some(8 << 20));
+    assert!(engine.timing.describe().contains("H100_SXM"));
+
+    let explicit = replay(&[&hardware[..], &["--num-gpu-blocks", "100"]].concat()).unwrap();
+    assert_eq!(explicit.engine.config().unwrap().num_gpu_blocks, 100);
+    let no_model = replay(&hardware[..4]).unwrap().engine.config().unwrap_err();
+    assert!(no_model.to_string().contains("--model"), "{no_model}");
+    let no_gpu = replay(&["--perf-model", "hardware", "--model", "Qwen/Qwen3-8B"]).unwrap();
+    let why = no_gpu.engine.config().unwrap_err();
+    assert!(why.to_string().contains("--gpu"), "{why}");
+}

@@ -245,19 +245,20 @@ impl Disagg {
         tokens: &[u32],
     ) -> Onboarded {
         let arrived = Instant::now();
-        let blocks = match self.take(engine, lease, tokens).await {
-            Ok(blocks) => blocks,
+        let (blocks, remote_prefill) = match self.take(engine, lease, tokens).await {
+            Ok(blocks) => (blocks, true),
             Err(reason) => {
                 self.metrics.fallback(reason.as_str());
                 if reason.is_failed_transfer() {
                     self.metrics.failed_transfers.inc();
                 }
-                0
+                (0, false)
             }
         };
         Onboarded {
             arrived,
             blocks: 0..blocks,
+            remote_prefill,
         }
     }
 

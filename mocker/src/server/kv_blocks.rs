@@ -49,6 +49,8 @@ pub struct Onboarded {
     pub arrived: Instant,
     /// Positions of its full prompt blocks now loaded (possibly empty).
     pub blocks: Range<usize>,
+    /// They come from a prefill engine that computed the whole prompt (a lease).
+    pub remote_prefill: bool,
 }
 
 /// One engine's connection to its sidecar's block API.
@@ -206,6 +208,7 @@ impl KvBlocks {
         let nothing = Onboarded {
             arrived,
             blocks: 0..0,
+            remote_prefill: false,
         };
         if tokens.len().saturating_sub(1) < self.hasher.block_size() {
             return nothing;
@@ -252,6 +255,7 @@ impl KvBlocks {
         Onboarded {
             arrived,
             blocks: from..from + loaded,
+            remote_prefill: false,
         }
     }
 

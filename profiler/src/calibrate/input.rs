@@ -10,7 +10,7 @@ use dynamo_perfmodel::{Dtype, Efficiency, Estimator, GpuSpec, ModelArch, catalog
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use super::{CalibrationError, Measurements, OVERHEAD_BOUNDS_MS, Point, SHARE_BOUNDS};
+use super::{CalibrationError, Measurements, Metric, OVERHEAD_BOUNDS_MS, Point, SHARE_BOUNDS};
 
 /// Largest calibration file read.
 pub const MAX_FILE_BYTES: u64 = 1 << 20;
@@ -84,15 +84,8 @@ pub struct AiperfEntry {
     pub held_out: bool,
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Metric {
-    TtftMs,
-    ItlMs,
-}
-
 fn both() -> Vec<Metric> {
-    vec![Metric::TtftMs, Metric::ItlMs]
+    vec![Metric::Ttft, Metric::Itl]
 }
 
 /// Which of aiperf's statistics of TTFT and ITL is the measurement.
@@ -419,10 +412,10 @@ fn aiperf_point(source: &str, entry: &AiperfEntry, text: &str) -> Result<Point, 
         isl: tokens("input_sequence_length")?,
         osl: tokens("output_sequence_length")?,
         concurrency,
-        ttft_ms: uses(Metric::TtftMs)
+        ttft_ms: uses(Metric::Ttft)
             .then(|| ms("time_to_first_token"))
             .transpose()?,
-        itl_ms: uses(Metric::ItlMs)
+        itl_ms: uses(Metric::Itl)
             .then(|| ms("inter_token_latency"))
             .transpose()?,
         held_out: entry.held_out,

@@ -49,6 +49,21 @@ pub struct Point {
     pub held_out: bool,
 }
 
+/// What a point measures; in files, by the field's name.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub enum Metric {
+    #[serde(rename = "ttft_ms")]
+    Ttft,
+    #[serde(rename = "itl_ms")]
+    Itl,
+}
+
+impl Metric {
+    fn index(self) -> usize {
+        self as usize
+    }
+}
+
 /// Measurements of one deployment: the GPU, model, TP and dtypes of `estimator`, whose
 /// efficiency is where the fit starts.
 #[derive(Clone, Debug, PartialEq)]
@@ -113,7 +128,8 @@ impl PointFit {
 /// max(r, 1/r)): the largest, and the geometric mean, over the TTFTs and ITLs measured.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct ErrorSummary {
-    pub ratios: usize,
+    /// Ratios summarised: one per point measuring the metric.
+    pub points: usize,
     pub max_factor: f64,
     pub geomean_factor: f64,
 }
@@ -126,7 +142,7 @@ impl ErrorSummary {
         }
         let n = logs.len() as f64;
         Some(Self {
-            ratios: logs.len(),
+            points: logs.len(),
             max_factor: logs.iter().copied().fold(0.0, f64::max).exp(),
             geomean_factor: (logs.iter().sum::<f64>() / n).exp(),
         })
@@ -144,14 +160,14 @@ pub struct Fit {
 }
 
 impl Fit {
-    /// The error on the fitted points (`held_out` false) or the held-out ones, before or
-    /// after the fit; `None` without such points.
-    pub fn error(&self, held_out: bool, after: bool) -> Option<ErrorSummary> {
+    /// The error of `metric` on the fitted points (`held_out` false) or the held-out
+    /// ones, before or after the fit; `None` where none measures it.
+    pub fn error(&self, metric: Metric, held_out: bool, after: bool) -> Option<ErrorSummary> {
         ErrorSummary::of(
             self.points
                 .iter()
                 .filter(|p| p.point.held_out == held_out)
-                .flat_map(|p| p.ratios(after).into_iter().flatten()),
+                .filter_map(|p| p.ratios(after)[metric.index()]),
         )
     }
 
@@ -195,11 +211,18 @@ impl Fit {
             "ratios are predicted / measured, before -> after the fit; h: held out"
         );
         for (held_out, what) in [(false, "fitted"), (true, "held out")] {
-            if let (Some(b), Some(a)) = (self.error(held_out, false), self.error(held_out, true)) {
+            for (metric, name) in [(Metric::Ttft, "TTFT"), (Metric::Itl, "ITL")] {
+                let (Some(b), Some(a)) = (
+                    self.error(metric, held_out, false),
+                    self.error(metric, held_out, true),
+                ) else {
+                    continue;
+                };
                 let _ = writeln!(
                     out,
-                    "{what} ({} ratios): max factor {:.3} -> {:.3}, geometric mean {:.3} -> {:.3}",
-                    a.ratios, b.max_factor, a.max_factor, b.geomean_factor, a.geomean_factor
+                    "{what} {name} ({} points): max factor {:.3} -> {:.3}, geometric mean \
+                     {:.3} -> {:.3}",
+                    a.points, b.max_factor, a.max_factor, b.geomean_factor, a.geomean_factor
                 );
             }
         }
@@ -520,15 +543,17 @@ mod tests {
         );
         assert_eq!((e.tp_link, e.transfer), (truth.tp_link, truth.transfer));
         // The defaults were off by more than a fifth; the fit is not.
-        let before = fit.error(false, false).unwrap();
-        assert!(before.max_factor > 1.2, "{before:?}");
-        for held_out in [false, true] {
-            let after = fit.error(held_out, true).unwrap();
-            assert!(after.max_factor < 1.02, "{}", fit.summary());
+        for metric in [Metric::Ttft, Metric::Itl] {
+            let before = fit.error(metric, false, false).unwrap();
+            assert!(before.max_factor > 1.2, "{before:?}");
+            for held_out in [false, true] {
+                let after = fit.error(metric, held_out, true).unwrap();
+                assert!(after.max_factor < 1.02, "{}", fit.summary());
+            }
         }
-        assert_eq!(fit.error(true, true).unwrap().ratios, 2);
+        assert_eq!(fit.error(Metric::Itl, true, true).unwrap().points, 1);
         let summary = fit.summary();
-        assert!(summary.contains("held out (2 ratios)"), "{summary}");
+        assert!(summary.contains("held out ITL (1 points)"), "{summary}");
         // Every point held out leaves nothing to fit.
         let mut all_held = m.clone();
         all_held.points.iter_mut().for_each(|p| p.held_out = true);
@@ -558,7 +583,7 @@ mod tests {
     #[test]
     fn error_summaries_count_a_ratio_and_its_inverse_alike() {
         let s = ErrorSummary::of([2.0, 0.5, 1.0, 1.0].into_iter()).unwrap();
-        assert_eq!(s.ratios, 4);
+        assert_eq!(s.points, 4);
         assert!((s.max_factor - 2.0).abs() < 1e-12);
         assert!((s.geomean_factor - 2f64.sqrt()).abs() < 1e-12);
         assert_eq!(ErrorSummary::of([].into_iter()), None);

@@ -335,10 +335,11 @@ fn check_point(e: &Estimator, p: &Point) -> Result<(), CalibrationError> {
     Ok(())
 }
 
-/// The point an aiperf export measured. Its metrics sit at the top level (aiperf 0.3
-/// on) or under `records` (earlier), each `{unit, avg, p50, ...}`; the concurrency is
-/// the run's `input_config.loadgen.concurrency` (aiperf's `docs/tutorials/
-/// working-with-profile-exports.md`, ai-dynamo/aiperf).
+/// The point an aiperf export measured. Its metrics sit at the top level (as recent
+/// aiperf writes them: its `docs/tutorials/working-with-profile-exports.md`) or under
+/// `records` (earlier versions' `JsonExportData`, `aiperf/exporters/json_exporter.py`),
+/// each `{unit, avg, p50, ...}`; the concurrency is the run's
+/// `input_config.loadgen.concurrency` (ai-dynamo/aiperf).
 fn aiperf_point(source: &str, entry: &AiperfEntry, text: &str) -> Result<Point, CalibrationError> {
     let field = |f: &str| format!("{source} ({}): {f}", entry.path.display());
     let root: Value = serde_json::from_str(text)
@@ -441,7 +442,7 @@ aiperf:
   - {path: runs/c25.json, held_out: true}
 ";
 
-    /// aiperf 0.3's layout: metrics at the top level, the run's configuration beside.
+    /// Recent aiperf's layout: metrics at the top level, the run's configuration beside.
     const EXPORT: &str = r#"{
   "time_to_first_token": {"unit": "ms", "avg": 688.69, "p50": 650.0},
   "inter_token_latency": {"unit": "sec", "avg": 0.03875, "p50": 0.0380},

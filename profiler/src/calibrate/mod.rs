@@ -15,87 +15,35 @@ mod input;
 use std::fmt::Write;
 
 use dynamo_mocker::EngineConfig;
-use dynamo_perfmodel::{DoesNotFit, Efficiency, Estimator};
+use dynamo_perfmodel::calibration::{OVERHEAD_BOUNDS_MS, SHARE_BOUNDS};
+use dynamo_perfmodel::{Efficiency, Estimator};
 use thiserror::Error;
 
-pub use input::{CalibrationFile, MAX_FILE_BYTES, load, parse};
+// The file and its points, decoded in perfmodel (which the `calibration` fuzz target
+// builds, without the simulator).
+pub use dynamo_perfmodel::calibration::{
+    Calibration, CalibrationError, CalibrationFile, Measurements, Metric, Point,
+};
+pub use input::load;
 
 use crate::sim::{Drive, SimError, Stage, simulate};
 use crate::sweep::SEED;
 
-/// Bounds of the fitted factors: shares of the peak in (0.05, 1], the step overhead in
-/// [0, 20] ms.
-pub const SHARE_BOUNDS: (f64, f64) = (0.05, 1.0);
-pub const OVERHEAD_BOUNDS_MS: (f64, f64) = (0.0, 20.0);
 /// Levenberg-Marquardt iterations (each a Jacobian and at most a few trial steps).
 const MAX_ITERATIONS: usize = 12;
 /// Forward-difference steps: 2% on the shares' logarithm, 0.1 ms on the overhead.
 const STEP: [f64; 3] = [0.02, 0.02, 0.1];
 
-/// One measurement.
-#[derive(Clone, Debug, PartialEq)]
-pub struct Point {
-    /// Where it came from, for tables and errors (`points[3]`, an aiperf export's path).
-    pub source: String,
-    pub isl: u32,
-    pub osl: u32,
-    /// Requests in flight (a closed loop, as aiperf's `--concurrency` runs).
-    pub concurrency: u32,
-    /// Mean TTFT and ITL measured, ms; either may be left out (not measured, or not
-    /// to be fitted).
-    pub ttft_ms: Option<f64>,
-    pub itl_ms: Option<f64>,
-    /// Judged with the fit, not fitted.
-    pub held_out: bool,
-}
-
-/// What a point measures; in files, by the field's name.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub enum Metric {
-    #[serde(rename = "ttft_ms")]
-    Ttft,
-    #[serde(rename = "itl_ms")]
-    Itl,
-}
-
-impl Metric {
-    fn index(self) -> usize {
-        self as usize
-    }
-}
-
-/// Measurements of one deployment: the GPU, model, TP and dtypes of `estimator`, whose
-/// efficiency is where the fit starts.
-#[derive(Clone, Debug, PartialEq)]
-pub struct Measurements {
-    pub estimator: Estimator,
-    pub points: Vec<Point>,
-}
-
+/// Why a fit, or a prediction, failed.
 #[derive(Debug, Error)]
-pub enum CalibrationError {
-    /// Bad input, naming the field.
-    #[error("{field}: {reason}")]
-    Invalid { field: String, reason: String },
-    #[error("{source_name}: {error}")]
-    DoesNotFit {
-        source_name: String,
-        error: Box<DoesNotFit>,
-    },
+pub enum FitError {
+    #[error(transparent)]
+    Calibration(#[from] CalibrationError),
     #[error("{source_name}: the simulated engine: {error}")]
     Sim {
         source_name: String,
         error: SimError,
     },
-}
-
-impl CalibrationError {
-    pub(crate) fn invalid(field: impl Into<String>, reason: impl Into<String>) -> Self {
-        Self::Invalid {
-            field: field.into(),
-            reason: reason.into(),
-        }
-    }
 }
 
 /// TTFT and ITL, predicted, ms.
@@ -244,7 +192,7 @@ impl Fit {
 }
 
 /// Predicts `point` on `estimator`: one engine, `concurrency` requests in flight.
-pub fn predict(estimator: &Estimator, point: &Point) -> Result<Predicted, CalibrationError> {
+pub fn predict(estimator: &Estimator, point: &Point) -> Result<Predicted, FitError> {
     let (config, _) = EngineConfig::default()
         .on_hardware(estimator.clone(), None)
         .map_err(|error| CalibrationError::DoesNotFit {
@@ -256,7 +204,7 @@ pub fn predict(estimator: &Estimator, point: &Point) -> Result<Predicted, Calibr
     };
     let (isl, osl) = (point.isl as usize, point.osl as usize);
     let run = simulate(&config, Stage::Aggregated, drive, isl, osl, SEED).map_err(|error| {
-        CalibrationError::Sim {
+        FitError::Sim {
             source_name: point.source.clone(),
             error,
         }
@@ -268,10 +216,7 @@ pub fn predict(estimator: &Estimator, point: &Point) -> Result<Predicted, Calibr
 }
 
 /// Predicts every point, in parallel over the machine's cores.
-fn predict_all(
-    estimator: &Estimator,
-    points: &[&Point],
-) -> Result<Vec<Predicted>, CalibrationError> {
+fn predict_all(estimator: &Estimator, points: &[&Point]) -> Result<Vec<Predicted>, FitError> {
     let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
     let chunk = points.len().div_ceil(threads).max(1);
     std::thread::scope(|s| {
@@ -326,18 +271,19 @@ struct Eval {
 }
 
 /// Fits `m`'s factors (see the module doc). Needs at least one point not held out.
-pub fn fit(m: &Measurements) -> Result<Fit, CalibrationError> {
+pub fn fit(m: &Measurements) -> Result<Fit, FitError> {
     let fitted: Vec<&Point> = m.points.iter().filter(|p| !p.held_out).collect();
     if fitted.is_empty() {
         return Err(CalibrationError::invalid(
             "points",
             "every point is held out: at least one must be fitted",
-        ));
+        )
+        .into());
     }
     let held: Vec<&Point> = m.points.iter().filter(|p| p.held_out).collect();
     let base = &m.estimator.efficiency;
     let mut simulations = 0;
-    let mut eval = |x: Params| -> Result<Eval, CalibrationError> {
+    let mut eval = |x: Params| -> Result<Eval, FitError> {
         let mut e = m.estimator.clone();
         e.efficiency = with(base, x);
         let predicted = predict_all(&e, &fitted)?;

@@ -72,7 +72,7 @@ nextest: model pyenv helm k8s nixl vllm ## Run every test (tests tokenize with t
 # starts as the workspace's, so the fuzzed code builds with the same dependency versions.
 # docs/fuzzing.md says how to run longer.
 FUZZ_SECONDS ?= 30
-FUZZ_TARGETS := zmtp_decode kv_event_path block_record block_request described disagg_json tool_calls reasoning encode
+FUZZ_TARGETS := zmtp_decode kv_event_path block_record block_request described disagg_json tool_calls reasoning encode calibration
 
 fuzz: model ## Run each fuzz target for FUZZ_SECONDS seconds (installs cargo-fuzz when missing)
 	@$(CARGO) fuzz --version >/dev/null 2>&1 || $(CARGO) install --locked cargo-fuzz

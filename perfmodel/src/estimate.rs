@@ -52,8 +52,10 @@ pub const RUNTIME_RESERVE_BYTES: u64 = 2 << 30;
 /// `--max-num-batched-tokens` default.
 pub const MAX_NUM_BATCHED_TOKENS: u64 = 8192;
 
-/// The efficiency factors, named constants by default.
+/// The efficiency factors, named constants by default (a field left out of a file
+/// takes its constant).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
 pub struct Efficiency {
     pub compute: f64,
     pub memory: f64,

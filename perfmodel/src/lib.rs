@@ -5,11 +5,14 @@
 //! - [`gpu`]: the GPU catalog (datasheet figures, cited);
 //! - [`model`]: architectures from `config.json` or the built-in catalog; parameter,
 //!   weight and KV bytes;
-//! - [`estimate`]: step and transfer times, memory fit, saturated throughput.
+//! - [`estimate`]: step and transfer times, memory fit, saturated throughput;
+//! - [`calibration`]: the calibration file of measured TTFT/ITL points, decoded.
 //!
 //! Equations, efficiency factors and the comparison with published benchmarks:
-//! `docs/perfmodel.md`. No I/O here: callers read `config.json` themselves.
+//! `docs/perfmodel.md`. No I/O here: callers read `config.json` and calibration files
+//! themselves.
 
+pub mod calibration;
 pub mod dtype;
 pub mod estimate;
 pub mod gpu;

@@ -11,6 +11,7 @@
 //!
 //! How it decides, the CLI (`dynamo profile`) and what is not done yet: `docs/dgdr.md`.
 
+pub mod calibrate;
 pub mod graph;
 pub mod request;
 pub mod sim;
@@ -22,7 +23,7 @@ use dynamo_crds::DynamoGraphDeployment;
 use dynamo_crds::dgdr::DynamoGraphDeploymentRequestSpec;
 use dynamo_mocker::EngineConfig;
 use dynamo_mocker::profile::{PlannerProfileError, ProfileSweep, planner_profile};
-use dynamo_perfmodel::{DoesNotFit, InvalidParallelism, ModelArch, UnknownGpu};
+use dynamo_perfmodel::{DoesNotFit, Estimator, InvalidParallelism, ModelArch, UnknownGpu};
 use dynamo_planner::profile::{Profile, ProfileError as InvalidProfile};
 use thiserror::Error;
 
@@ -101,6 +102,14 @@ pub enum ProfileError {
     },
     #[error("the simulated engine: {0}")]
     Engine(#[from] sim::SimError),
+    #[error(
+        "the calibration is of {calibrated}, the request of {requested}: calibrate on the \
+         request's GPU and model architecture"
+    )]
+    CalibrationMismatch {
+        calibrated: String,
+        requested: String,
+    },
     #[error("the planner profile of the selected engines: {0}")]
     PlannerProfile(#[from] PlannerProfileError),
     #[error("the planner profile of the selected engines: {0}")]
@@ -163,7 +172,31 @@ pub fn profile_named(
     spec: &DynamoGraphDeploymentRequestSpec,
     model_config: Option<ModelArch>,
 ) -> Result<Profiled, ProfileError> {
-    let req = request::resolve(spec, model_config)?;
+    profile_calibrated(name, spec, model_config, None)
+}
+
+/// [`profile_named`] on the efficiency factors of `calibrated` (a calibration's
+/// estimator, [`calibrate`]), which must be of the request's GPU and model architecture
+/// (any TP and dtype: the factors are the hardware's).
+pub fn profile_calibrated(
+    name: &str,
+    spec: &DynamoGraphDeploymentRequestSpec,
+    model_config: Option<ModelArch>,
+    calibrated: Option<&Estimator>,
+) -> Result<Profiled, ProfileError> {
+    let mut req = request::resolve(spec, model_config)?;
+    if let Some(c) = calibrated {
+        let same_model = |a: &ModelArch, b: &ModelArch| {
+            a.params() == b.params() && (a.layers, a.kv_heads) == (b.layers, b.kv_heads)
+        };
+        if c.gpu.name != req.gpu.name || !same_model(&c.model, &req.model) {
+            return Err(ProfileError::CalibrationMismatch {
+                calibrated: format!("{} on {}", c.model.name, c.gpu.name),
+                requested: format!("{} on {}", req.model.name, req.gpu.name),
+            });
+        }
+        req.efficiency = c.efficiency.clone();
+    }
     let configs = sweep::engine_configs(&req, &EngineConfig::default())?;
     let mut sweep = Sweep::new(&req, &configs);
     let mut candidates = Vec::new();

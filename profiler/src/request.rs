@@ -10,7 +10,7 @@ use dynamo_crds::dgdr::{
     DynamoGraphDeploymentRequestSpec, OptimizationType, RequestBackend, SlaSpec, WorkloadSpec,
 };
 use dynamo_perfmodel::estimate::GPU_MEMORY_UTILIZATION;
-use dynamo_perfmodel::{GpuSpec, ModelArch, catalog_names};
+use dynamo_perfmodel::{Efficiency, GpuSpec, ModelArch, catalog_names};
 
 use crate::ProfileError;
 
@@ -87,6 +87,9 @@ pub struct Request {
     /// Whether the endpoint picker routes by KV overlap (its default), or round-robin
     /// (`features.kvRouter.enabled: false`).
     pub kv_router: bool,
+    /// The hardware model's efficiency factors: the built-in ones, or a calibration's
+    /// ([`crate::calibrate`]).
+    pub efficiency: Efficiency,
 }
 
 impl Request {
@@ -181,6 +184,7 @@ pub fn resolve(
         optimization,
         planner,
         kv_router,
+        efficiency: Efficiency::default(),
     })
 }
 

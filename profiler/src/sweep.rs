@@ -42,7 +42,7 @@ pub const MAX_UTILIZATION: f64 = 0.95;
 
 /// The seed of every simulation: the same arrivals for every candidate, so they differ
 /// by what they are, not by the draw.
-const SEED: u64 = 17;
+pub(crate) const SEED: u64 = 17;
 
 /// Engines of one role.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
@@ -154,6 +154,7 @@ pub(crate) fn engine_configs(
         if let Some(share) = req.gpu_memory_utilization {
             e.gpu_memory_utilization = share;
         }
+        e.efficiency = req.efficiency.clone();
         let tokens = u64::from(req.isl) + u64::from(req.osl);
         let fitted = base
             .clone()

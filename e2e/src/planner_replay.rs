@@ -62,9 +62,11 @@ use dynamo_loadgen::workload::{WorkItem, Workload};
 use dynamo_mocker::replay::{Collector, Percentiles, Router};
 use dynamo_mocker::{Clock, Driver, Engine, EngineConfig, SimClock, SimCluster, StepOutcome};
 use dynamo_planner::decide::{
-    Decision, EngineLoad, Forecast, Limits, LoadInputs, LoadTarget, Observed, PerRole, SlaTargets,
-    ThroughputConfig, ThroughputInputs, decide_load, decide_throughput,
+    Decision, EngineLoad, Forecast, Limits, LoadInputs, LoadTarget, Observed, PerRole,
+    ScaleDownWindow, SlaTargets, ThroughputConfig, ThroughputInputs, decide_load,
+    decide_throughput,
 };
+use dynamo_planner::knobs::HeadroomKnobs;
 use dynamo_planner::predict::{LoadPredictor, Predictor, PredictorConfig};
 use dynamo_planner::profile::Profile;
 use serde::Serialize;
@@ -158,6 +160,8 @@ pub struct PlannerSetup {
     /// finds every serving engine saturated waits in the picker's queue (FCFS) until one
     /// is not. `None` (the EPP's default) routes every request on arrival.
     pub max_waiting_requests: Option<u64>,
+    /// Throughput mode's target utilization and the scale-down window.
+    pub headroom: HeadroomKnobs,
 }
 
 impl PlannerSetup {
@@ -175,6 +179,7 @@ impl PlannerSetup {
                 worker: self.gpus_per_engine(),
             },
             correction: self.correction,
+            target_utilization: self.headroom.target_utilization,
             limits: self.limits,
         }
     }
@@ -202,6 +207,7 @@ impl PlannerSetup {
             interval_s: self.interval_s,
             current: PerRole::Aggregated { worker: 1 },
             rolling_out: false,
+            backlog: 0.0,
         };
         match decide_throughput(&config, &inputs).replicas {
             PerRole::Aggregated { worker } => worker.max(1),
@@ -355,6 +361,7 @@ struct Sim<'a> {
     floor: u32,
     last_token_ms: f64,
     predictors: [LoadPredictor; 3],
+    scale_down: ScaleDownWindow,
     schedule_end_ms: f64,
     /// Load ticks per throughput tick, in the combined mode.
     per: u64,
@@ -573,6 +580,24 @@ impl Sim<'_> {
         Ok(())
     }
 
+    /// Requests waiting now: in the picker's queue, or in a serving engine's queue with
+    /// no first token (Prometheus shows the picker's queue and each engine's
+    /// `num_requests_waiting`).
+    fn backlog(&self) -> usize {
+        let engines = self.cluster.engines();
+        let waiting: usize = self
+            .serving()
+            .into_iter()
+            .map(|k| {
+                engines[k]
+                    .metrics()
+                    .num_requests_waiting
+                    .min(self.awaiting_count[k])
+            })
+            .sum();
+        self.picker_queue.len() + waiting
+    }
+
     /// One throughput-mode decision at `now_ms`, the end of interval `k - 1`.
     fn throughput_tick(&mut self, k: u64, now_ms: f64) -> anyhow::Result<()> {
         let w = self.windows.remove(&(k - 1)).unwrap_or_default();
@@ -609,9 +634,12 @@ impl Sim<'_> {
                 worker: self.target,
             },
             rolling_out,
+            backlog: self.backlog() as f64,
         };
         let config = self.setup.throughput_config();
-        let d = decide_throughput(&config, &inputs);
+        let d = self
+            .scale_down
+            .decide_throughput(now_ms / 1000.0, &config, &inputs);
         let rate = inputs.forecast.requests.map(|r| r / interval_s);
         // Load mode's floor is what throughput mode would set now, rolling out or not.
         let unheld = ThroughputInputs {
@@ -857,6 +885,7 @@ pub fn simulate(
         floor: initial,
         last_token_ms: 0.0,
         predictors: [predictor()?, predictor()?, predictor()?],
+        scale_down: ScaleDownWindow::new(setup.headroom.scale_down_window.as_secs_f64()),
         schedule_end_ms: schedule.duration_s() * 1000.0,
         per: (setup.interval_s / setup.load_interval_s).round().max(1.0) as u64,
         next_tick: 1,
@@ -980,9 +1009,11 @@ fn timeline(changes: &mut [(f64, Change)]) -> Vec<TimelinePoint> {
 pub struct Versus {
     /// The planner's run (`throughput`, `load`).
     pub planner: String,
-    /// Which static count: `best static`, `same cost` or `peak` (see [`compare`]).
+    /// Which static count: `best static`, `same cost`, `equal cost` or `peak` (see
+    /// [`compare`]).
     pub against: &'static str,
-    pub static_replicas: u32,
+    /// Replicas of the static count; fractional for `equal cost`, between two counts.
+    pub static_replicas: f64,
     pub planner_breaches: usize,
     pub static_breaches: usize,
     /// `(static - planner) / static` breaches, %: how many fewer the planner had
@@ -1000,16 +1031,20 @@ pub struct Versus {
 ///   cheaper on a tie);
 /// - `same cost`: the cheapest static count that costs at least the planner's
 ///   GPU-seconds (what the planner's budget buys statically, rounded up);
+/// - `equal cost`: the static counts on either side of the planner's GPU-seconds,
+///   interpolated linearly to exactly its cost (replicas and breaches); absent when no
+///   two counts run bracket it;
 /// - `peak`: `static:peak`, the count sized for the schedule's peak
 ///   ([`PlannerSetup::replicas_for`] at the peak rate), when it ran.
 pub fn compare(runs: &[PlannerRun], peak: u32) -> Vec<Versus> {
-    let statics: Vec<(u32, &PlannerRun)> = runs
+    let mut statics: Vec<(u32, &PlannerRun)> = runs
         .iter()
         .filter_map(|r| match PlannerMode::parse(&r.label) {
             Ok(PlannerMode::Static(n)) => Some((n, r)),
             _ => None,
         })
         .collect();
+    statics.sort_by_key(|(n, _)| *n);
     let mut out = Vec::new();
     for p in runs.iter().filter(|r| !r.label.starts_with("static")) {
         let both = p.attainment.both_pct();
@@ -1030,24 +1065,50 @@ pub fn compare(runs: &[PlannerRun], peak: u32) -> Vec<Versus> {
         });
         let same_cost = cheapest(&|r| r.gpu_seconds >= p.gpu_seconds);
         let peak_run = statics.iter().find(|(n, _)| *n == peak).copied();
+        let versus = |against, n: f64, sb: f64, gpu_seconds: f64| {
+            let pb = p.breaches();
+            Versus {
+                planner: p.label.clone(),
+                against,
+                static_replicas: n,
+                planner_breaches: pb,
+                static_breaches: sb.round() as usize,
+                fewer_breaches_pct: (sb > 0.0).then(|| (sb - pb as f64) * 100.0 / sb),
+                planner_gpu_seconds: p.gpu_seconds,
+                static_gpu_seconds: gpu_seconds,
+                gpu_seconds_ratio: p.gpu_seconds / gpu_seconds.max(f64::MIN_POSITIVE),
+            }
+        };
         for (against, s) in [
             ("best static", best),
             ("same cost", same_cost),
             ("peak", peak_run),
         ] {
             let Some((n, s)) = s else { continue };
-            let (pb, sb) = (p.breaches(), s.breaches());
-            out.push(Versus {
-                planner: p.label.clone(),
+            out.push(versus(
                 against,
-                static_replicas: n,
-                planner_breaches: pb,
-                static_breaches: sb,
-                fewer_breaches_pct: (sb > 0).then(|| (sb as f64 - pb as f64) * 100.0 / sb as f64),
-                planner_gpu_seconds: p.gpu_seconds,
-                static_gpu_seconds: s.gpu_seconds,
-                gpu_seconds_ratio: p.gpu_seconds / s.gpu_seconds.max(f64::MIN_POSITIVE),
-            });
+                f64::from(n),
+                s.breaches() as f64,
+                s.gpu_seconds,
+            ));
+        }
+        let bracket = statics
+            .windows(2)
+            .find(|w| w[0].1.gpu_seconds <= p.gpu_seconds && p.gpu_seconds <= w[1].1.gpu_seconds);
+        if let Some([(na, a), (nb, b)]) = bracket {
+            let span = b.gpu_seconds - a.gpu_seconds;
+            let f = if span > 0.0 {
+                (p.gpu_seconds - a.gpu_seconds) / span
+            } else {
+                0.0
+            };
+            let lerp = |x: f64, y: f64| x + f * (y - x);
+            out.push(versus(
+                "equal cost",
+                lerp(f64::from(*na), f64::from(*nb)),
+                lerp(a.breaches() as f64, b.breaches() as f64),
+                p.gpu_seconds,
+            ));
         }
     }
     out
@@ -1095,7 +1156,11 @@ pub fn versus_table(versus: &[Versus]) -> String {
             "| {} | {} | {} | {} / {} | {} | {:.0} / {:.0} = {:.2} |\n",
             v.planner,
             v.against,
-            v.static_replicas,
+            if v.static_replicas.fract() == 0.0 {
+                format!("{:.0}", v.static_replicas)
+            } else {
+                format!("{:.2}", v.static_replicas)
+            },
             v.planner_breaches,
             v.static_breaches,
             fewer,
@@ -1274,14 +1339,21 @@ mod tests {
                 best.planner_breaches,
                 best.static_breaches
             ),
-            (3, 10, 5)
+            (3.0, 10, 5)
         );
         assert_eq!(best.fewer_breaches_pct, Some(-100.0));
         // Same cost: the cheapest at 250 GPU-s or more, static:3 again.
-        assert_eq!(by("same cost").static_replicas, 3);
+        assert_eq!(by("same cost").static_replicas, 3.0);
+        // Equal cost: halfway between static:2 (20 breaches) and static:3 (5), 12.5.
+        let equal = by("equal cost");
+        assert_eq!(
+            (equal.static_replicas, equal.static_gpu_seconds),
+            (2.5, 250.0)
+        );
+        assert_eq!(equal.fewer_breaches_pct, Some(20.0));
         // Peak: static:4, with no breaches: no ratio.
         let peak = by("peak");
-        assert_eq!((peak.static_replicas, peak.fewer_breaches_pct), (4, None));
+        assert_eq!((peak.static_replicas, peak.fewer_breaches_pct), (4.0, None));
         assert!((peak.gpu_seconds_ratio - 0.625).abs() < 1e-12);
         // Against static:2 the planner had 10 breaches to 20: 50% fewer.
         let v = compare(&runs[..3], 2);
@@ -1293,9 +1365,12 @@ mod tests {
                 .find(|x| x.against == "best static")
                 .unwrap()
                 .static_replicas,
-            2
+            2.0
         );
-        assert!(v.iter().all(|x| x.against != "same cost"));
+        assert!(
+            v.iter()
+                .all(|x| x.against != "same cost" && x.against != "equal cost")
+        );
         let md = versus_table(&v);
         assert!(
             md.contains("| throughput | peak | 2 | 10 / 20 | 50% | 250 / 200 = 1.25 |"),

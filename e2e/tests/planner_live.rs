@@ -42,8 +42,16 @@ const WORKER_ARGS: &[&str] = &[
 ];
 
 /// Planner flags every graph here shares: a decision every 3 s, at most 3 workers (each
-/// is two processes on this machine).
-const PLANNER_ARGS: &[&str] = &["--interval", "3s", "--max-gpu-budget", "3"];
+/// is two processes on this machine), scale-downs two intervals after the last ask for
+/// more.
+const PLANNER_ARGS: &[&str] = &[
+    "--interval",
+    "3s",
+    "--max-gpu-budget",
+    "3",
+    "--scale-down-window",
+    "6s",
+];
 
 /// The first decision 2 s (and one interval) after the planner starts.
 const SOON: &[&str] = &["--startup-delay", "2s"];

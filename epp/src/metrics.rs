@@ -607,12 +607,12 @@ impl Metrics {
             m.pool_kv_usage.clone(),
         );
         r.register(
-            "inference_pool_average_queue_size",
+            frontend::POOL_AVERAGE_QUEUE_SIZE,
             "The average number of requests pending in the model server queue",
             m.pool_queue.clone(),
         );
         r.register(
-            "inference_pool_ready_pods",
+            frontend::POOL_READY_PODS,
             "The number of ready pods in the inference server pool",
             m.pool_ready.clone(),
         );

@@ -198,7 +198,8 @@ pub struct SchedulerCounters {
     /// Of those, tokens found cached.
     pub prefix_cache_hits: u64,
     pub num_preemptions: u64,
-    /// Tokens prefilled (computed without sampling), recomputation included.
+    /// Tokens prefilled (computed without sampling), recomputation included. A remote
+    /// prefill's last prompt token is computed as a decode token, so it is not counted.
     pub prefill_tokens: u64,
     pub generation_tokens: u64,
     pub requests_finished: u64,

@@ -275,8 +275,8 @@ async fn a_decode_takes_the_lent_blocks_and_answers_as_an_aggregated_engine() {
     assert_eq!(metric(d, "dynamo_mocker_kv_lease_blocks_total").await, 6.0);
     assert_eq!(
         metric(d, "vllm:prompt_tokens_total").await,
-        4.0,
-        "only the tokens past the lent blocks are computed"
+        0.0,
+        "nothing is prefilled here: the last prompt token is computed as a decode token"
     );
     assert_eq!(
         metric(d, "vllm:nixl_bytes_transferred_sum").await,
@@ -470,6 +470,7 @@ async fn a_disaggregated_request_through_both_pods_sidecars() {
     );
     assert_eq!(
         metric(&decode_engine, "vllm:prompt_tokens_total").await,
-        4.0
+        0.0,
+        "the decode prefills nothing: the last prompt token is computed as a decode token"
     );
 }

@@ -40,6 +40,11 @@ pub mod frontend {
     pub const ENGINE_KV_BLOCKS: &str = "dynamo_epp_engine_kv_blocks";
     /// Gauge by `role` and `state`: the pods the picker lists.
     pub const ENDPOINTS: &str = "dynamo_epp_endpoints";
+    /// Gauge by `name` (the InferencePool): the Inference Extension's mean of its pods'
+    /// waiting requests.
+    pub const POOL_AVERAGE_QUEUE_SIZE: &str = "inference_pool_average_queue_size";
+    /// Gauge by `name`: the Inference Extension's ready pods of the pool.
+    pub const POOL_READY_PODS: &str = "inference_pool_ready_pods";
 }
 
 /// The planner's own (`planner-service/src/metrics.rs`).

@@ -5,7 +5,7 @@
 use dynamo_names::Role;
 use dynamo_planner::decide::{
     Decision, EngineLoad, Forecast, Limits, LoadInputs, LoadTarget, Observed, PerRole, Reason,
-    SlaTargets, ThroughputConfig, ThroughputInputs, decide_load, decide_throughput,
+    ScaleDownWindow, SlaTargets, ThroughputConfig, ThroughputInputs, decide_load,
 };
 use dynamo_planner::predict::{LoadPredictor, Predictor, PredictorConfig};
 use dynamo_planner::profile::Profile;
@@ -23,6 +23,8 @@ pub struct Traffic {
     pub itl_ms: Option<f64>,
     /// Mean request duration, for the decode concurrency (Little's law).
     pub duration_s: Option<f64>,
+    /// Requests waiting now, in the picker's queue or an engine's.
+    pub backlog: f64,
 }
 
 /// Which side of the graph a worker serves, as the picker labels it (`worker_type`): an
@@ -71,14 +73,19 @@ pub struct Settings {
     pub prefill_gpus: u32,
     pub decode_gpus: u32,
     pub interval_s: f64,
+    /// Throughput mode's share of an engine's profiled capacity, in (0, 1].
+    pub target_utilization: f64,
+    /// Seconds a scale-down waits for the higher asks before it to age out.
+    pub scale_down_window_s: f64,
 }
 
-/// The planner's state across intervals: its predictors.
+/// The planner's state across intervals: its predictors and its recent decisions.
 pub struct Planner {
     settings: Settings,
     requests: LoadPredictor,
     isl: LoadPredictor,
     osl: LoadPredictor,
+    scale_down: ScaleDownWindow,
 }
 
 /// One interval's outcome.
@@ -92,6 +99,7 @@ impl Planner {
     pub fn new(settings: Settings, predictor: &PredictorConfig) -> Result<Self, String> {
         let build = || predictor.build().map_err(|e| e.to_string());
         Ok(Self {
+            scale_down: ScaleDownWindow::new(settings.scale_down_window_s),
             settings,
             requests: build()?,
             isl: build()?,
@@ -103,11 +111,13 @@ impl Planner {
         &self.settings
     }
 
-    /// The decision for the graph as read, given this interval's traffic (throughput mode)
-    /// or engine loads (load mode). Nothing here scales on missing data: an unreadable
-    /// graph or Prometheus holds the current replicas, and says why.
+    /// The decision at `now_s` (seconds on any clock that only goes forward) for the
+    /// graph as read, given this interval's traffic (throughput mode) or engine loads (load
+    /// mode; throughput mode's through the scale-down window). Nothing here scales on missing data: an
+    /// unreadable graph or Prometheus holds the current replicas, and says why.
     pub fn step(
         &mut self,
+        now_s: f64,
         view: &GraphView,
         traffic: Option<&Reading<Traffic>>,
         engines: Option<&Reading<Vec<EngineReading>>>,
@@ -154,8 +164,9 @@ impl Planner {
                     forecast.isl = forecast.isl.or(Some(0.0));
                     forecast.osl = forecast.osl.or(Some(0.0));
                 }
+                let rolling_out = view.rolling_out();
                 let decision =
-                    self.throughput(current, gpus, traffic, forecast, view.rolling_out());
+                    self.throughput(now_s, current, gpus, traffic, forecast, rolling_out);
                 Ok(Outcome {
                     decision,
                     forecast: Some(forecast),
@@ -205,7 +216,8 @@ impl Planner {
     }
 
     fn throughput(
-        &self,
+        &mut self,
+        now_s: f64,
         current: PerRole<u32>,
         gpus: PerRole<u32>,
         traffic: &Traffic,
@@ -238,6 +250,7 @@ impl Planner {
             decode_profile,
             gpus,
             correction: *correction,
+            target_utilization: self.settings.target_utilization,
             limits: self.settings.limits,
         };
         let inputs = ThroughputInputs {
@@ -252,8 +265,9 @@ impl Planner {
             interval_s: interval,
             current,
             rolling_out,
+            backlog: traffic.backlog,
         };
-        decide_throughput(&config, &inputs)
+        self.scale_down.decide_throughput(now_s, &config, &inputs)
     }
 }
 
@@ -305,6 +319,8 @@ mod tests {
             prefill_gpus: 1,
             decode_gpus: 1,
             interval_s: 10.0,
+            target_utilization: 1.0,
+            scale_down_window_s: 0.0,
         };
         Planner::new(settings, &PredictorConfig::new(PredictorKind::Constant)).unwrap()
     }
@@ -336,6 +352,7 @@ mod tests {
             ttft_ms: Some(100.0),
             itl_ms: Some(10.0),
             duration_s: Some(1.0),
+            backlog: 0.0,
         })
     }
 
@@ -344,17 +361,59 @@ mod tests {
         let mut p = throughput();
         // 200 requests in 10 s: 20,000 prompt tokens/s (2 engines) + 2,000 output tokens/s
         // (2 engines) = 4 workers.
-        let out = p.step(&workers(1), Some(&traffic(200.0)), None).unwrap();
+        let out = p
+            .step(0.0, &workers(1), Some(&traffic(200.0)), None)
+            .unwrap();
         assert_eq!(out.decision.replicas, PerRole::Aggregated { worker: 4 });
         assert_eq!(
             writes(&workers(1), &out.decision),
             [("worker".to_string(), 4)]
         );
         // The load falls to a quarter: one worker, never zero when it stops.
-        let out = p.step(&workers(4), Some(&traffic(50.0)), None).unwrap();
+        let out = p
+            .step(0.0, &workers(4), Some(&traffic(50.0)), None)
+            .unwrap();
         assert_eq!(out.decision.replicas, PerRole::Aggregated { worker: 1 });
-        let out = p.step(&workers(1), Some(&traffic(0.0)), None).unwrap();
+        let out = p.step(0.0, &workers(1), Some(&traffic(0.0)), None).unwrap();
         assert_eq!(out.decision.replicas, PerRole::Aggregated { worker: 1 });
+    }
+
+    #[test]
+    fn the_backlog_and_the_headroom_add_workers_and_a_dip_waits_out_the_window() {
+        let mut p = throughput();
+        p.settings.target_utilization = 0.8;
+        p.scale_down = ScaleDownWindow::new(30.0);
+        // 100 requests forecast and 100 waiting: as 200 in the interval (4 engines' worth),
+        // at 0.8 utilization ceil(4 / 0.8) = 5 workers.
+        let waiting = Ok(Traffic {
+            backlog: 100.0,
+            ..traffic(100.0).unwrap()
+        });
+        let out = p.step(0.0, &workers(1), Some(&waiting), None).unwrap();
+        assert_eq!(out.decision.replicas, PerRole::Aggregated { worker: 5 });
+        // The backlog is served: the forecast's 2 engines' worth is 3 workers, at once
+        // (the window records asks without the backlog).
+        let out = p
+            .step(20.0, &workers(5), Some(&traffic(100.0)), None)
+            .unwrap();
+        assert_eq!(out.decision.replicas, PerRole::Aggregated { worker: 3 });
+        // A dip to 1 engine's worth (2 workers) waits until the ask for 3 is 30 s old.
+        let out = p
+            .step(40.0, &workers(3), Some(&traffic(50.0)), None)
+            .unwrap();
+        assert_eq!(out.decision.replicas, PerRole::Aggregated { worker: 3 });
+        assert!(
+            out.decision.reasons.contains(&Reason::ScaleDownWindow {
+                role: Role::Aggregated,
+                wanted: 2
+            }),
+            "{}",
+            out.decision
+        );
+        let out = p
+            .step(60.0, &workers(3), Some(&traffic(50.0)), None)
+            .unwrap();
+        assert_eq!(out.decision.replicas, PerRole::Aggregated { worker: 2 });
     }
 
     #[test]
@@ -365,7 +424,7 @@ mod tests {
             Some(Err("connection refused".to_string())),
             Some(Ok(Traffic::default())),
         ] {
-            let out = p.step(&workers(3), reading.as_ref(), None).unwrap();
+            let out = p.step(0.0, &workers(3), reading.as_ref(), None).unwrap();
             assert!(out.decision.is_hold(), "{}", out.decision);
             assert_eq!(out.decision.replicas, PerRole::Aggregated { worker: 3 });
             assert!(writes(&workers(3), &out.decision).is_empty());
@@ -375,7 +434,8 @@ mod tests {
     #[test]
     fn nan_means_are_not_predicted_from() {
         let mut p = throughput();
-        p.step(&workers(1), Some(&traffic(200.0)), None).unwrap();
+        p.step(0.0, &workers(1), Some(&traffic(200.0)), None)
+            .unwrap();
         // An interval whose means are NaN (no samples) keeps the last valid lengths.
         let idle = Ok(Traffic {
             requests: Some(200.0),
@@ -383,18 +443,22 @@ mod tests {
             osl: Some(f64::NAN),
             ..Traffic::default()
         });
-        let out = p.step(&workers(4), Some(&idle), None).unwrap();
+        let out = p.step(0.0, &workers(4), Some(&idle), None).unwrap();
         assert_eq!(out.forecast.unwrap().isl, Some(1000.0));
         assert_eq!(out.decision.replicas, PerRole::Aggregated { worker: 4 });
     }
 
     #[test]
-    fn a_rollout_in_progress_holds() {
+    fn a_rollout_in_progress_holds_all_but_a_scale_up() {
         let mut p = throughput();
+        let mut view = workers(5);
+        view.services[0].rolling_out = true;
+        let out = p.step(0.0, &view, Some(&traffic(50.0)), None).unwrap();
+        assert_eq!(out.decision.reasons, [Reason::RollingOut]);
         let mut view = workers(1);
         view.services[0].rolling_out = true;
-        let out = p.step(&view, Some(&traffic(200.0)), None).unwrap();
-        assert_eq!(out.decision.reasons, [Reason::RollingOut]);
+        let out = p.step(0.0, &view, Some(&traffic(200.0)), None).unwrap();
+        assert_eq!(out.decision.replicas, PerRole::Aggregated { worker: 4 });
     }
 
     #[test]
@@ -411,17 +475,17 @@ mod tests {
             max_kv_tokens: Some(10_000.0),
         };
         let busy = Ok(vec![engine(5000.0)]);
-        let out = p.step(&workers(1), None, Some(&busy)).unwrap();
+        let out = p.step(0.0, &workers(1), None, Some(&busy)).unwrap();
         assert_eq!(out.decision.replicas, PerRole::Aggregated { worker: 2 });
         // Two workers reported as one: the counts disagree, so it holds.
-        let out = p.step(&workers(2), None, Some(&busy)).unwrap();
+        let out = p.step(0.0, &workers(2), None, Some(&busy)).unwrap();
         assert!(out.decision.is_hold(), "{}", out.decision);
         // An engine without its KV capacity is not read as idle.
         let unknown = Ok(vec![EngineReading {
             max_kv_tokens: None,
             ..engine(0.0)
         }]);
-        let out = p.step(&workers(1), None, Some(&unknown)).unwrap();
+        let out = p.step(0.0, &workers(1), None, Some(&unknown)).unwrap();
         assert!(out.decision.is_hold(), "{}", out.decision);
     }
 

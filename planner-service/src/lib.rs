@@ -37,6 +37,7 @@ pub fn settings(args: &PlannerArgs) -> anyhow::Result<Settings> {
             bail!("{flag} must be a positive number of milliseconds, not {v}");
         }
     }
+    args.headroom.check().map_err(anyhow::Error::msg)?;
     let mode = match args.mode {
         ModeArg::Throughput => {
             let read = |specific: &Option<PathBuf>, role: &str| -> anyhow::Result<Profile> {
@@ -80,6 +81,8 @@ pub fn settings(args: &PlannerArgs) -> anyhow::Result<Settings> {
         prefill_gpus: args.prefill_gpus.max(1),
         decode_gpus: args.decode_gpus.max(1),
         interval_s: interval.as_secs_f64(),
+        target_utilization: args.headroom.target_utilization,
+        scale_down_window_s: args.headroom.scale_down_window.as_secs_f64(),
     })
 }
 
@@ -147,12 +150,14 @@ async fn serve(args: PlannerArgs, settings: Settings) -> anyhow::Result<()> {
         () = tokio::time::sleep(args.startup_delay) => {}
         () = &mut shutdown => return Ok(()),
     }
-    let mut ticker = tokio::time::interval_at(tokio::time::Instant::now() + interval, interval);
+    let started = tokio::time::Instant::now();
+    let mut ticker = tokio::time::interval_at(started + interval, interval);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tokio::select! {
             _ = ticker.tick() => {
-                plan_once(&mut planner, &source, &target, &metrics, args.advisory).await;
+                let now_s = started.elapsed().as_secs_f64();
+                plan_once(&mut planner, now_s, &source, &target, &metrics, args.advisory).await;
             }
             () = &mut shutdown => return Ok(()),
         }
@@ -162,6 +167,7 @@ async fn serve(args: PlannerArgs, settings: Settings) -> anyhow::Result<()> {
 /// One interval: read, decide, write (unless advisory or held), record.
 async fn plan_once(
     planner: &mut Planner,
+    now_s: f64,
     source: &Prometheus,
     target: &Target,
     metrics: &Metrics,
@@ -191,7 +197,7 @@ async fn plan_once(
     if let Some(Err(e)) = &engines {
         tracing::warn!(error = %e, "engine metrics unreadable; holding");
     }
-    let outcome = match planner.step(&view, traffic.as_ref(), engines.as_ref()) {
+    let outcome = match planner.step(now_s, &view, traffic.as_ref(), engines.as_ref()) {
         Ok(outcome) => outcome,
         Err(e) => {
             tracing::error!(error = %e, "the graph's shape is not one the planner can set; holding");

@@ -13,8 +13,9 @@ use std::path::{Path, PathBuf};
 use dynamo_names::metrics::frontend::{
     ENGINE_KV_BLOCKS, INPUT_SEQUENCE_TOKENS as ISL, INTER_TOKEN_LATENCY as ITL,
     MODEL_KV_CACHE_BLOCK_SIZE as BLOCK_SIZE, OUTPUT_SEQUENCE_TOKENS as OSL,
-    REQUEST_DURATION as DURATION, REQUESTS, TIME_TO_FIRST_TOKEN as TTFT,
-    WORKER_ACTIVE_DECODE_BLOCKS as ACTIVE_DECODE, WORKER_ACTIVE_PREFILL_TOKENS as ACTIVE_PREFILL,
+    POOL_AVERAGE_QUEUE_SIZE, POOL_READY_PODS, QUEUED_REQUESTS, REQUEST_DURATION as DURATION,
+    REQUESTS, TIME_TO_FIRST_TOKEN as TTFT, WORKER_ACTIVE_DECODE_BLOCKS as ACTIVE_DECODE,
+    WORKER_ACTIVE_PREFILL_TOKENS as ACTIVE_PREFILL,
 };
 use dynamo_wiring::planner::PrometheusAccess;
 use prometheus_http_query::Client;
@@ -362,7 +363,27 @@ impl Prometheus {
             ttft_ms: ms(self.mean(TTFT, &window).await?),
             itl_ms: ms(self.mean(ITL, &window).await?),
             duration_s: self.mean(DURATION, &window).await?,
+            backlog: self.backlog().await?,
         })
+    }
+
+    /// Requests waiting now: in the picker's queue (summed over its replicas) and in the
+    /// engines' (the pool's mean queue times its ready pods, the largest view of the
+    /// replicas). Each gauge appears only once there is something to count (a queued
+    /// request, a named pool), so an absent one is no backlog.
+    async fn backlog(&self) -> Result<f64, SourceError> {
+        let s = &self.selector;
+        let picker = self
+            .scalar(&format!("sum({QUEUED_REQUESTS}{s})"))
+            .await?
+            .unwrap_or(0.0);
+        let engines = self
+            .scalar(&format!(
+                "sum(max by (name) ({POOL_AVERAGE_QUEUE_SIZE}) * max by (name) ({POOL_READY_PODS}))"
+            ))
+            .await?
+            .unwrap_or(0.0);
+        Ok(picker + engines)
     }
 
     /// Each engine's load now. Active prefill tokens are summed over the picker replicas

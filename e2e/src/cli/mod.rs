@@ -19,6 +19,7 @@ use serde_json::json;
 
 use dynamo_mocker::profile::{ProfileSweep, planner_profile};
 use dynamo_planner::decide::{Limits, LoadTarget, SlaTargets};
+use dynamo_planner::knobs::HeadroomKnobs;
 use dynamo_planner::predict::PredictorConfig;
 use dynamo_planner::profile::Profile;
 

@@ -92,6 +92,8 @@ pub struct PlannerArgs {
     pub profile_out: Option<PathBuf>,
     #[command(flatten)]
     pub engine: SimEngineArgs,
+    #[command(flatten)]
+    pub headroom: HeadroomKnobs,
     /// The mock engines run this many times faster than the modelled GPU.
     #[arg(long, default_value_t = 1.0, env = "DYNAMO_E2E_SPEEDUP_RATIO")]
     pub speedup_ratio: f64,
@@ -145,6 +147,7 @@ pub(super) fn run_planner(args: PlannerArgs) -> anyhow::Result<()> {
     for (flag, v) in [("--ttft-ms", args.ttft_ms), ("--itl-ms", args.itl_ms)] {
         anyhow::ensure!(v.is_finite() && v > 0.0, "{flag} must be positive");
     }
+    args.headroom.check().map_err(anyhow::Error::msg)?;
     let profile = match &args.profile {
         Some(path) => {
             let text = std::fs::read_to_string(path)
@@ -194,6 +197,7 @@ pub(super) fn run_planner(args: PlannerArgs) -> anyhow::Result<()> {
         startup_s: args.startup_s,
         initial_replicas: 1,
         max_waiting_requests: args.max_waiting_requests,
+        headroom: args.headroom.clone(),
     };
     let (isl, osl) = (args.isl as f64, args.osl as f64);
     let rates: Vec<f64> = schedule

@@ -21,6 +21,11 @@
 //!    the step cap, and checked again after it; the minimum wins over the budget (a
 //!    budget below the minimums is a configuration error, reported as capped).
 //!
+//! Throughput mode sizes for a target utilization below 1 and for the backlog as well as
+//! the forecast ([`demand`]); the planner service and the replay take its decisions
+//! through a [`ScaleDownWindow`], so replicas go down only once no decision within it
+//! asked for them.
+//!
 //! Scale-down is consolidation-aware (Dynamo PR #9294, after 2<->1 oscillation under
 //! constant load): going from N to fewer replicas is taken only if the load re-spread
 //! over the fewer replicas still meets the targets. In throughput mode that re-prediction
@@ -36,9 +41,11 @@ use crate::profile::Profile;
 
 mod load;
 mod throughput;
+mod window;
 
 pub use load::*;
 pub use throughput::*;
+pub use window::ScaleDownWindow;
 
 /// One value per role of a disaggregated or an aggregated graph (replicas, GPUs per engine,
 /// engine observations).
@@ -201,6 +208,9 @@ pub enum Reason {
     StepCapped { role: Role, wanted: u32 },
     /// The roles wanted `wanted_gpus` GPUs, more than the budget.
     GpuBudget { wanted_gpus: u64, budget: u32 },
+    /// `role` asked for `wanted`, fewer than it has, but a decision within the scale-down
+    /// window asked for more ([`ScaleDownWindow`]).
+    ScaleDownWindow { role: Role, wanted: u32 },
 }
 
 impl Reason {
@@ -222,6 +232,7 @@ impl Reason {
             Reason::MinEndpoint { .. } => "min_endpoint",
             Reason::StepCapped { .. } => "step_capped",
             Reason::GpuBudget { .. } => "gpu_budget",
+            Reason::ScaleDownWindow { .. } => "scale_down_window",
         }
     }
 
@@ -279,6 +290,10 @@ impl fmt::Display for Reason {
             } => write!(
                 f,
                 "capped by the GPU budget: wanted {wanted_gpus} GPUs of {budget}"
+            ),
+            Reason::ScaleDownWindow { role, wanted } => write!(
+                f,
+                "{role} kept: asked {wanted}, but more within the scale-down window"
             ),
         }
     }

@@ -25,6 +25,7 @@ fn config(profile: &Profile, limits: Limits) -> ThroughputConfig<'_> {
         decode_profile: profile,
         gpus: ONE_GPU,
         correction: true,
+        target_utilization: 1.0,
         limits,
     }
 }
@@ -42,6 +43,7 @@ fn inputs(requests: f64, current: Replicas) -> ThroughputInputs {
         interval_s: 180.0,
         current,
         rolling_out: false,
+        backlog: 0.0,
     }
 }
 
@@ -74,6 +76,43 @@ fn disaggregated_formula_by_hand() {
     // Twice the traffic: prefill 30000 / 7500 = 4; decode 20000 / 5400 = 3.7 -> 4.
     let d = decide_throughput(&config(&p, big()), &inputs(1800.0, disagg(1, 1)));
     assert_eq!(d.replicas, disagg(4, 4));
+}
+
+#[test]
+fn headroom_and_backlog_by_hand() {
+    let p = sample();
+    // At 0.8 utilization the same 900 requests need prefill 2.0 / 0.8 = 2.5 -> 3 and
+    // decode 1.85 / 0.8 = 2.31 -> 3.
+    let c = ThroughputConfig {
+        target_utilization: 0.8,
+        ..config(&p, big())
+    };
+    let d = decide_throughput(&c, &inputs(900.0, disagg(1, 1)));
+    assert_eq!(d.replicas, disagg(3, 3));
+    // 900 requests already waiting are served within the interval on top of the 900
+    // forecast: as 1800 (prefill 4, decode 3.7 -> 4 at full utilization).
+    let waiting = ThroughputInputs {
+        backlog: 900.0,
+        ..inputs(900.0, disagg(1, 1))
+    };
+    assert_eq!(
+        decide_throughput(&config(&p, big()), &waiting).replicas,
+        disagg(4, 4)
+    );
+    // A utilization outside (0, 1], or a backlog that is not a count, holds.
+    for u in [0.0, 1.5, f64::NAN] {
+        let c = ThroughputConfig {
+            target_utilization: u,
+            ..config(&p, big())
+        };
+        let d = decide_throughput(&c, &inputs(900.0, disagg(1, 1)));
+        assert!(d.is_hold(), "{u}: {d}");
+    }
+    let bad = ThroughputInputs {
+        backlog: -1.0,
+        ..inputs(900.0, disagg(1, 1))
+    };
+    assert!(decide_throughput(&config(&p, big()), &bad).is_hold());
 }
 
 #[test]
@@ -265,12 +304,21 @@ fn step_cap_limits_each_role() {
 fn holds_while_rolling_out_and_on_missing_or_bad_data() {
     let p = sample();
     let c = config(&p, big());
+    // Rolling out, 900 requests want (2, 2): a scale-down, a mixed change or none holds.
+    for current in [disagg(5, 5), disagg(1, 5), disagg(2, 2)] {
+        let mut i = inputs(900.0, current);
+        i.rolling_out = true;
+        let d = decide_throughput(&c, &i);
+        assert_eq!(d.replicas, current);
+        assert_eq!(d.reasons, vec![Reason::RollingOut]);
+        assert!(d.is_hold() && d.to_string().starts_with("hold"), "{d}");
+    }
+    // A scale-up is taken while the last one still starts: the formula sizes the graph.
     let mut i = inputs(1800.0, disagg(2, 2));
     i.rolling_out = true;
     let d = decide_throughput(&c, &i);
-    assert_eq!(d.replicas, disagg(2, 2));
-    assert_eq!(d.reasons, vec![Reason::RollingOut]);
-    assert!(d.is_hold() && d.to_string().starts_with("hold"), "{d}");
+    assert_eq!(d.replicas, disagg(4, 4));
+    assert!(!d.is_hold(), "{d}");
 
     let mut i = inputs(1800.0, disagg(2, 2));
     i.forecast.requests = None;

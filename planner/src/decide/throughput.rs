@@ -44,8 +44,19 @@ pub struct ThroughputConfig<'a> {
     pub gpus: PerRole<u32>,
     /// Apply correction factors (Dynamo's `--no-correction` turns them off).
     pub correction: bool,
+    /// The share of an engine's profiled capacity the formula fills, in (0, 1]: replicas
+    /// are sized for `demand / target_utilization`. The profile's capacity is what an
+    /// engine holds at the targets with nothing to spare, so a forecast below the
+    /// interval's real peak, a burst within it, or the queueing a fully loaded engine
+    /// builds would breach them; 1 is Dynamo's formula
+    /// ([`DEFAULT_TARGET_UTILIZATION`]).
+    pub target_utilization: f64,
     pub limits: Limits,
 }
+
+/// The default [`ThroughputConfig::target_utilization`]: measured on the planner replay
+/// (docs/performance-planner.md, "Headroom").
+pub const DEFAULT_TARGET_UTILIZATION: f64 = 0.8;
 
 /// Throughput mode's inputs for one decision.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -57,6 +68,11 @@ pub struct ThroughputInputs {
     pub current: Replicas,
     /// A previous change is still rolling out (replicas not all updated and ready).
     pub rolling_out: bool,
+    /// Requests that arrived and are still waiting, in the picker's queue or an engine's
+    /// (none of their prompt computed). The forecast counts only what will arrive; these
+    /// are work of the next interval on top of it, so they are sized to be served within
+    /// it, by replicas the picker hands its queue to as they come up.
+    pub backlog: f64,
 }
 
 /// Engine demand computed by throughput mode, before rounding: engines' worth of work.
@@ -78,12 +94,16 @@ fn usable(v: Option<f64>) -> Option<f64> {
 /// ```text
 /// prefill_correction = actual_ttft / expected_ttft(observed isl)
 /// decode_correction  = actual_itl / expected_itl(observed context, observed concurrency)
+/// requests           = forecast requests + backlog
 /// predicted_load     = requests * isl / interval * min(1, prefill_correction)
-/// prefill_engines    = predicted_load / prefill_throughput_per_gpu(isl) / gpus
+/// prefill_engines    = predicted_load / prefill_throughput_per_gpu(isl) / gpus / u
 /// corrected_itl      = target_itl / decode_correction
 /// decode_engines     = requests * osl / interval
-///                      / find_best_throughput_per_gpu(corrected_itl, isl + osl / 2) / gpus
+///                      / find_best_throughput_per_gpu(corrected_itl, isl + osl / 2) / gpus / u
 /// ```
+///
+/// with `u` the target utilization. Dynamo's formula is this one with no backlog and
+/// `u = 1`.
 ///
 /// The prefill correction only ever lowers the load (`min(1, ..)`, as Dynamo): a TTFT
 /// below the profile's (prefix-cache hits) means less prefill work; one above it is mostly
@@ -94,7 +114,8 @@ pub fn demand(
     inputs: &ThroughputInputs,
     notes: &mut Vec<Reason>,
 ) -> Result<Demand, Reason> {
-    let requests = required("predicted requests", inputs.forecast.requests)?;
+    let backlog = required("backlog", Some(inputs.backlog))?;
+    let requests = required("predicted requests", inputs.forecast.requests)? + backlog;
     let isl = required("predicted isl", inputs.forecast.isl)?;
     let osl = required("predicted osl", inputs.forecast.osl)?;
     let interval = required("interval", Some(inputs.interval_s))?;
@@ -111,6 +132,13 @@ pub fn demand(
         if !(v.is_finite() && v > 0.0) {
             return Err(Reason::InvalidInput { input, value: v });
         }
+    }
+    let u = config.target_utilization;
+    if !(u > 0.0 && u <= 1.0) {
+        return Err(Reason::InvalidInput {
+            input: "target utilization",
+            value: u,
+        });
     }
     let (gp, gd) = match config.gpus {
         PerRole::Disaggregated { prefill, decode } => (prefill, decode),
@@ -147,7 +175,7 @@ pub fn demand(
 
     let predicted_load = requests * isl / interval * prefill_correction.min(1.0);
     let prefill_engines =
-        predicted_load / config.prefill_profile.prefill_throughput_per_gpu(isl) / gp;
+        predicted_load / config.prefill_profile.prefill_throughput_per_gpu(isl) / gp / u;
 
     let corrected_itl = config.targets.itl_ms / decode_correction;
     let best = config
@@ -156,7 +184,7 @@ pub fn demand(
     if !best.meets_target {
         notes.push(Reason::ItlUnreachable);
     }
-    let decode_engines = requests * osl / interval / best.throughput_per_gpu / gd;
+    let decode_engines = requests * osl / interval / best.throughput_per_gpu / gd / u;
     Ok(Demand {
         prefill_engines,
         decode_engines,
@@ -178,6 +206,9 @@ fn engines_to_replicas(engines: f64) -> u32 {
 
 /// Throughput mode: replicas from the forecast and the profiles, then the safeguards.
 ///
+/// While a previous change rolls out, only a scale-up is taken (no role down); anything
+/// else holds.
+///
 /// Disaggregated: prefill and decode replicas from [`demand`], each `ceil`ed. Aggregated:
 /// a worker spends its GPU time on both phases, so it needs
 /// `ceil(prefill_engines + decode_engines)` (the sum, not the max: two phases each at 90%
@@ -186,9 +217,6 @@ fn engines_to_replicas(engines: f64) -> u32 {
 /// and stay put.
 pub fn decide_throughput(config: &ThroughputConfig<'_>, inputs: &ThroughputInputs) -> Decision {
     let current = inputs.current;
-    if inputs.rolling_out {
-        return Decision::hold(current, Reason::RollingOut);
-    }
     if current.zip(&config.gpus, |_, _, _| ()).is_none() {
         return Decision::hold(current, Reason::ShapeMismatch);
     }
@@ -211,5 +239,17 @@ pub fn decide_throughput(config: &ThroughputConfig<'_>, inputs: &ThroughputInput
         .map(|(role, wanted)| Reason::Throughput { role, wanted })
         .collect();
     reasons.extend(notes);
-    config.limits.apply(current, proposed, config.gpus, reasons)
+    let d = config.limits.apply(current, proposed, config.gpus, reasons);
+    // While a change rolls out only a scale-up goes on: the formula sizes the whole graph,
+    // not a step from the current replicas, so the engines still starting are not asked
+    // for twice, and a backlog that grows while they start is not left for an interval.
+    // Anything else waits until the graph has settled.
+    let grows = d
+        .current
+        .zip(&d.replicas, |_, now, then| then >= now)
+        .is_some_and(|r| r.iter().all(|(_, up)| up));
+    if inputs.rolling_out && !(grows && d.changes()) {
+        return Decision::hold(current, Reason::RollingOut);
+    }
+    d
 }

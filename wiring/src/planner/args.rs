@@ -6,6 +6,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::ValueEnum;
+use dynamo_planner::knobs::HeadroomKnobs;
 use dynamo_planner::predict::PredictorConfig;
 use dynamo_server::parse_duration;
 
@@ -82,6 +83,8 @@ pub struct PlannerArgs {
     /// Do not correct the profile with observed/expected TTFT and ITL.
     #[arg(long)]
     pub no_correction: bool,
+    #[command(flatten)]
+    pub headroom: HeadroomKnobs,
     /// Load mode's thresholds: throughput (scale late, pack engines) or latency (scale early).
     #[arg(long, value_enum, default_value = "throughput")]
     pub load_target: LoadTargetArg,

@@ -7,6 +7,7 @@ use dynamo_planner::decide::{
     Decision, EngineLoad, Forecast, Limits, LoadInputs, LoadTarget, Observed, PerRole, Reason,
     ScaleDownWindow, SlaTargets, ThroughputConfig, ThroughputInputs, decide_load,
 };
+use dynamo_planner::knobs::HeadroomKnobs;
 use dynamo_planner::predict::{LoadPredictor, Predictor, PredictorConfig};
 use dynamo_planner::profile::Profile;
 
@@ -73,10 +74,8 @@ pub struct Settings {
     pub prefill_gpus: u32,
     pub decode_gpus: u32,
     pub interval_s: f64,
-    /// Throughput mode's share of an engine's profiled capacity, in (0, 1].
-    pub target_utilization: f64,
-    /// Seconds a scale-down waits for the higher asks before it to age out.
-    pub scale_down_window_s: f64,
+    /// Throughput mode's target utilization and scale-down window.
+    pub headroom: HeadroomKnobs,
 }
 
 /// The planner's state across intervals: its predictors and its recent decisions.
@@ -99,7 +98,7 @@ impl Planner {
     pub fn new(settings: Settings, predictor: &PredictorConfig) -> Result<Self, String> {
         let build = || predictor.build().map_err(|e| e.to_string());
         Ok(Self {
-            scale_down: ScaleDownWindow::new(settings.scale_down_window_s),
+            scale_down: ScaleDownWindow::new(settings.headroom.scale_down_window.as_secs_f64()),
             settings,
             requests: build()?,
             isl: build()?,
@@ -112,9 +111,10 @@ impl Planner {
     }
 
     /// The decision at `now_s` (seconds on any clock that only goes forward) for the
-    /// graph as read, given this interval's traffic (throughput mode) or engine loads (load
-    /// mode; throughput mode's through the scale-down window). Nothing here scales on missing data: an
-    /// unreadable graph or Prometheus holds the current replicas, and says why.
+    /// graph as read, given this interval's traffic (throughput mode, whose decisions go
+    /// through the scale-down window) or engine loads (load mode). Nothing here scales on
+    /// missing data: an unreadable graph or Prometheus holds the current replicas, and
+    /// says why.
     pub fn step(
         &mut self,
         now_s: f64,
@@ -250,7 +250,7 @@ impl Planner {
             decode_profile,
             gpus,
             correction: *correction,
-            target_utilization: self.settings.target_utilization,
+            target_utilization: self.settings.headroom.target_utilization,
             limits: self.settings.limits,
         };
         let inputs = ThroughputInputs {
@@ -291,6 +291,8 @@ pub fn writes(view: &GraphView, decision: &Decision) -> Vec<(String, u32)> {
 
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
     use dynamo_planner::predict::PredictorKind;
 
     use super::*;
@@ -319,8 +321,10 @@ mod tests {
             prefill_gpus: 1,
             decode_gpus: 1,
             interval_s: 10.0,
-            target_utilization: 1.0,
-            scale_down_window_s: 0.0,
+            headroom: HeadroomKnobs {
+                target_utilization: 1.0,
+                scale_down_window: Duration::ZERO,
+            },
         };
         Planner::new(settings, &PredictorConfig::new(PredictorKind::Constant)).unwrap()
     }
@@ -381,7 +385,7 @@ mod tests {
     #[test]
     fn the_backlog_and_the_headroom_add_workers_and_a_dip_waits_out_the_window() {
         let mut p = throughput();
-        p.settings.target_utilization = 0.8;
+        p.settings.headroom.target_utilization = 0.8;
         p.scale_down = ScaleDownWindow::new(30.0);
         // 100 requests forecast and 100 waiting: as 200 in the interval (4 engines' worth),
         // at 0.8 utilization ceil(4 / 0.8) = 5 workers.

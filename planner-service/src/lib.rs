@@ -81,8 +81,7 @@ pub fn settings(args: &PlannerArgs) -> anyhow::Result<Settings> {
         prefill_gpus: args.prefill_gpus.max(1),
         decode_gpus: args.decode_gpus.max(1),
         interval_s: interval.as_secs_f64(),
-        target_utilization: args.headroom.target_utilization,
-        scale_down_window_s: args.headroom.scale_down_window.as_secs_f64(),
+        headroom: args.headroom.clone(),
     })
 }
 

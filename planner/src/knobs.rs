@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use dynamo_server::parse_duration;
 
-use crate::decide::DEFAULT_TARGET_UTILIZATION;
+use crate::decide::{DEFAULT_TARGET_UTILIZATION, valid_target_utilization};
 
 #[derive(clap::Args, Debug, Clone, PartialEq)]
 pub struct HeadroomKnobs {
@@ -25,7 +25,7 @@ impl HeadroomKnobs {
     /// any decision.
     pub fn check(&self) -> Result<(), String> {
         let u = self.target_utilization;
-        if u > 0.0 && u <= 1.0 {
+        if valid_target_utilization(u) {
             Ok(())
         } else {
             Err(format!(

@@ -58,6 +58,11 @@ pub struct ThroughputConfig<'a> {
 /// (docs/performance-planner.md, "Headroom").
 pub const DEFAULT_TARGET_UTILIZATION: f64 = 0.8;
 
+/// Whether `u` is a target utilization throughput mode can size for: in (0, 1].
+pub fn valid_target_utilization(u: f64) -> bool {
+    u > 0.0 && u <= 1.0
+}
+
 /// Throughput mode's inputs for one decision.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct ThroughputInputs {
@@ -134,7 +139,7 @@ pub fn demand(
         }
     }
     let u = config.target_utilization;
-    if !(u > 0.0 && u <= 1.0) {
+    if !valid_target_utilization(u) {
         return Err(Reason::InvalidInput {
             input: "target utilization",
             value: u,

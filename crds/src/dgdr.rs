@@ -70,6 +70,10 @@ pub struct DynamoGraphDeploymentRequestSpec {
     /// profiler's built-in catalog does not know (an extension of ours).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub model_config_ref: Option<ModelConfigRef>,
+    /// How the profiler predicts the engines (Dynamo's v1alpha1 field; of its contents only
+    /// `calibrationRef` is ours and acted on, the others are kept).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub profiling_config: Option<ProfilingConfig>,
     /// Deploy the generated DynamoGraphDeployment when profiling is done; when false it is
     /// only stored in `status.profilingResults.selectedConfig`.
     #[serde(default = "default_true")]
@@ -209,6 +213,38 @@ pub struct ModelConfigRef {
 
 fn default_config_key() -> String {
     "config.json".into()
+}
+
+/// How the profiler predicts the request's engines.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ProfilingConfig {
+    /// Measurements of the model on the request's GPU (`dynamo profile --calibrate`'s
+    /// file, docs/perfmodel.md "Calibration") in a ConfigMap of the request's namespace:
+    /// the profiler predicts on the efficiency factors fitted to them. The files it names
+    /// (aiperf exports, `model_config`) are keys of the same ConfigMap.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub calibration_ref: Option<CalibrationRef>,
+    /// Dynamo's other fields (`profilerImage`, `config`, `configMapRef`, ...), kept but not
+    /// acted on.
+    #[serde(flatten)]
+    pub other: PreservedFields,
+}
+
+/// A key of a ConfigMap holding a calibration file.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct CalibrationRef {
+    /// Name of the ConfigMap.
+    #[schemars(length(min = 1))]
+    pub name: String,
+    /// Key of the calibration file (YAML or JSON).
+    #[serde(default = "default_calibration_key")]
+    pub key: String,
+}
+
+fn default_calibration_key() -> String {
+    "calibration.yaml".into()
 }
 
 /// Optional features of the generated graph.

@@ -34,8 +34,11 @@ pub const DEPLOYMENT_READY: &str = "DeploymentReady";
 
 /// Reason of [`DEPLOYMENT_READY`] once the generated graph was deleted by hand.
 const DEPLOYMENT_DELETED: &str = "DeploymentDeleted";
-/// Reason of [`VALIDATION`] while the model's ConfigMap is missing (retried).
-const MODEL_CONFIG_NOT_FOUND: &str = "ModelConfigNotFound";
+/// Reasons of [`VALIDATION`] while a ConfigMap the spec names is missing or unusable
+/// (retried): the model's (`modelConfigRef`), the calibration's
+/// (`profilingConfig.calibrationRef`).
+pub const MODEL_CONFIG_NOT_FOUND: &str = "ModelConfigNotFound";
+pub const CALIBRATION_UNUSABLE: &str = "CalibrationUnusable";
 
 /// What the controller does next for a request.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -134,10 +137,12 @@ pub fn validated(
     out
 }
 
-/// The ConfigMap the spec names for its model's `config.json` is missing or unusable: the
-/// request waits (Pending) and is checked again.
-pub fn model_config_missing(
+/// A ConfigMap the spec names is missing or unusable (`reason`, one of
+/// [`MODEL_CONFIG_NOT_FOUND`] and [`CALIBRATION_UNUSABLE`]): the request waits (Pending)
+/// and is checked again.
+pub fn config_map_unusable(
     dgdr: &DynamoGraphDeploymentRequest,
+    reason: &'static str,
     message: String,
     now: &Time,
 ) -> Outcome {
@@ -145,8 +150,8 @@ pub fn model_config_missing(
     let at = At::new(dgdr, now);
     let s = &mut out.status;
     s.phase = Some(RequestPhase::Pending);
-    at.not_done(s, VALIDATION, MODEL_CONFIG_NOT_FOUND, &message);
-    out.events.push(warning(MODEL_CONFIG_NOT_FOUND, message));
+    at.not_done(s, VALIDATION, reason, &message);
+    out.events.push(warning(reason, message));
     out
 }
 

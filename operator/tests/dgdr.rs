@@ -306,6 +306,78 @@ async fn a_model_from_a_config_map_waits_for_the_map_then_profiles() {
     assert!(api.object(&graph_path("private")).is_some());
 }
 
+/// The predicted ITL of a profiled request's Profiling condition, ms.
+fn predicted_itl_ms(status: &Value) -> f64 {
+    let message = condition(status, "Profiling")["message"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let itl = message.split("ITL ").nth(1).expect("an ITL in the message");
+    itl.split(' ').next().unwrap().parse().unwrap()
+}
+
+#[tokio::test]
+async fn a_request_profiles_on_its_calibration_and_waits_while_it_is_missing_or_wrong() {
+    let (client, api) = FakeApi::start();
+    submit(&api, "built-in", &format!("{SMALL}}}"));
+    submit(
+        &api,
+        "calibrated",
+        &format!(
+            "{SMALL}, profilingConfig: {{calibrationRef: {{name: h100-qwen}}, profilerImage: kept}}}}"
+        ),
+    );
+    pass(&client, &api, "built-in").await;
+    let built_in = status(&api, "built-in");
+    assert_eq!(built_in["phase"], "Deploying", "{built_in}");
+
+    // No ConfigMap yet: the request waits, saying which field names it.
+    assert_eq!(
+        pass(&client, &api, "calibrated").await,
+        Action::requeue(Duration::from_secs(30))
+    );
+    let waiting = |api: &FakeApi| {
+        let s = status(api, "calibrated");
+        assert_eq!(s["phase"], "Pending", "{s}");
+        let validation = condition(&s, "Validation");
+        assert_eq!(validation["reason"], "CalibrationUnusable");
+        validation["message"].as_str().unwrap().to_owned()
+    };
+    let message = waiting(&api);
+    assert!(
+        message.contains("h100-qwen") && message.contains("spec.profilingConfig.calibrationRef"),
+        "{message}"
+    );
+
+    let put = |file: &str| {
+        api.put(
+            &path("v1", NS, "configmaps", "h100-qwen"),
+            json!({"metadata": {"name": "h100-qwen", "namespace": NS},
+                   "data": {"calibration.yaml": file}}),
+        )
+    };
+    // A measurement out of bounds: refused, naming the point's field.
+    put(
+        "{gpu: H100_SXM, model: Qwen/Qwen3-8B, tp: 1, points: [{isl: 1000, osl: 100, \
+         concurrency: 1, ttft_ms: -1}]}",
+    );
+    pass(&client, &api, "calibrated").await;
+    let message = waiting(&api);
+    assert!(message.contains("points[0].ttft_ms"), "{message}");
+
+    // Factors a fit printed (a slower engine than the built-in constants): profiled on them.
+    put("{gpu: H100_SXM, model: Qwen/Qwen3-8B, tp: 1, \
+         efficiency: {compute: 0.25, memory: 0.4, step_overhead_ms: 6}}");
+    pass(&client, &api, "calibrated").await;
+    let calibrated = status(&api, "calibrated");
+    assert_eq!(calibrated["phase"], "Deploying", "{calibrated}");
+    let (a, b) = (predicted_itl_ms(&built_in), predicted_itl_ms(&calibrated));
+    assert!(b > 1.5 * a, "ITL {a} ms built in, {b} ms calibrated");
+    // Dynamo's other profilingConfig fields are kept.
+    let stored = api.object(&request_path("calibrated")).unwrap();
+    assert_eq!(stored["spec"]["profilingConfig"]["profilerImage"], "kept");
+}
+
 #[tokio::test]
 async fn a_graph_of_the_same_name_that_the_request_does_not_own_is_left_alone() {
     let (client, api) = FakeApi::start();

@@ -137,24 +137,23 @@ fn calibration(path: &Path) -> anyhow::Result<(Estimator, Option<String>)> {
     let started = Instant::now();
     let shown = path.display();
     let c = calibrate::load(path).with_context(|| format!("--calibrate {shown}"))?;
-    let mut estimator = c.measurements.estimator.clone();
-    let e = &estimator;
+    let e = &c.measurements.estimator;
     eprintln!(
         "calibration {shown}: {} on {} x {}, weights {}, KV {}",
         e.model.name, e.tp, e.gpu.name, e.weight_dtype, e.kv_dtype
     );
-    if c.measurements.points.is_empty() {
+    let (estimator, fit) =
+        calibrate::calibrated(&c).with_context(|| format!("--calibrate {shown}"))?;
+    let Some(fit) = fit else {
         let e = &estimator.efficiency;
         eprintln!(
             "no points: the factors as given (compute {}, memory {}, step overhead {} ms)",
             e.compute, e.memory, e.step_overhead_ms
         );
         return Ok((estimator, None));
-    }
-    let fit = calibrate::fit(&c.measurements).with_context(|| format!("--calibrate {shown}"))?;
+    };
     eprint!("{}", fit.summary());
     eprintln!("fitted in {:.2} s", started.elapsed().as_secs_f64());
-    estimator.efficiency = fit.efficiency.clone();
     let mut out = c.with_efficiency(&fit.efficiency);
     // Relative to the calibration file; the printed file may be kept elsewhere.
     if let Some(config) = &mut out.model_config {

@@ -3,12 +3,14 @@
 //! the status after each step so `kubectl get dgdr` shows every phase, and reporting the
 //! steps' Events. Profiling runs on a blocking thread: it is seconds of CPU.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use dynamo_crds::DynamoGraphDeployment;
 use dynamo_crds::dgdr::DynamoGraphDeploymentRequest;
-use dynamo_perfmodel::ModelArch;
+use dynamo_perfmodel::{Estimator, ModelArch};
+use dynamo_profiler::calibrate;
 use dynamo_profiler::graph::{PROFILE_KEY, planner_reads_profile, profile_config_map};
 use dynamo_profiler::{ProfileError, Profiled};
 use k8s_openapi::api::core::v1::ConfigMap;
@@ -30,8 +32,9 @@ pub const CONTROLLER: &str = "dgdr";
 
 /// When a request looks at its graph again after applying it.
 const FOLLOW_AFTER_APPLY: Duration = Duration::from_secs(2);
-/// Retry period of a request whose model ConfigMap is missing (nothing watches ConfigMaps).
-const MODEL_CONFIG_RETRY: Duration = Duration::from_secs(30);
+/// Retry period of a request whose model or calibration ConfigMap is missing or unusable
+/// (nothing watches ConfigMaps).
+const CONFIG_MAP_RETRY: Duration = Duration::from_secs(30);
 
 pub async fn reconcile(
     dgdr: Arc<DynamoGraphDeploymentRequest>,
@@ -77,34 +80,35 @@ async fn reconcile_request(
         return Ok(Action::await_change());
     }
     let mut current = dgdr.clone();
-    // The model's ConfigMap, read once per pass: validating and profiling both need it.
-    let mut read: Option<Option<ModelArch>> = None;
+    // The ConfigMaps, read once per pass: validating and profiling both need them.
+    let mut read: Option<Inputs> = None;
     loop {
         let now = Time(Timestamp::now());
         let step = dgdr::step(&current);
-        let model = match step {
+        let inputs = match step {
             Step::Validate | Step::Profile => match &read {
-                Some(model) => model.clone(),
-                None => match model_config(ctx, &current).await? {
-                    Ok(model) => read.insert(model).clone(),
-                    Err(message) => {
-                        let missing = dgdr::model_config_missing(&current, message, &now);
-                        record(ctx, &mut current, missing).await?;
-                        return Ok(Action::requeue(MODEL_CONFIG_RETRY));
+                Some(inputs) => inputs.clone(),
+                None => match inputs(ctx, &current).await? {
+                    Ok(inputs) => read.insert(inputs).clone(),
+                    Err((reason, message)) => {
+                        let waiting = dgdr::config_map_unusable(&current, reason, message, &now);
+                        record(ctx, &mut current, waiting).await?;
+                        return Ok(Action::requeue(CONFIG_MAP_RETRY));
                     }
                 },
             },
-            Step::Deploy | Step::Follow | Step::Wait => None,
+            Step::Deploy | Step::Follow | Step::Wait => Inputs::default(),
         };
         let outcome = match step {
             Step::Validate => {
-                let checked = dynamo_profiler::request::resolve(&current.spec, model).map(drop);
+                let checked =
+                    dynamo_profiler::request::resolve(&current.spec, inputs.model).map(drop);
                 dgdr::validated(&current, checked, &now)
             }
             Step::Profile => {
                 let started = dgdr::profiling(&current, &now);
                 record(ctx, &mut current, started).await?;
-                let result = profile(&current, model).await;
+                let result = profile(&current, inputs).await;
                 if let Ok(profiled) = &result {
                     apply_planner_profile(ctx, &current, profiled).await?;
                 }
@@ -149,6 +153,55 @@ async fn record(
     Ok(())
 }
 
+/// What the request's ConfigMaps give the profiler (each `None` where it names none).
+#[derive(Clone, Default)]
+struct Inputs {
+    /// The model's architecture (`spec.modelConfigRef`); the built-in catalog's otherwise.
+    model: Option<ModelArch>,
+    /// The estimator on the calibrated factors (`spec.profilingConfig.calibrationRef`).
+    calibrated: Option<Estimator>,
+}
+
+/// Reads the request's ConfigMaps; `Ok(Err)` is the condition reason and message of the
+/// one missing or unusable.
+async fn inputs(
+    ctx: &Context,
+    dgdr: &DynamoGraphDeploymentRequest,
+) -> Result<Result<Inputs, (&'static str, String)>, Error> {
+    let model = match model_config(ctx, dgdr).await? {
+        Ok(model) => model,
+        Err(message) => return Ok(Err((dgdr::MODEL_CONFIG_NOT_FOUND, message))),
+    };
+    let calibrated = match calibration(ctx, dgdr).await? {
+        Ok(calibrated) => calibrated,
+        Err(message) => return Ok(Err((dgdr::CALIBRATION_UNUSABLE, message))),
+    };
+    Ok(Ok(Inputs { model, calibrated }))
+}
+
+/// The data of ConfigMap `name` in the request's namespace; `Ok(Err)` says it is missing
+/// (`field`: the spec field naming it).
+async fn config_map_data(
+    ctx: &Context,
+    dgdr: &DynamoGraphDeploymentRequest,
+    name: &str,
+    field: &str,
+) -> Result<Result<BTreeMap<String, String>, String>, Error> {
+    let namespace = dgdr.namespace().unwrap_or_default();
+    let api: Api<ConfigMap> = Api::namespaced(ctx.client.clone(), &namespace);
+    match api.get(name).await {
+        Ok(map) => Ok(Ok(map.data.unwrap_or_default())),
+        Err(e) if status_code(&e) == Some(404) => Ok(Err(format!(
+            "ConfigMap {name} ({field}) not found in {namespace}"
+        ))),
+        Err(source) => Err(Error::Read {
+            kind: "ConfigMap",
+            name: name.to_owned(),
+            source,
+        }),
+    }
+}
+
 /// The request's model architecture from the ConfigMap it names (`Ok(None)`: it names
 /// none, the built-in catalog serves it); `Ok(Err)` says what is missing.
 async fn model_config(
@@ -158,25 +211,11 @@ async fn model_config(
     let Some(reference) = &dgdr.spec.model_config_ref else {
         return Ok(Ok(None));
     };
-    let namespace = dgdr.namespace().unwrap_or_default();
-    let api: Api<ConfigMap> = Api::namespaced(ctx.client.clone(), &namespace);
-    let map = match api.get(&reference.name).await {
-        Ok(map) => map,
-        Err(e) if status_code(&e) == Some(404) => {
-            return Ok(Err(format!(
-                "ConfigMap {} (spec.modelConfigRef) not found in {namespace}",
-                reference.name
-            )));
-        }
-        Err(source) => {
-            return Err(Error::Read {
-                kind: "ConfigMap",
-                name: reference.name.clone(),
-                source,
-            });
-        }
+    let data = match config_map_data(ctx, dgdr, &reference.name, "spec.modelConfigRef").await? {
+        Ok(data) => data,
+        Err(message) => return Ok(Err(message)),
     };
-    let Some(json) = map.data.as_ref().and_then(|d| d.get(&reference.key)) else {
+    let Some(json) = data.get(&reference.key) else {
         return Ok(Err(format!(
             "ConfigMap {} has no key {} (spec.modelConfigRef.key)",
             reference.name, reference.key
@@ -187,19 +226,55 @@ async fn model_config(
         .map_err(|e| format!("ConfigMap {} key {}: {e}", reference.name, reference.key)))
 }
 
+/// The estimator the request's calibration gives (`Ok(None)`: it names none): its points
+/// fitted (seconds of CPU, on a blocking thread), or its factors as given; `Ok(Err)` says
+/// what is missing or wrong, naming the field.
+async fn calibration(
+    ctx: &Context,
+    dgdr: &DynamoGraphDeploymentRequest,
+) -> Result<Result<Option<Estimator>, String>, Error> {
+    let Some(reference) = dgdr
+        .spec
+        .profiling_config
+        .as_ref()
+        .and_then(|p| p.calibration_ref.as_ref())
+    else {
+        return Ok(Ok(None));
+    };
+    const FIELD: &str = "spec.profilingConfig.calibrationRef";
+    let data = match config_map_data(ctx, dgdr, &reference.name, FIELD).await? {
+        Ok(data) => data,
+        Err(message) => return Ok(Err(message)),
+    };
+    let (name, key) = (reference.name.clone(), reference.key.clone());
+    let fitted = tokio::task::spawn_blocking(move || {
+        let c = calibrate::from_map(&data, &key).map_err(|e| e.to_string())?;
+        calibrate::calibrated(&c)
+            .map(|(estimator, _)| estimator)
+            .map_err(|e| e.to_string())
+    })
+    .await
+    .expect("the fit does not panic");
+    Ok(fitted
+        .map(Some)
+        .map_err(|e| format!("ConfigMap {name} ({FIELD}): {e}")))
+}
+
 /// Profiles the request into a graph named after it.
 async fn profile(
     dgdr: &DynamoGraphDeploymentRequest,
-    model: Option<ModelArch>,
+    inputs: Inputs,
 ) -> Result<Profiled, ProfileError> {
     let (name, spec) = (dgdr.name_any(), dgdr.spec.clone());
-    tokio::task::spawn_blocking(move || dynamo_profiler::profile_named(&name, &spec, model))
-        .await
-        .expect("the profiler does not panic")
-        .map(|mut profiled| {
-            profiled.dgd.metadata.namespace = dgdr.namespace();
-            profiled
-        })
+    tokio::task::spawn_blocking(move || {
+        dynamo_profiler::profile_calibrated(&name, &spec, inputs.model, inputs.calibrated.as_ref())
+    })
+    .await
+    .expect("the profiler does not panic")
+    .map(|mut profiled| {
+        profiled.dgd.metadata.namespace = dgdr.namespace();
+        profiled
+    })
 }
 
 /// The ConfigMap the generated planner of real engines reads its profile from, owned by

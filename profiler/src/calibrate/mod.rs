@@ -24,7 +24,7 @@ use thiserror::Error;
 pub use dynamo_perfmodel::calibration::{
     Calibration, CalibrationError, CalibrationFile, Measurements, Metric, Point,
 };
-pub use input::load;
+pub use input::{from_map, load};
 
 use crate::sim::{Drive, SimError, Stage, simulate};
 use crate::sweep::SEED;
@@ -268,6 +268,18 @@ struct Eval {
     predicted: Vec<Predicted>,
     residuals: Vec<f64>,
     cost: f64,
+}
+
+/// The estimator `c` gives: on the factors fitted to its points (the fit with it), or on
+/// its factors as given when it has no points.
+pub fn calibrated(c: &Calibration) -> Result<(Estimator, Option<Fit>), FitError> {
+    let mut estimator = c.measurements.estimator.clone();
+    if c.measurements.points.is_empty() {
+        return Ok((estimator, None));
+    }
+    let fit = fit(&c.measurements)?;
+    estimator.efficiency = fit.efficiency.clone();
+    Ok((estimator, Some(fit)))
 }
 
 /// Fits `m`'s factors (see the module doc). Needs at least one point not held out.

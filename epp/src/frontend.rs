@@ -36,7 +36,8 @@ use dynamo_llm::disagg::PREFILLER_HEADER;
 use dynamo_llm::error::ENGINE_UNREACHABLE;
 use dynamo_llm::openai::ModelList;
 use dynamo_llm::openai::SSE_DONE;
-use futures::{Stream, StreamExt};
+use futures::stream::Peekable;
+use futures::{FutureExt, Stream, StreamExt};
 use serde_json::{Map, Value, json};
 
 use crate::answer_parsing::{AnswerParsers, RequestParsers, StreamParsing};
@@ -352,7 +353,7 @@ impl Frontend {
                     parsing: parsers.map(RequestParsers::stream),
                     frontend: self.clone(),
                     call,
-                    upstream: Box::pin(reply.bytes_stream()),
+                    upstream: upstream(reply),
                     assignment: Some(assignment),
                     pending: BytesMut::new(),
                     broke_at: None,
@@ -660,12 +661,27 @@ fn is_event_stream(content_type: Option<&HeaderValue>) -> bool {
 
 type ByteStream = Pin<Box<dyn Stream<Item = reqwest::Result<Bytes>> + Send>>;
 
+/// How long the end of a pod's body is awaited after its `[DONE]` (it follows at once).
+const END_OF_BODY_WAIT: Duration = Duration::from_secs(5);
+
+/// A pod's streamed answer, whose chunks already read can be taken without waiting.
+type Upstream = Pin<Box<Peekable<ByteStream>>>;
+
+fn upstream(reply: reqwest::Response) -> Upstream {
+    upstream_of(reply.bytes_stream())
+}
+
+fn upstream_of(stream: impl Stream<Item = reqwest::Result<Bytes>> + Send + 'static) -> Upstream {
+    let stream: ByteStream = Box::pin(stream);
+    Box::pin(stream.peekable())
+}
+
 /// A streamed answer relayed whole frame by whole frame, so that when it breaks off the
 /// client has had none of a cut frame and the answer can continue on another pod.
 struct Streamed {
     frontend: Arc<Frontend>,
     call: Call,
-    upstream: ByteStream,
+    upstream: Upstream,
     /// The pod's load, until its answer ends or breaks off.
     assignment: Option<Assignment>,
     /// Bytes after the last whole frame.
@@ -694,7 +710,18 @@ impl Streamed {
                     if let Some(a) = self.assignment.as_mut() {
                         a.first_token();
                     }
-                    let out = self.frames(&chunk);
+                    let mut out = BytesMut::new();
+                    self.frames(&chunk, &mut out);
+                    // What the pod has sent already goes to the client in the same write
+                    // (an end or a failure waits for the next call).
+                    while let Some(Some(more)) =
+                        self.upstream.as_mut().next_if(Result::is_ok).now_or_never()
+                    {
+                        self.frames(&more.expect("only chunks are taken"), &mut out);
+                    }
+                    if self.progress.done() {
+                        self.end();
+                    }
                     if out.is_empty() {
                         continue;
                     }
@@ -702,11 +729,7 @@ impl Streamed {
                         let resumed = &self.frontend.metrics.migration_resume_seconds;
                         resumed.observe(broke_at.elapsed().as_secs_f64());
                     }
-                    return Some(out);
-                }
-                _ if self.progress.done() => {
-                    self.speculate();
-                    break;
+                    return Some(out.freeze());
                 }
                 Some(Err(e)) => e.to_string(),
                 None => "the stream ended before [DONE]".to_owned(),
@@ -722,6 +745,21 @@ impl Streamed {
         None
     }
 
+    /// `[DONE]` was relayed: the client's answer ends with these bytes, without waiting
+    /// for the end of the pod's body, which is read in the background (a body dropped
+    /// before its end would close the pooled connection to the pod).
+    fn end(&mut self) {
+        self.ended = true;
+        self.assignment = None;
+        self.speculate();
+        if let Some(None) = self.upstream.as_mut().peek().now_or_never() {
+            return;
+        }
+        let mut rest = std::mem::replace(&mut self.upstream, upstream_of(futures::stream::empty()));
+        let drain = async move { while let Some(Ok(_)) = rest.next().await {} };
+        tokio::spawn(tokio::time::timeout(END_OF_BODY_WAIT, drain));
+    }
+
     /// The answer is complete: prefills the next turn if asked (once).
     fn speculate(&mut self) {
         if !std::mem::take(&mut self.call.speculative_prefill) {
@@ -735,23 +773,21 @@ impl Streamed {
         self.frontend.speculate(&self.call, answer);
     }
 
-    /// The whole frames `chunk` completes, as the client gets them.
-    fn frames(&mut self, chunk: &[u8]) -> Bytes {
+    /// Adds to `out` the whole frames `chunk` completes, as the client gets them.
+    fn frames(&mut self, chunk: &[u8], out: &mut BytesMut) {
         self.pending.extend_from_slice(chunk);
-        let mut out = BytesMut::new();
         let mut start = 0;
         while let Some(len) = find_frame_end(&self.pending[start..]) {
             let frame = &self.pending[start..start + len];
             if let Some(relayed) = self.progress.on_frame(frame) {
                 match &mut self.parsing {
-                    Some(parsing) => parsed_frame(parsing, &relayed, &mut out),
+                    Some(parsing) => parsed_frame(parsing, &relayed, out),
                     None => out.extend_from_slice(&relayed),
                 }
             }
             start += len;
         }
         let _ = self.pending.split_to(start);
-        out.freeze()
     }
 
     /// The answer broke off: continues it on another pod (`None`), or gives the end of
@@ -807,7 +843,7 @@ impl Streamed {
                 if reply.status() == StatusCode::OK
                     && is_event_stream(reply.headers().get(header::CONTENT_TYPE)) =>
             {
-                self.upstream = Box::pin(reply.bytes_stream());
+                self.upstream = upstream(reply);
                 self.assignment = Some(assignment);
                 self.progress.migrated(sent.len() as u64);
                 // A continuation that breaks before its first chunk keeps the first time.

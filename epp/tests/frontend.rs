@@ -13,6 +13,7 @@ use dynamo_kvcache::{RouterMode, SaturationThreshold};
 use dynamo_llm::ApiError;
 use dynamo_llm::error::ENGINE_UNREACHABLE;
 use dynamo_llm::openai::ChatCompletionRequest;
+use futures::StreamExt;
 use serde_json::{Value, json};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
@@ -100,6 +101,22 @@ async fn served_counts(pods: &[Pod]) -> Vec<u64> {
 fn chat_tokens(body: &Value) -> Vec<u32> {
     let request: ChatCompletionRequest = serde_json::from_value(body.clone()).unwrap();
     model().prepare_chat(&request).unwrap().token_ids
+}
+
+/// A pod serving `app` on a free port, in an endpoints file, and round-robin routing.
+async fn scripted_pod(app: axum::Router) -> (EndpointsFile, RouterConfig) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let address = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    let file = EndpointsFile::new();
+    file.write(&[
+        json!({"address": address.to_string(), "kv_events": format!("http://{address}")}),
+    ]);
+    let router = RouterConfig {
+        mode: RouterMode::RoundRobin,
+        ..kv()
+    };
+    (file, router)
 }
 
 fn kv() -> RouterConfig {
@@ -391,8 +408,6 @@ async fn speculative_prefill_has_the_next_turns_prefix_cached_when_it_comes() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn chat_prompts_go_to_the_engine_with_their_token_ids_when_asked() {
     // A pod that keeps the bodies it gets and answers a fixed chat completion.
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let address = listener.local_addr().unwrap();
     let (tx, mut bodies) = tokio::sync::mpsc::unbounded_channel::<Value>();
     let app = axum::Router::new().fallback(move |body: axum::body::Bytes| {
         let tx = tx.clone();
@@ -404,15 +419,7 @@ async fn chat_prompts_go_to_the_engine_with_their_token_ids_when_asked() {
                 "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}}))
         }
     });
-    tokio::spawn(async move { axum::serve(listener, app).await });
-    let file = EndpointsFile::new();
-    file.write(&[
-        json!({"address": address.to_string(), "kv_events": format!("http://{address}")}),
-    ]);
-    let router = RouterConfig {
-        mode: RouterMode::RoundRobin,
-        ..kv()
-    };
+    let (file, router) = scripted_pod(app).await;
     let mut config = config(&file, router);
     config.frontend.forward_token_ids = true;
     let picker = Picker::start_with(config).await;
@@ -432,6 +439,34 @@ async fn chat_prompts_go_to_the_engine_with_their_token_ids_when_asked() {
     let completion = json!({"model": MODEL, "prompt": "Once", "max_tokens": 2});
     picker.post("/v1/completions", completion.to_string()).await;
     assert_eq!(bodies.recv().await.unwrap(), completion);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_streamed_answer_ends_at_its_done_while_the_pods_body_stays_open() {
+    // A pod that streams a whole answer, `[DONE]` included, and never ends its body.
+    let app = axum::Router::new().fallback(|| async {
+        let chunk = json!({"id": "c", "object": "chat.completion.chunk", "created": 0,
+            "model": MODEL, "choices": [{"index": 0, "delta": {"content": "ok"},
+            "finish_reason": "stop"}]});
+        let frames = [format!("data: {chunk}\n\n"), "data: [DONE]\n\n".to_owned()];
+        let frames = futures::stream::iter(frames.map(|f| Ok(axum::body::Bytes::from(f))));
+        let open = futures::stream::pending::<Result<axum::body::Bytes, std::io::Error>>();
+        axum::response::Response::builder()
+            .header("content-type", "text/event-stream")
+            .body(axum::body::Body::from_stream(frames.chain(open)))
+            .unwrap()
+    });
+    let (file, router) = scripted_pod(app).await;
+    let picker = Picker::start(&file, router).await;
+    picker.wait_endpoints(1).await;
+
+    let answer = picker.chat(&chat("Say ok", 4, true)).await;
+    let body = tokio::time::timeout(Duration::from_secs(20), answer.text())
+        .await
+        .expect("the client's body ends at [DONE], not when the pod's does")
+        .unwrap();
+    assert!(body.contains(r#""content":"ok""#), "{body}");
+    assert!(body.ends_with("data: [DONE]\n\n"), "{body}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -203,6 +203,10 @@ async fn exchange(
                     record.prompt_tokens = Some(usage.prompt_tokens);
                     record.cached_tokens = usage.prompt_tokens_details.map(|d| d.cached_tokens);
                 }
+                // Read on to the body's end (it ends right after `[DONE]`): a body
+                // dropped before its end closes the connection, so every request would
+                // pay for a new one, here and in the server measured.
+                while let Some(Ok(_)) = body.next().await {}
                 return Ok(());
             }
             let chunk: Value = serde_json::from_str(data)

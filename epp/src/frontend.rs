@@ -750,7 +750,6 @@ impl Streamed {
     /// before its end would close the pooled connection to the pod).
     fn end(&mut self) {
         self.ended = true;
-        self.assignment = None;
         self.speculate();
         if let Some(None) = self.upstream.as_mut().peek().now_or_never() {
             return;

@@ -181,6 +181,19 @@ fn bad_requests_are_refused_with_what_is_wrong() {
              workload: {isl: 1000, osl: 100, requestRate: 1}, sla: {ttft: 0.5, itl: 20}}",
             "the TTFT target of 0.5 ms is out of reach",
         ),
+        (
+            "config-ref.yaml",
+            "{model: acme/tiny, modelConfigRef: {name: tiny}, workload: {requestRate: 1}}",
+            "spec.modelConfigRef names key config.json of ConfigMap tiny, which the operator \
+             reads: pass that file with --model-config FILE",
+        ),
+        (
+            "calibration-ref.yaml",
+            "{model: Qwen/Qwen3-0.6B, workload: {requestRate: 1}, \
+             profilingConfig: {calibrationRef: {name: measured}}}",
+            "spec.profilingConfig.calibrationRef names key calibration.yaml of ConfigMap \
+             measured, which the operator fits: pass that file with --calibrate FILE",
+        ),
     ];
     for (file, spec, expected) in cases {
         let path = scratch(file, &request(spec));

@@ -193,7 +193,7 @@ pub fn profiled(
         }
     };
     let selected = &profiled.selected;
-    let message = format!(
+    let mut message = format!(
         "{} ({} GPUs): predicted TTFT {:.1} ms, ITL {:.2} ms, end-to-end {:.0} ms, {:.2} req/s",
         selected.layout,
         selected.gpus,
@@ -202,6 +202,15 @@ pub fn profiled(
         selected.e2e_ms,
         selected.requests_per_s
     );
+    let u = &profiled.request.uncertainty;
+    if !u.is_none() {
+        message += &format!(
+            "; within TTFT {:.1} ms, ITL {:.2} ms with the uncalibrated model's headroom \
+             (docs/perfmodel.md, \"Uncertainty\")",
+            selected.bound_ttft_ms(u),
+            selected.bound_itl_ms(u)
+        );
+    }
     s.phase = Some(RequestPhase::Ready);
     let dgd_name = profiled.dgd.metadata.name.clone();
     at.set(s, PROFILING, "True", "Completed", &message);

@@ -247,6 +247,12 @@ async fn invalid_requests_fail_validation_with_what_is_wrong() {
             "{model: Qwen/Qwen3-0.6B, hardware: {totalGpus: 0}, workload: {requestRate: 1}}",
             "hardware.totalGpus is 0",
         ),
+        // Refused for its spec before its calibration is looked for.
+        (
+            "{model: Qwen/Qwen3-0.6B, hardware: {totalGpus: 0}, workload: {requestRate: 1}, \
+             profilingConfig: {calibrationRef: {name: absent}}}",
+            "hardware.totalGpus is 0",
+        ),
     ];
     for (spec, expected) in cases {
         let (client, api) = FakeApi::start();

@@ -6,7 +6,8 @@
 //! - [`model`]: architectures from `config.json` or the built-in catalog; parameter,
 //!   weight and KV bytes;
 //! - [`estimate`]: step and transfer times, memory fit, saturated throughput;
-//! - [`calibration`]: the calibration file of measured TTFT/ITL points, decoded.
+//! - [`calibration`]: the calibration file of measured TTFT/ITL points, decoded;
+//! - [`uncertainty`]: how far real engines' latencies have been above the predictions.
 //!
 //! Equations, efficiency factors and the comparison with published benchmarks:
 //! `docs/perfmodel.md`. No I/O here: callers read `config.json` and calibration files
@@ -17,6 +18,7 @@ pub mod dtype;
 pub mod estimate;
 pub mod gpu;
 pub mod model;
+pub mod uncertainty;
 
 pub use dtype::{Dtype, UnknownDtype};
 pub use estimate::{
@@ -25,3 +27,4 @@ pub use estimate::{
 };
 pub use gpu::{GpuSku, GpuSpec, UnknownGpu};
 pub use model::{ConfigError, Mla, ModelArch, Moe, ParamCounts, UnknownModel, catalog_names};
+pub use uncertainty::Uncertainty;

@@ -15,6 +15,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 use clap::Args;
+use dynamo_crds::dgdr::DynamoGraphDeploymentRequestSpec;
 use dynamo_operator::reconcile::names::validate_manifest;
 use dynamo_perfmodel::{Estimator, ModelArch};
 use dynamo_profiler::calibrate;
@@ -30,10 +31,12 @@ pub struct ProfileArgs {
     /// exports; docs/perfmodel.md, "Calibration"): the hardware model's efficiency factors
     /// are fitted to them and the fit printed. With -f, the request (of the same GPU and
     /// model) is profiled on the fitted factors. A file of factors and no points, as a fit
-    /// prints, is used as it is.
+    /// prints, is used as it is. A request naming spec.profilingConfig.calibrationRef
+    /// needs it: the file that ConfigMap key holds.
     #[arg(long, value_name = "FILE")]
     calibrate: Option<PathBuf>,
-    /// The model's config.json, for a model the built-in catalog does not know.
+    /// The model's config.json, for a model the built-in catalog does not know; a request
+    /// naming spec.modelConfigRef needs it: the file that ConfigMap key holds.
     #[arg(long, requires = "file")]
     model_config: Option<PathBuf>,
     /// Write the planner's profile of the selected engines (JSON, docs/planner.md) here. A
@@ -84,6 +87,7 @@ pub fn run(args: &ProfileArgs) -> anyhow::Result<()> {
     let (Some(request), None) = (requests.next(), requests.next()) else {
         bail!("{file}: expected exactly one DynamoGraphDeploymentRequest");
     };
+    unread_references(&request.spec, args).map_err(|e| anyhow::anyhow!("{file}: {e}"))?;
     let model = match &args.model_config {
         Some(path) => Some(model_config(&request.spec.model, path)?),
         None => None,
@@ -130,6 +134,39 @@ pub fn run(args: &ProfileArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Refuses a request naming a ConfigMap the operator would read when its file is not
+/// given: profiled without it, the answer would not be the operator's.
+fn unread_references(
+    spec: &DynamoGraphDeploymentRequestSpec,
+    args: &ProfileArgs,
+) -> anyhow::Result<()> {
+    if let Some(r) = &spec.model_config_ref
+        && args.model_config.is_none()
+    {
+        bail!(
+            "spec.modelConfigRef names key {} of ConfigMap {}, which the operator reads: pass \
+             that file with --model-config FILE",
+            r.key,
+            r.name
+        );
+    }
+    let calibration_ref = spec
+        .profiling_config
+        .as_ref()
+        .and_then(|p| p.calibration_ref.as_ref());
+    if let Some(r) = calibration_ref
+        && args.calibrate.is_none()
+    {
+        bail!(
+            "spec.profilingConfig.calibrationRef names key {} of ConfigMap {}, which the \
+             operator fits: pass that file with --calibrate FILE",
+            r.key,
+            r.name
+        );
+    }
+    Ok(())
+}
+
 /// The estimator of the calibration at `path`, on the factors fitted to its points (or
 /// given without points), and the fitted factors as a calibration file of factors only.
 /// The fit goes to stderr.
@@ -154,16 +191,20 @@ fn calibration(path: &Path) -> anyhow::Result<(Estimator, Option<String>)> {
     };
     eprint!("{}", fit.summary());
     eprintln!("fitted in {:.2} s", started.elapsed().as_secs_f64());
-    let mut out = c.with_efficiency(&fit.efficiency);
-    // Relative to the calibration file; the printed file may be kept elsewhere.
-    if let Some(config) = &mut out.model_config {
-        let dir = path.parent().unwrap_or(Path::new("."));
-        *config = std::path::absolute(dir.join(&*config))?;
-    }
+    let out = c.with_efficiency(&fit.efficiency);
     let yaml = serde_saphyr::to_string(&out).context("the fitted factors as YAML")?;
+    // As written, relative: it holds beside the calibration file and as a key of the same
+    // ConfigMap (calibrationRef), where an absolute path of this machine would not.
+    let beside = match &out.model_config {
+        Some(config) => format!(
+            "; keep it beside {shown}: its model_config {} is relative to that folder",
+            config.display()
+        ),
+        None => String::new(),
+    };
     let fitted = format!(
         "# the factors `dynamo profile --calibrate {shown}` fitted; --calibrate takes this \
-         file back\n{yaml}"
+         file back{beside}\n{yaml}"
     );
     Ok((estimator, Some(fitted)))
 }

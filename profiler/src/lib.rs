@@ -23,7 +23,9 @@ use dynamo_crds::DynamoGraphDeployment;
 use dynamo_crds::dgdr::DynamoGraphDeploymentRequestSpec;
 use dynamo_mocker::EngineConfig;
 use dynamo_mocker::profile::{PlannerProfileError, ProfileSweep, planner_profile};
-use dynamo_perfmodel::{DoesNotFit, Estimator, InvalidParallelism, ModelArch, UnknownGpu};
+use dynamo_perfmodel::{
+    DoesNotFit, Estimator, InvalidParallelism, ModelArch, Uncertainty, UnknownGpu,
+};
 use dynamo_planner::profile::{Profile, ProfileError as InvalidProfile};
 use thiserror::Error;
 
@@ -196,6 +198,7 @@ pub fn profile_calibrated(
             });
         }
         req.efficiency = c.efficiency.clone();
+        req.uncertainty = Uncertainty::NONE;
     }
     let configs = sweep::engine_configs(&req, &EngineConfig::default())?;
     let mut sweep = Sweep::new(&req, &configs);
@@ -276,8 +279,8 @@ fn unreachable(req: &Request, candidates: &[Candidate]) -> ProfileError {
     let best = *candidates
         .iter()
         .min_by(|a, b| {
-            a.shortfall(&req.sla)
-                .total_cmp(&b.shortfall(&req.sla))
+            a.shortfall(&req.sla, &req.uncertainty)
+                .total_cmp(&b.shortfall(&req.sla, &req.uncertainty))
                 .then(b.requests_per_s.total_cmp(&a.requests_per_s))
         })
         .expect("TP 1 always gives a layout");
@@ -299,28 +302,34 @@ fn unreachable(req: &Request, candidates: &[Candidate]) -> ProfileError {
             best: Box::new(best),
         };
     }
-    let lowest = |f: fn(&Candidate) -> f64| {
+    let u = &req.uncertainty;
+    let lowest = |f: Metric| {
         stable
             .iter()
-            .map(|c| f(c))
+            .map(|c| f(c, u))
             .min_by(f64::total_cmp)
             .unwrap_or(f64::INFINITY)
     };
     let mut missed = Vec::new();
-    type Metric = fn(&Candidate) -> f64;
+    type Metric = fn(&Candidate, &Uncertainty) -> f64;
     let targets: Vec<(&str, f64, Metric)> = match req.sla {
         Sla::TtftItl { ttft_ms, itl_ms } => vec![
-            ("TTFT", ttft_ms, |c: &Candidate| c.ttft_ms),
-            ("ITL", itl_ms, |c: &Candidate| c.itl_ms),
+            ("TTFT", ttft_ms, Candidate::bound_ttft_ms),
+            ("ITL", itl_ms, Candidate::bound_itl_ms),
         ],
-        Sla::E2e { e2e_ms } => vec![("end-to-end", e2e_ms, |c: &Candidate| c.e2e_ms)],
+        Sla::E2e { e2e_ms } => vec![("end-to-end", e2e_ms, Candidate::bound_e2e_ms)],
+    };
+    let headroom = if u.is_none() {
+        ""
+    } else {
+        " with the uncalibrated model's headroom"
     };
     for (what, target, f) in &targets {
         let low = lowest(*f);
         if low > *target {
             missed.push(format!(
                 "the {what} target of {target} ms is out of reach (the lowest any reaches is \
-                 {low:.1} ms)"
+                 {low:.1} ms{headroom})"
             ));
         }
     }
@@ -344,10 +353,24 @@ fn unreachable(req: &Request, candidates: &[Candidate]) -> ProfileError {
         best.itl_ms,
         best.e2e_ms
     );
+    if !u.is_none() {
+        let _ = write!(reason, "; {}", uncalibrated_note(u));
+    }
     ProfileError::Unreachable {
         reason,
         best: Box::new(best),
     }
+}
+
+/// What the headroom of an uncalibrated prediction is, and how to do without it.
+fn uncalibrated_note(u: &Uncertainty) -> String {
+    format!(
+        "the SLA is checked with headroom for an uncalibrated model (real engines' TTFT up to \
+         {}x the predicted plus {} predicted ITLs, ITL up to {}x: docs/perfmodel.md, \
+         \"Uncertainty\"); a calibration on measurements of this GPU and model (dynamo profile \
+         --calibrate, spec.profilingConfig.calibrationRef) checks it without",
+        u.prefill, u.admission_steps, u.itl
+    )
 }
 
 /// A request's load in words; a request without one that misses the SLA misses it with
@@ -412,6 +435,17 @@ impl Profiled {
             s.requests_per_s,
             s.throughput_per_gpu
         );
+        if !r.uncertainty.is_none() {
+            let u = &r.uncertainty;
+            let _ = writeln!(
+                out,
+                "  a real engine within: TTFT {:.1} ms, ITL {:.2} ms, end-to-end {:.0} ms\n  {}",
+                s.bound_ttft_ms(u),
+                s.bound_itl_ms(u),
+                s.bound_e2e_ms(u),
+                uncalibrated_note(u)
+            );
+        }
         let _ = writeln!(out, "Pareto set:");
         let _ = writeln!(
             out,

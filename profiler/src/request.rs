@@ -10,7 +10,7 @@ use dynamo_crds::dgdr::{
     DynamoGraphDeploymentRequestSpec, OptimizationType, RequestBackend, SlaSpec, WorkloadSpec,
 };
 use dynamo_perfmodel::estimate::GPU_MEMORY_UTILIZATION;
-use dynamo_perfmodel::{Efficiency, GpuSpec, ModelArch, catalog_names};
+use dynamo_perfmodel::{Efficiency, GpuSpec, ModelArch, Uncertainty, catalog_names};
 
 use crate::ProfileError;
 
@@ -90,6 +90,9 @@ pub struct Request {
     /// The hardware model's efficiency factors: the built-in ones, or a calibration's
     /// ([`crate::calibrate`]).
     pub efficiency: Efficiency,
+    /// The headroom the SLA is checked with: the built-in factors' for a real engine,
+    /// none for the mock engine (it runs the model) or a calibration's factors.
+    pub uncertainty: Uncertainty,
 }
 
 impl Request {
@@ -185,6 +188,10 @@ pub fn resolve(
         planner,
         kv_router,
         efficiency: Efficiency::default(),
+        uncertainty: match backend {
+            BackendFramework::Mocker => Uncertainty::NONE,
+            _ => Uncertainty::UNCALIBRATED,
+        },
     })
 }
 

@@ -30,7 +30,7 @@ use std::fmt;
 
 use dynamo_crds::dgdr::OptimizationType;
 use dynamo_mocker::{EngineConfig, TimingModel};
-use dynamo_perfmodel::{DoesNotFit, Estimator, InvalidParallelism, Link};
+use dynamo_perfmodel::{DoesNotFit, Estimator, InvalidParallelism, Link, Uncertainty};
 use serde::Serialize;
 
 use crate::request::{Load, Request, Sla};
@@ -112,15 +112,31 @@ pub struct Candidate {
 
 impl Candidate {
     /// How far it is from the SLA: the largest of achieved / target over the targets
-    /// (at most 1 when it meets them); infinite when overloaded.
-    pub fn shortfall(&self, sla: &Sla) -> f64 {
+    /// (at most 1 when it meets them), the predictions taken at their bounds under `u`;
+    /// infinite when overloaded.
+    pub fn shortfall(&self, sla: &Sla, u: &Uncertainty) -> f64 {
         if self.overloaded {
             return f64::INFINITY;
         }
         match *sla {
-            Sla::TtftItl { ttft_ms, itl_ms } => (self.ttft_ms / ttft_ms).max(self.itl_ms / itl_ms),
-            Sla::E2e { e2e_ms } => self.e2e_ms / e2e_ms,
+            Sla::TtftItl { ttft_ms, itl_ms } => {
+                (self.bound_ttft_ms(u) / ttft_ms).max(self.bound_itl_ms(u) / itl_ms)
+            }
+            Sla::E2e { e2e_ms } => self.bound_e2e_ms(u) / e2e_ms,
         }
+    }
+
+    /// The most a real engine's TTFT may be, by `u`.
+    pub fn bound_ttft_ms(&self, u: &Uncertainty) -> f64 {
+        u.ttft_ms(self.ttft_ms, self.itl_ms)
+    }
+
+    pub fn bound_itl_ms(&self, u: &Uncertainty) -> f64 {
+        u.itl_ms(self.itl_ms)
+    }
+
+    pub fn bound_e2e_ms(&self, u: &Uncertainty) -> f64 {
+        u.e2e_ms(self.ttft_ms, self.itl_ms, self.e2e_ms)
     }
 }
 
@@ -407,7 +423,7 @@ impl<'r> Sweep<'r> {
             overloaded,
             meets_sla: false,
         };
-        candidate.meets_sla = candidate.shortfall(&req.sla) <= 1.0;
+        candidate.meets_sla = candidate.shortfall(&req.sla, &req.uncertainty) <= 1.0;
         Ok(candidate)
     }
 

@@ -8,7 +8,7 @@
 use std::path::Path;
 
 use dynamo_crds::dgdr::DynamoGraphDeploymentRequestSpec;
-use dynamo_perfmodel::{Efficiency, Estimator, GpuSku, ModelArch};
+use dynamo_perfmodel::{Efficiency, Estimator, GpuSku, ModelArch, Uncertainty};
 use dynamo_profiler::calibrate::{self, Metric};
 use dynamo_profiler::{ProfileError, profile_calibrated, profile_named};
 
@@ -55,6 +55,56 @@ fn nim_llama_70b_on_two_h100s_is_fitted_within_a_fifth_but_ttft_under_load() {
     assert!((1.0..=5.0).contains(&e.step_overhead_ms), "{e:?}");
 }
 
+/// `Uncertainty::UNCALIBRATED` is the largest excess of NIM's measurements over the
+/// built-in factors' predictions, each bound rounded up by at most 2%.
+#[test]
+fn the_uncalibrated_models_stated_uncertainty_is_what_nim_measured_beyond_it() {
+    let path =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/nim-llama-3.3-70b-h100-tp2.yaml");
+    let m = calibrate::load(&path).unwrap().measurements;
+    assert_eq!(m.estimator.efficiency, Efficiency::default());
+    let u = Uncertainty::UNCALIBRATED;
+    let (mut itl, mut prefill, mut steps) = (0.0f64, 0.0f64, 0.0f64);
+    let predicted: Vec<_> = m
+        .points
+        .iter()
+        .map(|p| (p, calibrate::predict(&m.estimator, p).unwrap()))
+        .collect();
+    for (p, at) in &predicted {
+        if let Some(measured) = p.itl_ms {
+            itl = itl.max(measured / at.itl_ms);
+        }
+        if let (Some(measured), 1) = (p.ttft_ms, p.concurrency) {
+            prefill = prefill.max(measured / at.ttft_ms);
+        }
+    }
+    for (p, at) in &predicted {
+        if let Some(measured) = p.ttft_ms {
+            steps = steps.max((measured - u.prefill * at.ttft_ms) / at.itl_ms);
+        }
+    }
+    println!("measured / predicted: ITL {itl:.3}, lone TTFT {prefill:.3}; {steps:.2} ITLs more");
+    for (what, measured, stated) in [
+        ("ITL", itl, u.itl),
+        ("lone TTFT", prefill, u.prefill),
+        ("TTFT's admission steps", steps, u.admission_steps),
+    ] {
+        assert!(
+            (measured..=measured * 1.02).contains(&stated),
+            "{what}: {stated} stated, {measured:.3} measured"
+        );
+    }
+    // Every measurement within its bounds.
+    for (p, at) in &predicted {
+        if let Some(measured) = p.ttft_ms {
+            assert!(measured <= u.ttft_ms(at.ttft_ms, at.itl_ms), "{}", p.source);
+        }
+        if let Some(measured) = p.itl_ms {
+            assert!(measured <= u.itl_ms(at.itl_ms), "{}", p.source);
+        }
+    }
+}
+
 fn qwen8b() -> DynamoGraphDeploymentRequestSpec {
     serde_saphyr::from_str(
         "{model: Qwen/Qwen3-8B, hardware: {gpuSku: h100_sxm, totalGpus: 2}, workload: {isl: 2000, \
@@ -77,6 +127,9 @@ fn the_profiler_predicts_on_the_calibrated_factors_of_the_same_gpu_and_model() {
     let built_in = profile_named("qwen", &spec, None).unwrap();
     let calibrated = profile_calibrated("qwen", &spec, None, Some(&slow)).unwrap();
     assert_eq!(calibrated.request.efficiency, slow.efficiency);
+    // Measured factors need no headroom for the built-in ones' uncertainty.
+    assert_eq!(built_in.request.uncertainty, Uncertainty::UNCALIBRATED);
+    assert_eq!(calibrated.request.uncertainty, Uncertainty::NONE);
     let (a, b) = (&built_in.selected, &calibrated.selected);
     assert!(b.ttft_ms > 1.5 * a.ttft_ms, "{a:?} {b:?}");
     assert!(b.itl_ms > 1.5 * a.itl_ms, "{a:?} {b:?}");

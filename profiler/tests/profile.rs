@@ -2,10 +2,10 @@
 //! graph that applies and the choice the SLA asks for out, bad requests refused.
 
 use clap::Parser;
-use dynamo_crds::dgdr::DynamoGraphDeploymentRequestSpec;
+use dynamo_crds::dgdr::{DynamoGraphDeploymentRequestSpec, RequestBackend};
 use dynamo_crds::{BackendFramework, ComponentType};
 use dynamo_mocker::EngineConfig;
-use dynamo_perfmodel::{Estimator, GpuSpec, ModelArch};
+use dynamo_perfmodel::{Estimator, GpuSpec, ModelArch, Uncertainty};
 use dynamo_profiler::{Layout, ProfileError, Profiled, profile, profile_named};
 
 /// A request from the YAML of its spec.
@@ -170,6 +170,58 @@ fn a_tighter_sla_needs_more_gpus() {
             .pareto
             .iter()
             .any(|c| c.layout == tight.selected.layout)
+    );
+}
+
+#[test]
+fn without_a_calibration_a_real_engine_is_sized_with_the_models_headroom() {
+    let sla = "ttft: 300, itl: 12";
+    let real = profile(&qwen8b("requestRate: 4", sla), None).unwrap();
+    let mut mock = qwen8b("requestRate: 4", sla);
+    mock.backend = RequestBackend::Mocker;
+    let mock = profile(&mock, None).unwrap();
+    assert_eq!(mock.request.uncertainty, Uncertainty::NONE);
+    let u = &real.request.uncertainty;
+    assert_eq!(*u, Uncertainty::UNCALIBRATED);
+    // The mock engine runs the model: its choice meets the SLA as predicted.
+    assert!(mock.selected.itl_ms <= 12.0 && mock.selected.ttft_ms <= 300.0);
+    // A real engine's meets it at the bounds of the predictions.
+    let s = &real.selected;
+    assert!(
+        s.bound_itl_ms(u) <= 12.0 && s.bound_ttft_ms(u) <= 300.0,
+        "{s:?}"
+    );
+    let mocks_choice = real
+        .candidates
+        .iter()
+        .find(|c| c.layout == mock.selected.layout)
+        .unwrap();
+    assert!(!mocks_choice.meets_sla, "{}", real.summary());
+    assert!(
+        s.gpus > mock.selected.gpus,
+        "{}\n{}",
+        real.summary(),
+        mock.summary()
+    );
+    assert!(
+        real.summary()
+            .contains("headroom for an uncalibrated model")
+    );
+    assert!(!mock.summary().contains("headroom"));
+
+    // Four GPUs reach 5 ms as predicted, not at the bound: refused, saying so.
+    let tight = "ttft: 300, itl: 5";
+    let mut mock = qwen8b("requestRate: 4", tight);
+    mock.backend = RequestBackend::Mocker;
+    assert!(profile(&mock, None).is_ok());
+    let err = profile(&qwen8b("requestRate: 4", tight), None)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("the ITL target of 5 ms is out of reach")
+            && err.contains("with the uncalibrated model's headroom")
+            && err.contains("--calibrate"),
+        "{err}"
     );
 }
 

@@ -163,7 +163,8 @@ struct Inputs {
 }
 
 /// Reads the request's ConfigMaps; `Ok(Err)` is the condition reason and message of the
-/// one missing or unusable.
+/// one missing or unusable. The calibration is read only for a spec that passes: its fit
+/// costs seconds of CPU, and a spec's refusal says more than the calibration's.
 async fn inputs(
     ctx: &Context,
     dgdr: &DynamoGraphDeploymentRequest,
@@ -172,6 +173,12 @@ async fn inputs(
         Ok(model) => model,
         Err(message) => return Ok(Err((dgdr::MODEL_CONFIG_NOT_FOUND, message))),
     };
+    if dynamo_profiler::request::resolve(&dgdr.spec, model.clone()).is_err() {
+        return Ok(Ok(Inputs {
+            model,
+            calibrated: None,
+        }));
+    }
     let calibrated = match calibration(ctx, dgdr).await? {
         Ok(calibrated) => calibrated,
         Err(message) => return Ok(Err((dgdr::CALIBRATION_UNUSABLE, message))),

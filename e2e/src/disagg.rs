@@ -13,8 +13,9 @@
 //!   engine receives one at a time, in the order prefills end; a transfer waits for its
 //!   prefill engine's link, then for its decode engine's, each busy for the wire time).
 //!   On arrival the decode engine queues the request with those blocks
-//!   (`Engine::submit_remote_prefilled`): it computes only the last prompt token, as a
-//!   decode token, before its first token (vLLM's decode after a remote prefill).
+//!   (`Engine::submit_onboarded`, `PromptKv::from_prefill`): it computes only the last
+//!   prompt token, as a decode token, before its first token (vLLM's decode after a
+//!   remote prefill).
 //!   TTFT is therefore prefill (queueing included) + transfer + the decode engine's
 //!   first step, counted from the request's arrival; ITL and throughput come from the
 //!   decode engines, the KV hit rate from the prefill engines' prefix caches.
@@ -40,7 +41,7 @@ use dynamo_kvcache::{BlockHasher, RequestId, SeqHash};
 use dynamo_loadgen::report::{DisaggStats, Report};
 use dynamo_loadgen::workload::Workload;
 use dynamo_mocker::replay::{Collector, Percentiles, ReplayReport, Router};
-use dynamo_mocker::{Driver, Engine, EngineConfig, Request, SimCluster, StepOutcome};
+use dynamo_mocker::{Driver, Engine, EngineConfig, PromptKv, Request, SimCluster, StepOutcome};
 use dynamo_names::Role;
 
 use crate::replay::{KvRouter, RouterSetup, check_arrivals};
@@ -377,7 +378,7 @@ impl Graph<'_> {
         let i = t.request.id as usize;
         let engine = self.cluster.engine_mut(t.decode);
         if engine
-            .submit_remote_prefilled(t.request, t.arrival_ms, 0..t.blocks)
+            .submit_onboarded(t.request, t.arrival_ms, PromptKv::from_prefill(0..t.blocks))
             .is_err()
         {
             self.rejected += 1;

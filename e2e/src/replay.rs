@@ -32,8 +32,8 @@ use dynamo_mocker::replay::{
     Collector, ReplayRequest, RouteQuery, Router, replay_requests, simulated_engines,
 };
 use dynamo_mocker::{
-    Driver, Engine, EngineConfig, KvBlocksConfig, OffloadBlock, OffloadMode, Request, SimCluster,
-    StepOutcome,
+    Driver, Engine, EngineConfig, KvBlocksConfig, OffloadBlock, OffloadMode, PromptKv, Request,
+    SimCluster, StepOutcome,
 };
 
 /// How the simulated router is set up.
@@ -624,7 +624,7 @@ impl Driver for Conversations<'_> {
         let i = request.id as usize;
         let engine = self.cluster.engine_mut(k);
         if engine
-            .submit_onboarded(request, arrival_ms, blocks)
+            .submit_onboarded(request, arrival_ms, PromptKv::from_tiers(blocks))
             .is_err()
         {
             self.rejected += 1;

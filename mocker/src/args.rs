@@ -32,16 +32,8 @@ pub struct Args {
     pub host: String,
     #[arg(long, default_value_t = 8000)]
     pub port: u16,
-    /// KV blocks in the pool [default: 16384; with `--perf-model hardware`, what the
-    /// GPUs' memory holds after the weights].
-    #[arg(long)]
-    pub num_gpu_blocks: Option<usize>,
-    #[arg(long, default_value_t = 64)]
-    pub block_size: usize,
-    #[arg(long, default_value_t = 256)]
-    pub max_num_seqs: usize,
-    #[arg(long, default_value_t = 8192)]
-    pub max_num_batched_tokens: usize,
+    #[command(flatten)]
+    pub shape: EngineShapeArgs,
     /// Run this many times faster than the modelled GPU.
     #[arg(long, default_value_t = 1.0)]
     pub speedup_ratio: f64,
@@ -111,6 +103,35 @@ pub struct Args {
     pub server: ServerLimits,
     #[command(flatten)]
     pub log: LogArgs,
+}
+
+/// The engine's pool and batch limits, vLLM's flags: the mock engine's and the replays'
+/// (`dynamo-e2e`), defaults [`EngineConfig::default`]'s.
+#[derive(clap::Args, Debug, Clone)]
+pub struct EngineShapeArgs {
+    /// KV blocks in the pool [default: 16384; with `--perf-model hardware`, what the
+    /// GPUs' memory holds after the weights].
+    #[arg(long)]
+    pub num_gpu_blocks: Option<usize>,
+    #[arg(long, default_value_t = EngineConfig::default().block_size)]
+    pub block_size: usize,
+    #[arg(long, default_value_t = EngineConfig::default().max_num_seqs)]
+    pub max_num_seqs: usize,
+    #[arg(long, default_value_t = EngineConfig::default().max_num_batched_tokens)]
+    pub max_num_batched_tokens: usize,
+}
+
+impl EngineShapeArgs {
+    /// `base` in this shape (its pool's size unless one is given).
+    pub fn apply(&self, base: EngineConfig) -> EngineConfig {
+        EngineConfig {
+            num_gpu_blocks: self.num_gpu_blocks.unwrap_or(base.num_gpu_blocks),
+            block_size: self.block_size,
+            max_num_seqs: self.max_num_seqs,
+            max_num_batched_tokens: self.max_num_batched_tokens,
+            ..base
+        }
+    }
 }
 
 fn tool_call_format(name: &str) -> Result<ToolCallParser, String> {
@@ -230,12 +251,7 @@ impl Args {
     /// model's config.json for the hardware model). Serving adds the model's vocabulary
     /// size and name, which do not change timing.
     pub fn engine_config(&self) -> anyhow::Result<EngineConfig> {
-        let default = EngineConfig::default();
         let config = EngineConfig {
-            num_gpu_blocks: self.num_gpu_blocks.unwrap_or(default.num_gpu_blocks),
-            block_size: self.block_size,
-            max_num_seqs: self.max_num_seqs,
-            max_num_batched_tokens: self.max_num_batched_tokens,
             speedup_ratio: self.speedup_ratio,
             seed: self.seed,
             enable_prefix_caching: !self.no_enable_prefix_caching,
@@ -251,10 +267,10 @@ impl Args {
                 engine_id: self.engine_id.clone(),
                 token_file: self.kv_blocks_token_file.clone(),
             }),
-            ..default
+            ..self.shape.apply(EngineConfig::default())
         };
         self.timing
-            .apply(config, || self.model_arch(), self.num_gpu_blocks)
+            .apply(config, || self.model_arch(), self.shape.num_gpu_blocks)
     }
 
     /// The architecture in the model directory's config.json, else the catalog's of the

@@ -5,8 +5,6 @@
 //! its uncached prompt (the first token is sampled by the prefill step itself, as in
 //! vLLM), and each later token arrives one decode step after the previous one.
 
-use std::ops::Range;
-
 use dynamo_kvcache::vllm_events::KvEvent;
 use dynamo_kvcache::{BlockHasher, SeqHash};
 
@@ -14,7 +12,7 @@ use crate::block_pool::{BlockPool, OffloadBlock, PinCounters};
 use crate::clock::{Clock, SimClock};
 use crate::config::{ConfigError, EngineConfig};
 use crate::scheduler::{
-    FinishedRequest, Limits, Rejected, Request, RequestId, Scheduler, SchedulerCounters,
+    FinishedRequest, Limits, PromptKv, Rejected, Request, RequestId, Scheduler, SchedulerCounters,
     TokenOutput,
 };
 use crate::timing::StepWork;
@@ -139,31 +137,15 @@ impl<C: Clock> Engine<C> {
         self.scheduler.add(req, arrival_ms)
     }
 
-    /// Queues a request that arrived at `arrival_ms` and whose full prompt blocks at
-    /// positions `onboarded` were loaded from the sidecar: they count as cached where
-    /// they continue the GPU's cached prefix when it is first admitted.
+    /// Queues a request that arrived at `arrival_ms` with `onboarded` prompt KV (from the
+    /// sidecar's tiers, or a prefill engine's whole prompt).
     pub fn submit_onboarded(
         &mut self,
         req: Request,
         arrival_ms: f64,
-        onboarded: Range<usize>,
+        onboarded: PromptKv,
     ) -> Result<(), Rejected> {
-        self.scheduler
-            .add_onboarded(req, arrival_ms, onboarded, false)
-    }
-
-    /// As [`Self::submit_onboarded`], for a disaggregated decode: a prefill engine
-    /// computed the whole prompt and `onboarded` are its blocks; once they (or the GPU's
-    /// own cache) reach the last token's block, only that token is computed, as a decode
-    /// token (vLLM's decode after a remote prefill).
-    pub fn submit_remote_prefilled(
-        &mut self,
-        req: Request,
-        arrival_ms: f64,
-        onboarded: Range<usize>,
-    ) -> Result<(), Rejected> {
-        self.scheduler
-            .add_onboarded(req, arrival_ms, onboarded, true)
+        self.scheduler.add_onboarded(req, arrival_ms, onboarded)
     }
 
     /// Cancels a request (client gone); frees its blocks at once.

@@ -31,6 +31,7 @@ pub use config::{ConfigError, EngineConfig};
 pub use engine::{Engine, EngineMetrics, StepOutcome};
 pub use kv_blocks::{KvBlocksConfig, KvGeometry, OffloadMode};
 pub use scheduler::{
-    FinishReason, FinishedRequest, Rejected, Request, RequestId, SchedulerCounters, TokenOutput,
+    FinishReason, FinishedRequest, PromptKv, Rejected, Request, RequestId, SchedulerCounters,
+    TokenOutput,
 };
 pub use timing::{StepWork, TimingModel, TimingTable};

@@ -110,6 +110,37 @@ pub struct FinishedRequest {
     pub num_preemptions: u32,
 }
 
+/// Prompt KV a request brings, loaded from outside the GPU pool before its first
+/// admission.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct PromptKv {
+    /// Positions of the full prompt blocks loaded: on first admission they count as cached
+    /// where they continue the cached prefix.
+    pub blocks: Range<usize>,
+    /// A prefill engine computed the whole prompt (a disaggregated decode): a cached prefix
+    /// reaching the last token's block leaves only the last token to compute, as a decode
+    /// token (vLLM's decode after a remote prefill; see the module's notes).
+    pub remote_prefill: bool,
+}
+
+impl PromptKv {
+    /// Blocks onboarded from the sidecar's tiers.
+    pub fn from_tiers(blocks: Range<usize>) -> Self {
+        Self {
+            blocks,
+            remote_prefill: false,
+        }
+    }
+
+    /// The blocks of a prefill engine's whole prompt.
+    pub fn from_prefill(blocks: Range<usize>) -> Self {
+        Self {
+            blocks,
+            remote_prefill: true,
+        }
+    }
+}
+
 #[derive(Debug)]
 struct Sequence {
     tokens: Vec<u32>,
@@ -122,10 +153,8 @@ struct Sequence {
     num_computed: usize,
     /// Leading blocks registered in (or taken from) the prefix cache.
     num_committed: usize,
-    /// Positions of blocks whose KV was onboarded before the first admission.
-    onboarded: Range<usize>,
-    /// A prefill engine computed the whole prompt and its KV came with `onboarded`.
-    remote_prefill: bool,
+    /// KV onboarded before the first admission.
+    onboarded: PromptKv,
     /// How long to pin the prompt's full blocks, ms.
     pin_ttl_ms: Option<f64>,
     arrival_ms: f64,
@@ -264,20 +293,15 @@ impl Scheduler {
 
     /// Queues a request, or refuses one that could never run.
     pub fn add(&mut self, req: Request, arrival_ms: f64) -> Result<(), Rejected> {
-        self.add_onboarded(req, arrival_ms, 0..0, false)
+        self.add_onboarded(req, arrival_ms, PromptKv::default())
     }
 
-    /// As [`Self::add`], for a request whose full prompt blocks at positions `onboarded`
-    /// have their KV loaded from outside the GPU pool: on first admission they count as
-    /// cached where they continue the cached prefix. With `remote_prefill` (a prefill
-    /// engine computed the whole prompt), a cached prefix reaching the last token's block
-    /// leaves only the last token to compute (see the module's notes).
+    /// As [`Self::add`], for a request that brings `onboarded` prompt KV.
     pub fn add_onboarded(
         &mut self,
         req: Request,
         arrival_ms: f64,
-        onboarded: Range<usize>,
-        remote_prefill: bool,
+        onboarded: PromptKv,
     ) -> Result<(), Rejected> {
         if req.token_ids.is_empty() {
             return Err(Rejected::EmptyPrompt);
@@ -308,7 +332,6 @@ impl Scheduler {
             num_computed: 0,
             num_committed: 0,
             onboarded,
-            remote_prefill,
             pin_ttl_ms: req.pin_ttl.map(|ttl| ttl.as_secs_f64() * 1000.0),
             arrival_ms,
             first_token_ms: None,
@@ -420,7 +443,7 @@ impl Scheduler {
                 .take_while(|&(i, h)| {
                     let cached = self.pool.is_cached(h);
                     on_gpu += usize::from(cached);
-                    cached || seq.onboarded.contains(&i)
+                    cached || seq.onboarded.blocks.contains(&i)
                 })
                 .count();
             (hit, on_gpu)
@@ -429,7 +452,7 @@ impl Scheduler {
         };
         // The prompt's KV is all here but the last token's, whose logits are sampled from.
         let prefilled =
-            self.limits.enable_prefix_caching && seq.remote_prefill && hit == max_blocks;
+            self.limits.enable_prefix_caching && seq.onboarded.remote_prefill && hit == max_blocks;
         let computed = if prefilled {
             seq.tokens.len() - 1
         } else {
@@ -476,8 +499,7 @@ impl Scheduler {
         seq.num_computed = computed;
         seq.num_committed = hit;
         // Onboarded KV is used once: after a preemption the blocks are cached or gone.
-        seq.onboarded = 0..0;
-        seq.remote_prefill = false;
+        seq.onboarded = PromptKv::default();
         if seq.num_preemptions == 0 {
             // vLLM counts queries and hits in tokens, once per request; onboarded tokens
             // are not prefix cache hits (vLLM counts them as the connector's), but they

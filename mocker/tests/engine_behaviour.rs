@@ -2,8 +2,8 @@
 
 use dynamo_kvcache::vllm_events::{KvEvent, KvEventEncoder, MEDIUM_GPU, decode_message};
 use dynamo_mocker::{
-    Clock, Engine, EngineConfig, FinishReason, KvBlocksConfig, OffloadBlock, OffloadMode, Rejected,
-    Request, StepOutcome, TimingModel,
+    Clock, Engine, EngineConfig, FinishReason, KvBlocksConfig, OffloadBlock, OffloadMode, PromptKv,
+    Rejected, Request, StepOutcome, TimingModel,
 };
 
 fn config(blocks: usize, block_size: usize) -> EngineConfig {
@@ -543,7 +543,8 @@ fn onboarded_blocks_extend_the_cached_prefix_on_first_admission() {
     // Block 0 is on the GPU; blocks 1..4 were onboarded.
     e.submit(req(1, p[..20].to_vec(), 1)).unwrap();
     drain(&mut e);
-    e.submit_onboarded(req(2, p.clone(), 1), 0.0, 1..4).unwrap();
+    e.submit_onboarded(req(2, p.clone(), 1), 0.0, PromptKv::from_tiers(1..4))
+        .unwrap();
     let steps = drain(&mut e);
     assert_eq!(steps[0].work.prefill_tokens, 100 - 64);
     let done = steps.iter().flat_map(|s| &s.finished).next().unwrap();
@@ -559,7 +560,8 @@ fn onboarded_blocks_extend_the_cached_prefix_on_first_admission() {
 
     // A gap (block 0 neither cached nor onboarded) makes onboarded blocks useless.
     let mut e = Engine::simulated(cfg.clone()).unwrap();
-    e.submit_onboarded(req(1, p.clone(), 1), 0.0, 1..6).unwrap();
+    e.submit_onboarded(req(1, p.clone(), 1), 0.0, PromptKv::from_tiers(1..6))
+        .unwrap();
     assert_eq!(drain(&mut e)[0].work.prefill_tokens, 100);
 
     // Onboarded blocks are never offloaded back when evicted; computed ones are.
@@ -567,7 +569,8 @@ fn onboarded_blocks_extend_the_cached_prefix_on_first_admission() {
     let q = prompt(5000, 17);
     e.submit(req(1, q.clone(), 1)).unwrap();
     drain(&mut e);
-    e.submit_onboarded(req(2, p.clone(), 1), 0.0, 0..6).unwrap();
+    e.submit_onboarded(req(2, p.clone(), 1), 0.0, PromptKv::from_tiers(0..6))
+        .unwrap();
     assert_eq!(drain(&mut e)[0].work.prefill_tokens, 4);
     e.submit(req(3, prompt(1000, 16 * 64 - 1), 1)).unwrap(); // takes the whole pool
     let evicted: Vec<_> = offloaded(&drain(&mut e)).iter().map(|b| b.hash).collect();
@@ -578,7 +581,7 @@ fn onboarded_blocks_extend_the_cached_prefix_on_first_admission() {
 fn a_remote_prefill_leaves_only_the_last_prompt_token_computed_as_a_decode() {
     let p = prompt(1, 100); // 6 full blocks of 16 + 4 tokens
     let mut e = Engine::simulated(config(64, 16)).unwrap();
-    e.submit_remote_prefilled(req(1, p.clone(), 3), 0.0, 0..6)
+    e.submit_onboarded(req(1, p.clone(), 3), 0.0, PromptKv::from_prefill(0..6))
         .unwrap();
     let steps = drain(&mut e);
     let first = &steps[0];
@@ -603,18 +606,20 @@ fn a_remote_prefill_leaves_only_the_last_prompt_token_computed_as_a_decode() {
     // A prompt of whole blocks: the last block is full only with the last token.
     let q = prompt(500, 64);
     let mut e = Engine::simulated(config(64, 16)).unwrap();
-    e.submit_remote_prefilled(req(1, q, 1), 0.0, 0..3).unwrap();
+    e.submit_onboarded(req(1, q, 1), 0.0, PromptKv::from_prefill(0..3))
+        .unwrap();
     let first = &drain(&mut e)[0];
     assert_eq!((first.work.prefill_tokens, first.work.decode_seqs), (0, 1));
 
     // Fewer blocks than the prompt's (a transfer that came short): the rest is a prefill.
     let mut e = Engine::simulated(config(64, 16)).unwrap();
-    e.submit_remote_prefilled(req(1, p.clone(), 1), 0.0, 0..4)
+    e.submit_onboarded(req(1, p.clone(), 1), 0.0, PromptKv::from_prefill(0..4))
         .unwrap();
     assert_eq!(drain(&mut e)[0].work.prefill_tokens, 100 - 64);
 
     // The same blocks onboarded from a tier: the tail past them is computed.
     let mut e = Engine::simulated(config(64, 16)).unwrap();
-    e.submit_onboarded(req(1, p, 1), 0.0, 0..6).unwrap();
+    e.submit_onboarded(req(1, p, 1), 0.0, PromptKv::from_tiers(0..6))
+        .unwrap();
     assert_eq!(drain(&mut e)[0].work.prefill_tokens, 4);
 }

@@ -8,9 +8,9 @@
 //!   closed loop keeps `in_flight` requests on it, each replaced when it ends.
 //! - Its stage: an aggregated engine prefills and decodes each request; a prefill engine
 //!   computes the prompt and samples one token (the prefill leg); a decode engine gets
-//!   the prompt's KV from a prefill engine (`Engine::submit_remote_prefilled`, as a
-//!   disaggregated decode does after the transfer), computes its last token as a decode
-//!   token, then decodes.
+//!   the prompt's KV from a prefill engine (`Engine::submit_onboarded` with
+//!   `PromptKv::from_prefill`, as a disaggregated decode does after the transfer),
+//!   computes its last token as a decode token, then decodes.
 //! - Warm-up: the requests in flight when the first one ends may have seen an emptier
 //!   engine; the measured requests are the next ones to arrive after all of those have
 //!   ended, so every one of them meets the steady state.
@@ -31,7 +31,7 @@ use std::ops::Range;
 
 use dynamo_mocker::profile::prompt;
 use dynamo_mocker::{
-    Clock, ConfigError, Driver, Engine, EngineConfig, FinishedRequest, Rejected, Request,
+    Clock, ConfigError, Driver, Engine, EngineConfig, FinishedRequest, PromptKv, Rejected, Request,
     SimCluster, StepOutcome, StepWork, Stuck,
 };
 use dynamo_perfmodel::attention_pairs;
@@ -353,7 +353,9 @@ impl Run {
         };
         let engine = self.cluster.engine_mut(0);
         match &self.remote_prefill {
-            Some(blocks) => engine.submit_remote_prefilled(request, at_ms, blocks.clone())?,
+            Some(blocks) => {
+                engine.submit_onboarded(request, at_ms, PromptKv::from_prefill(blocks.clone()))?
+            }
             None => engine.submit_at(request, at_ms)?,
         }
         Ok(())

@@ -11,7 +11,7 @@ use dynamo_kvblocks::parse_bytes;
 use dynamo_kvblocks::placement::{PlacementConfig, TierLimits};
 use dynamo_kvcache::{ApproxConfig, RouterKnobs, RouterMode, SchedulerConfig};
 use dynamo_llm::ModelDir;
-use dynamo_mocker::args::TimingArgs;
+use dynamo_mocker::args::{EngineShapeArgs, TimingArgs};
 use dynamo_mocker::{EngineConfig, KvBlocksConfig, KvGeometry, TimingModel};
 use dynamo_perfmodel::ModelArch;
 use serde::Serialize;
@@ -183,20 +183,8 @@ pub struct OutputArgs {
 /// The simulated engines' shape and step times (the replays').
 #[derive(Args, Debug)]
 pub struct SimEngineArgs {
-    /// KV blocks per engine [default: 16384; with `--perf-model hardware`, what the
-    /// GPUs' memory holds after the weights].
-    #[arg(long, env = "DYNAMO_E2E_NUM_GPU_BLOCKS")]
-    pub num_gpu_blocks: Option<usize>,
-    #[arg(long, default_value_t = 64, env = "DYNAMO_E2E_BLOCK_SIZE")]
-    pub block_size: usize,
-    #[arg(long, default_value_t = 256, env = "DYNAMO_E2E_MAX_NUM_SEQS")]
-    pub max_num_seqs: usize,
-    #[arg(
-        long,
-        default_value_t = 8192,
-        env = "DYNAMO_E2E_MAX_NUM_BATCHED_TOKENS"
-    )]
-    pub max_num_batched_tokens: usize,
+    #[command(flatten)]
+    pub shape: EngineShapeArgs,
     /// The model `--perf-model hardware` runs: a name of the performance model's catalog
     /// (docs/perfmodel.md), e.g. meta-llama/Llama-3.1-8B-Instruct.
     #[arg(long, env = "DYNAMO_E2E_MODEL")]
@@ -207,21 +195,14 @@ pub struct SimEngineArgs {
 
 impl SimEngineArgs {
     fn config(&self) -> anyhow::Result<EngineConfig> {
-        let default = EngineConfig::default();
-        let config = EngineConfig {
-            num_gpu_blocks: self.num_gpu_blocks.unwrap_or(default.num_gpu_blocks),
-            block_size: self.block_size,
-            max_num_seqs: self.max_num_seqs,
-            max_num_batched_tokens: self.max_num_batched_tokens,
-            ..default
-        };
+        let config = self.shape.apply(EngineConfig::default());
         let model = || {
             let name = self.model.as_deref().context(
                 "--perf-model hardware needs --model (a catalog name, e.g. meta-llama/Llama-3.1-8B-Instruct)",
             )?;
             Ok(ModelArch::by_name(name)?)
         };
-        self.timing.apply(config, model, self.num_gpu_blocks)
+        self.timing.apply(config, model, self.shape.num_gpu_blocks)
     }
 }
 

@@ -168,7 +168,10 @@ pub(super) fn run_replay(args: ReplayArgs) -> anyhow::Result<()> {
         (Some(b), _) => Some(b),
         (None, true) => match hardware_block_bytes(&engine) {
             Some(b) => Some(b),
-            None => Some(kv_block_bytes(&args.model_path, args.engine.block_size)?),
+            None => Some(kv_block_bytes(
+                &args.model_path,
+                args.engine.shape.block_size,
+            )?),
         },
         (None, false) => None,
     };

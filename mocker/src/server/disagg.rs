@@ -28,6 +28,7 @@ use super::engine_loop::EngineHandle;
 use super::kv_blocks::lease::LeaseError;
 use super::kv_blocks::{KvBlocks, Onboarded};
 use super::metrics::DisaggMetrics;
+use crate::PromptKv;
 
 /// What a request's `kv_transfer_params` ask of this engine.
 #[derive(Debug, Default, PartialEq)]
@@ -245,21 +246,17 @@ impl Disagg {
         tokens: &[u32],
     ) -> Onboarded {
         let arrived = Instant::now();
-        let (blocks, remote_prefill) = match self.take(engine, lease, tokens).await {
-            Ok(blocks) => (blocks, true),
+        let kv = match self.take(engine, lease, tokens).await {
+            Ok(blocks) => PromptKv::from_prefill(0..blocks),
             Err(reason) => {
                 self.metrics.fallback(reason.as_str());
                 if reason.is_failed_transfer() {
                     self.metrics.failed_transfers.inc();
                 }
-                (0, false)
+                PromptKv::default()
             }
         };
-        Onboarded {
-            arrived,
-            blocks: 0..blocks,
-            remote_prefill,
-        }
+        Onboarded { arrived, kv }
     }
 
     async fn take(

@@ -244,16 +244,7 @@ impl EngineLoop {
                 let clock = self.engine.clock();
                 let arrival_ms = clock.ms_at(arrived).min(clock.now_ms());
                 let result = match onboarded {
-                    Some(Onboarded {
-                        blocks,
-                        remote_prefill: true,
-                        ..
-                    }) => self
-                        .engine
-                        .submit_remote_prefilled(request, arrival_ms, blocks),
-                    Some(Onboarded { blocks, .. }) => {
-                        self.engine.submit_onboarded(request, arrival_ms, blocks)
-                    }
+                    Some(o) => self.engine.submit_onboarded(request, arrival_ms, o.kv),
                     None => self.engine.submit_at(request, arrival_ms),
                 };
                 if result.is_ok() {

@@ -17,7 +17,6 @@
 
 pub mod lease;
 
-use std::ops::Range;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -30,7 +29,7 @@ use super::metrics::KvBlockMetrics;
 use crate::kv_blocks::{KvBlocksConfig, KvGeometry, OffloadMode, is_payload_of, payload};
 use crate::onboard_cost::plan_onboard;
 use crate::timing::TimingModel;
-use crate::{EngineConfig, OffloadBlock};
+use crate::{EngineConfig, OffloadBlock, PromptKv};
 
 /// Blocks waiting to be offloaded (hashes only: payloads are built when sent).
 const OFFLOAD_QUEUE_BLOCKS: usize = 1024;
@@ -47,10 +46,8 @@ const MESSAGE_OVERHEAD: u64 = 4096;
 pub struct Onboarded {
     /// When the request asked; its latencies count from here.
     pub arrived: Instant,
-    /// Positions of its full prompt blocks now loaded (possibly empty).
-    pub blocks: Range<usize>,
-    /// They come from a prefill engine that computed the whole prompt (a lease).
-    pub remote_prefill: bool,
+    /// Its prompt KV now loaded (possibly none).
+    pub kv: PromptKv,
 }
 
 /// One engine's connection to its sidecar's block API.
@@ -207,8 +204,7 @@ impl KvBlocks {
         let arrived = Instant::now();
         let nothing = Onboarded {
             arrived,
-            blocks: 0..0,
-            remote_prefill: false,
+            kv: PromptKv::default(),
         };
         if tokens.len().saturating_sub(1) < self.hasher.block_size() {
             return nothing;
@@ -254,8 +250,7 @@ impl KvBlocks {
         tokio::time::sleep_until((started + modelled).into()).await;
         Onboarded {
             arrived,
-            blocks: from..from + loaded,
-            remote_prefill: false,
+            kv: PromptKv::from_tiers(from..from + loaded),
         }
     }
 

@@ -1,6 +1,6 @@
 //! The OpenAI HTTP frontend: checks and tokenizes each request as the engine would, asks
-//! the router for a pod, and proxies the request body to `http://{pod}{path}`, streaming
-//! the answer back unchanged. A client that leaves drops the proxied stream, which closes
+//! the router for a pod, and proxies the request body to `http://{pod}{path}` (over
+//! [`PodConnections`]), streaming the answer back unchanged. A client that leaves drops the proxied stream, which closes
 //! the upstream connection (the engine aborts the request) and ends its load.
 //!
 //! The body is read up to a limit derived from the model's context
@@ -25,7 +25,7 @@ use std::task::{Context, Poll};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use axum::Router as HttpRouter;
-use axum::body::{Body, BodyDataStream, Bytes};
+use axum::body::{Body, BodyDataStream, Bytes, HttpBody};
 use axum::extract::State;
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Json, Response};
@@ -46,6 +46,7 @@ use crate::metrics::{Metrics, NEW_REQUEST, ONGOING_REQUEST, PREPROCESS};
 use crate::migration::{self, Progress};
 use crate::model_source::ModelSource;
 use crate::openapi;
+use crate::pod_connections::PodConnections;
 use crate::request::{self, Api};
 use crate::responses;
 use crate::router::{Assignment, RouteError, RouteRequest, Router};
@@ -68,7 +69,7 @@ pub struct Frontend {
     pub model: ModelSource,
     pub router: Arc<Router>,
     pub metrics: Arc<Metrics>,
-    pub client: reqwest::Client,
+    pub pods: PodConnections,
     /// Unix seconds of start, for `/v1/models`.
     pub created: u64,
     pub options: FrontendOptions,
@@ -94,7 +95,6 @@ impl Frontend {
         model: ModelSource,
         router: Arc<Router>,
         metrics: Arc<Metrics>,
-        client: reqwest::Client,
         options: FrontendOptions,
     ) -> Self {
         let created = SystemTime::now()
@@ -104,7 +104,7 @@ impl Frontend {
             model,
             router,
             metrics,
-            client,
+            pods: PodConnections::default(),
             created,
             options,
         }
@@ -249,7 +249,7 @@ fn drain(mut stream: BodyDataStream) {
 /// A pod's answer to one attempt.
 enum Answer {
     /// Streamed on as it arrives.
-    Stream(reqwest::Response),
+    Stream(Response),
     /// A small error read whole to tell whether the pod failed (see [`engine_unreachable`]).
     Whole {
         status: StatusCode,
@@ -368,7 +368,7 @@ impl Frontend {
             }
             // A whole answer is read before any of it is sent, so that one cut short can
             // be asked again elsewhere.
-            let failure = match reply.bytes().await {
+            let failure = match body_bytes(reply).await {
                 Ok(body) => {
                     let body = match parsers {
                         Some(parsers) => parsers.whole(body),
@@ -457,8 +457,7 @@ impl Frontend {
         let status = match answer {
             Answer::Stream(reply) => {
                 let status = reply.status();
-                reply
-                    .bytes()
+                body_bytes(reply)
                     .await
                     .map_err(|e| ApiError::unavailable(e.to_string()))?;
                 status
@@ -532,34 +531,39 @@ impl Frontend {
     /// Sends the request to the assigned pod; `Err` says why the pod failed before
     /// answering.
     async fn attempt(&self, call: &Call, assignment: &Assignment) -> Result<Answer, String> {
-        let mut upstream = self
-            .client
-            .post(format!("http://{}{}", assignment.address, call.api.path()))
-            .header(header::CONTENT_TYPE, "application/json")
-            .body(call.body.clone());
+        let pod = self.pods.to(assignment.address);
+        let mut request = http::Request::post(pod.target(call.api.path()))
+            .header(header::HOST, pod.authority())
+            .header(header::CONTENT_TYPE, "application/json");
         for name in FORWARDED_HEADERS {
             for value in call.headers.get_all(name) {
-                upstream = upstream.header(name, value);
+                request = request.header(name, value);
             }
         }
         if let Some(prefill) = assignment.prefill {
-            upstream = upstream.header(PREFILLER_HEADER, prefill.to_string());
+            request = request.header(PREFILLER_HEADER, prefill.to_string());
         }
+        let request = request
+            .body(Body::from(call.body.clone()))
+            .expect("a path, an address and headers already checked make a request");
         // Refused, reset or closed before a status line: nothing came back.
-        let answer = upstream.send().await.map_err(|e| e.to_string())?;
+        let answer = pod.send(request).await.map_err(|e| reasons(&e))?;
         self.metrics.prefill_hop(|name| {
             let value = answer.headers().get(name)?;
             value.to_str().ok().map(str::to_owned)
         });
         let small = answer
-            .content_length()
+            .body()
+            .size_hint()
+            .exact()
             .is_some_and(|n| n <= ERROR_BODY_BYTES);
+        let answer = answer.map(Body::new);
         if answer.status() != StatusCode::SERVICE_UNAVAILABLE || !small {
             return Ok(Answer::Stream(answer));
         }
         let status = answer.status();
         let content_type = answer.headers().get(header::CONTENT_TYPE).cloned();
-        let body = answer.bytes().await.map_err(|e| e.to_string())?;
+        let body = body_bytes(answer).await.map_err(|e| e.to_string())?;
         if engine_unreachable(&body) {
             return Err(ENGINE_UNREACHABLE.to_owned());
         }
@@ -611,7 +615,7 @@ fn relay(answer: Answer, mut assignment: Assignment, meter: ResponseMeter) -> Re
         Answer::Stream(answer) => (
             answer.status(),
             answer.headers().get(header::CONTENT_TYPE).cloned(),
-            Box::pin(answer.bytes_stream()),
+            Box::pin(answer.into_body().into_data_stream()),
         ),
         Answer::Whole {
             status,
@@ -659,7 +663,23 @@ fn is_event_stream(content_type: Option<&HeaderValue>) -> bool {
         .is_some_and(|v| v.starts_with("text/event-stream"))
 }
 
-type ByteStream = Pin<Box<dyn Stream<Item = reqwest::Result<Bytes>> + Send>>;
+type ByteStream = Pin<Box<dyn Stream<Item = Result<Bytes, axum::Error>> + Send>>;
+
+/// A pod's whole body.
+async fn body_bytes(answer: Response) -> Result<Bytes, axum::Error> {
+    axum::body::to_bytes(answer.into_body(), usize::MAX).await
+}
+
+/// `error` and its sources, as one line.
+fn reasons(error: &dyn std::error::Error) -> String {
+    let mut line = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        line = format!("{line}: {cause}");
+        source = cause.source();
+    }
+    line
+}
 
 /// How long the end of a pod's body is awaited after its `[DONE]` (it follows at once).
 const END_OF_BODY_WAIT: Duration = Duration::from_secs(5);
@@ -667,11 +687,13 @@ const END_OF_BODY_WAIT: Duration = Duration::from_secs(5);
 /// A pod's streamed answer, whose chunks already read can be taken without waiting.
 type Upstream = Pin<Box<Peekable<ByteStream>>>;
 
-fn upstream(reply: reqwest::Response) -> Upstream {
-    upstream_of(reply.bytes_stream())
+fn upstream(reply: Response) -> Upstream {
+    upstream_of(reply.into_body().into_data_stream())
 }
 
-fn upstream_of(stream: impl Stream<Item = reqwest::Result<Bytes>> + Send + 'static) -> Upstream {
+fn upstream_of(
+    stream: impl Stream<Item = Result<Bytes, axum::Error>> + Send + 'static,
+) -> Upstream {
     let stream: ByteStream = Box::pin(stream);
     Box::pin(stream.peekable())
 }
@@ -877,7 +899,7 @@ async fn refusal(answer: Answer) -> Value {
         Answer::Whole { status, body, .. } => (status, body),
         Answer::Stream(reply) => {
             let status = reply.status();
-            (status, reply.bytes().await.unwrap_or_default())
+            (status, body_bytes(reply).await.unwrap_or_default())
         }
     };
     match serde_json::from_slice::<Value>(&body) {
@@ -896,7 +918,7 @@ struct MeteredBody {
 }
 
 impl Stream for MeteredBody {
-    type Item = reqwest::Result<Bytes>;
+    type Item = Result<Bytes, axum::Error>;
 
     fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
         let this = self.get_mut();

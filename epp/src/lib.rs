@@ -27,6 +27,7 @@ pub mod metrics;
 pub mod migration;
 pub mod model_source;
 pub mod openapi;
+pub mod pod_connections;
 pub mod pool;
 pub mod request;
 pub mod responses;
@@ -141,7 +142,6 @@ pub async fn start(config: Config) -> anyhow::Result<Epp> {
         model.clone(),
         router.clone(),
         metrics.clone(),
-        client,
         config.frontend,
     ));
     let mut tasks = Vec::new();

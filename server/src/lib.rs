@@ -10,7 +10,8 @@
 //! - [`on_every_worker`]: per-thread set-up done before serving;
 //! - [`metrics_endpoint`]: `/metrics` and `/healthz` on one port;
 //! - [`Throttled`]: a warning that may repeat at a high rate, logged once per interval;
-//! - [`free_port`]: a loopback port for a process that must be told it before it starts.
+//! - [`free_port`]: a loopback port for a process that must be told it before it starts;
+//! - [`upstream`]: a proxy's HTTP/1 connections to the server behind it.
 
 mod budget;
 mod connection;
@@ -26,6 +27,7 @@ pub mod metrics_endpoint;
 mod ports;
 mod process;
 mod throttled;
+pub mod upstream;
 mod workers;
 
 use std::sync::Arc;

@@ -16,7 +16,7 @@
 //!    lease is charged to its client.
 //! 7. `Forward`: the request on to the engine with its headers and body streamed as
 //!    they arrive, and the answer back the same way: SSE tokens pass as they come, those
-//!    that came together in one write (`upstream`). A client that leaves drops the
+//!    that came together in one write (`dynamo_server::upstream`). A client that leaves drops the
 //!    response body, which drops the engine connection and so cancels the request there.
 
 mod allowlist;
@@ -25,13 +25,14 @@ mod forward;
 mod in_flight;
 mod status_metrics;
 mod transfer_params;
-mod upstream;
 
 use std::net::{IpAddr, SocketAddr};
+use std::time::Duration;
 
 use axum::Router;
 use axum::extract::ConnectInfo;
 use axum::http::Extensions;
+use dynamo_server::upstream::Timeouts;
 use tower::ServiceBuilder;
 
 use crate::blocks::budget::peer_of;
@@ -68,20 +69,28 @@ pub fn router(
     Ok(Router::new().fallback_service(stack))
 }
 
+/// The sidecar's connections to its engine. vLLM's server closes connections idle for
+/// 5 s (uvicorn's `timeout_keep_alive`, vllm `entrypoints/constants.py`
+/// TIMEOUT_KEEP_ALIVE): ours are dropped first.
+pub const ENGINE_TIMEOUTS: Timeouts = Timeouts {
+    connect: Duration::from_secs(5),
+    idle: Duration::from_secs(4),
+};
+
 /// The peer a request came from (`dynamo_server` gives each its client's address).
 pub fn client_ip(extensions: &Extensions) -> IpAddr {
     peer_of(extensions.get::<ConnectInfo<SocketAddr>>().map(|c| c.0))
 }
 
 /// The HTTP client the sidecar asks its engine with (health, model, the prefill hop); the
-/// proxied requests go through `upstream`.
+/// proxied requests go through `dynamo_server::upstream`.
 pub fn engine_client() -> reqwest::Result<reqwest::Client> {
     reqwest::Client::builder()
         // The engine is on loopback or in the pod: never through an HTTP proxy.
         .no_proxy()
         .redirect(reqwest::redirect::Policy::none())
         .tcp_nodelay(true)
-        .connect_timeout(upstream::CONNECT_TIMEOUT)
-        .pool_idle_timeout(upstream::IDLE_TIMEOUT)
+        .connect_timeout(ENGINE_TIMEOUTS.connect)
+        .pool_idle_timeout(ENGINE_TIMEOUTS.idle)
         .build()
 }

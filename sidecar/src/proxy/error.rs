@@ -16,7 +16,7 @@ use futures::FutureExt;
 use futures::future::{self, Either, Map, Ready};
 use tower::{Layer, Service};
 
-use super::upstream::UpstreamError;
+use dynamo_server::upstream::UpstreamError;
 
 #[derive(Debug)]
 pub enum ProxyError {

@@ -1,6 +1,6 @@
 //! The innermost service of the proxy: the request on to the engine, its headers (less
 //! hop-by-hop ones) and body streamed as they arrive, and the engine's answer back with
-//! its body as it comes ([`EngineBody`]). Every way this fails is a [`ProxyError`].
+//! its body as it comes ([`UpstreamBody`]). Every way this fails is a [`ProxyError`].
 
 use std::pin::Pin;
 use std::sync::Arc;
@@ -15,7 +15,8 @@ use http_body::{Frame, SizeHint};
 use tower::Service;
 
 use super::error::ProxyError;
-use super::upstream::{EngineBody, Upstream};
+use dynamo_server::upstream::{Upstream, UpstreamBody};
+
 use crate::engine;
 
 /// The most of a non-JSON engine error body quoted back to the client.
@@ -31,13 +32,16 @@ pub struct Forward {
 impl Forward {
     /// Requests on to the engine at `engine`, an `http://` URL.
     pub fn new(engine: &reqwest::Url) -> Result<Self, String> {
+        let upstream = Upstream::new(engine.as_str(), super::ENGINE_TIMEOUTS).map_err(|e| {
+            format!("the engine is reached over plain HTTP (in the pod or on loopback): {e}")
+        })?;
         Ok(Self {
-            engine: Arc::new(Upstream::new(engine)?),
+            engine: Arc::new(upstream),
             engine_url: Arc::new(engine.clone()),
         })
     }
 
-    async fn forward(self, request: Request) -> Result<http::Response<EngineBody>, ProxyError> {
+    async fn forward(self, request: Request) -> Result<http::Response<UpstreamBody>, ProxyError> {
         let (parts, body) = request.into_parts();
         let path = parts.uri.path_and_query().map_or("/", |pq| pq.as_str());
         let mut headers = end_to_end(parts.headers, true);
@@ -85,9 +89,9 @@ impl Forward {
 }
 
 impl Service<Request> for Forward {
-    type Response = http::Response<EngineBody>;
+    type Response = http::Response<UpstreamBody>;
     type Error = ProxyError;
-    type Future = BoxFuture<'static, Result<http::Response<EngineBody>, ProxyError>>;
+    type Future = BoxFuture<'static, Result<http::Response<UpstreamBody>, ProxyError>>;
 
     /// Always ready: each request takes an idle connection or makes one.
     fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), ProxyError>> {
@@ -137,7 +141,7 @@ fn is_json(headers: &HeaderMap) -> bool {
 }
 
 /// The start of an engine's error body, as text.
-async fn quote(mut answer: EngineBody) -> String {
+async fn quote(mut answer: UpstreamBody) -> String {
     let mut quoted = Vec::new();
     while quoted.len() < QUOTED_ERROR_BYTES {
         let frame = std::future::poll_fn(|cx| Pin::new(&mut answer).poll_frame(cx)).await;

@@ -1,19 +1,20 @@
-//! The proxy's connections to its engine: hyper's HTTP/1 client connections, each
-//! driven by the request it carries and then by that request's response body, not by a
-//! task of its own.
+//! A proxy's connections to the server behind it (the sidecar's to its engine, the
+//! picker's to each pod): hyper's HTTP/1 client connections, each driven by the request
+//! it carries and then by that request's response body, not by a task of its own.
 //!
 //! A pooled client (reqwest's, hyper-util's) runs every connection in a task that hands
 //! the response body over one chunk at a time, each hand-over a wake-up of both tasks:
-//! an answer's SSE frames went to the client one write each even when the engine had
+//! an answer's SSE frames went to the client one write each even when the server had
 //! sent them all in one packet. Polled by the body instead, the connection decodes
 //! every frame already received, and the body passes them on in one write; what it has
 //! goes out as soon as nothing more has arrived, so no token waits for the next.
 //!
-//! Idle connections wait in a small pool (most recently used first); one the engine
+//! Idle connections wait in a small pool (most recently used first); one the server
 //! closed meanwhile is noticed when taken, and a request it could not send is sent on
 //! a new connection.
 
 use std::future::{Future, poll_fn};
+use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll, Waker};
@@ -25,23 +26,23 @@ use http_body::{Frame, SizeHint};
 use hyper::body::Incoming;
 use hyper::client::conn::TrySendError;
 use hyper::client::conn::http1::{Connection, SendRequest, handshake};
-use hyper::{Request, Response};
+use hyper::{Request, Response, Uri};
 use hyper_util::rt::TokioIo;
 use tokio::net::TcpStream;
 
-/// How long connecting to the engine may take.
-pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
-
-/// How long an idle connection is kept. vLLM's server closes connections idle for 5 s
-/// (uvicorn's `timeout_keep_alive`, vllm `entrypoints/constants.py`
-/// TIMEOUT_KEEP_ALIVE): reusing one it is closing would fail a request, so ours are
-/// dropped first.
-pub const IDLE_TIMEOUT: Duration = Duration::from_secs(4);
+/// How long connecting may take, and how long an idle connection is kept: shorter than
+/// the server keeps it, since a request sent on a connection the server is closing
+/// fails.
+#[derive(Clone, Copy, Debug)]
+pub struct Timeouts {
+    pub connect: Duration,
+    pub idle: Duration,
+}
 
 /// Most bytes of a response passed on in one piece.
 const MAX_BATCH: usize = 64 << 10;
 
-/// Why no answer came from the engine.
+/// Why no answer came.
 #[derive(Debug, thiserror::Error)]
 pub enum UpstreamError {
     #[error("connecting to {0} timed out")]
@@ -51,17 +52,18 @@ pub enum UpstreamError {
         authority: String,
         source: std::io::Error,
     },
-    /// The HTTP exchange failed (the engine closed, reset or answered garbage).
+    /// The HTTP exchange failed (the server closed, reset or answered garbage).
     #[error(transparent)]
     Http(#[from] hyper::Error),
 }
 
-/// The engine at one base URL and the connections to it.
+/// The server at one base URL and the connections to it.
 pub struct Upstream {
     /// `host:port`, to connect to and as the `Host` header.
     authority: String,
     /// The base URL's path without its trailing `/`, which every request path follows.
     base_path: String,
+    timeouts: Timeouts,
     idle: Mutex<Vec<Idle>>,
 }
 
@@ -107,23 +109,33 @@ impl Conn {
 }
 
 impl Upstream {
-    /// The engine at `base` (an `http://` URL).
-    pub fn new(base: &reqwest::Url) -> Result<Self, String> {
-        if base.scheme() != "http" {
-            return Err(format!(
-                "the engine is reached over plain HTTP (in the pod or on loopback): {base} is not http://"
-            ));
+    /// The server at `base`, an `http://` URL: `Err` says why it is not one.
+    pub fn new(base: &str, timeouts: Timeouts) -> Result<Self, String> {
+        let uri: Uri = base.parse().map_err(|e| format!("{base}: {e}"))?;
+        if uri.scheme_str() != Some("http") {
+            return Err(format!("{base} is not an http:// URL"));
         }
-        // An IPv6 host comes in brackets, as an authority has it.
-        let host = base
-            .host_str()
+        let host = uri
+            .host()
+            .filter(|h| !h.is_empty())
             .ok_or_else(|| format!("{base} names no host"))?;
-        let port = base.port_or_known_default().unwrap_or(80);
-        Ok(Self {
-            authority: format!("{host}:{port}"),
-            base_path: base.path().trim_end_matches('/').to_owned(),
+        // An IPv6 host comes in brackets, as an authority has it.
+        let port = uri.port_u16().unwrap_or(80);
+        Ok(Self::at(format!("{host}:{port}"), uri.path(), timeouts))
+    }
+
+    /// The server at `address`, its paths as they are.
+    pub fn at_address(address: SocketAddr, timeouts: Timeouts) -> Self {
+        Self::at(address.to_string(), "", timeouts)
+    }
+
+    fn at(authority: String, base_path: &str, timeouts: Timeouts) -> Self {
+        Self {
+            authority,
+            base_path: base_path.trim_end_matches('/').to_owned(),
+            timeouts,
             idle: Mutex::new(Vec::new()),
-        })
+        }
     }
 
     /// The request line's target for `path_and_query` (from its leading `/`).
@@ -141,7 +153,7 @@ impl Upstream {
     pub async fn send(
         self: &Arc<Self>,
         mut request: Request<Body>,
-    ) -> Result<Response<EngineBody>, UpstreamError> {
+    ) -> Result<Response<UpstreamBody>, UpstreamError> {
         loop {
             let (mut conn, reused) = match self.checkout() {
                 Some(conn) => (conn, true),
@@ -150,10 +162,10 @@ impl Upstream {
             match conn.exchange(request).await {
                 Ok(response) => {
                     let upstream = self.clone();
-                    return Ok(response.map(|incoming| EngineBody::new(incoming, conn, upstream)));
+                    return Ok(response.map(|incoming| UpstreamBody::new(incoming, conn, upstream)));
                 }
                 Err(mut failed) => match failed.take_message() {
-                    // An idle connection the engine had closed: the request never went
+                    // An idle connection the server had closed: the request never went
                     // out, so it goes on a new one.
                     Some(unsent) if reused => request = unsent,
                     _ => return Err(failed.into_error().into()),
@@ -166,16 +178,23 @@ impl Upstream {
     fn checkout(&self) -> Option<Conn> {
         loop {
             let Idle { mut conn, since } = self.idle.lock().expect("not poisoned").pop()?;
-            if since.elapsed() < IDLE_TIMEOUT && conn.ready() {
+            if since.elapsed() < self.timeouts.idle && conn.ready() {
                 return Some(conn);
             }
         }
     }
 
+    /// Holds a connection not yet expired (those that have are closed).
+    pub fn has_idle(&self) -> bool {
+        let mut idle = self.idle.lock().expect("not poisoned");
+        idle.retain(|i| i.since.elapsed() < self.timeouts.idle);
+        !idle.is_empty()
+    }
+
     fn checkin(&self, conn: Conn) {
         let mut idle = self.idle.lock().expect("not poisoned");
         // The oldest are at the bottom and may never be taken again: closed here.
-        idle.retain(|i| i.since.elapsed() < IDLE_TIMEOUT);
+        idle.retain(|i| i.since.elapsed() < self.timeouts.idle);
         idle.push(Idle {
             conn,
             since: Instant::now(),
@@ -184,7 +203,7 @@ impl Upstream {
 
     async fn connect(&self) -> Result<Conn, UpstreamError> {
         let authority = &self.authority;
-        let tcp = tokio::time::timeout(CONNECT_TIMEOUT, TcpStream::connect(authority))
+        let tcp = tokio::time::timeout(self.timeouts.connect, TcpStream::connect(authority))
             .await
             .map_err(|_| UpstreamError::ConnectTimeout(authority.clone()))?
             .map_err(|source| UpstreamError::Connect {
@@ -201,11 +220,11 @@ impl Upstream {
     }
 }
 
-/// A response body from the engine. Polling it drives its connection; each poll gives
+/// A response body from the server. Polling it drives its connection; each poll gives
 /// everything received by then (up to [`MAX_BATCH`]) as one frame. At its end the
 /// connection goes back to the pool; dropped before, it is closed, which cancels the
-/// request in the engine.
-pub struct EngineBody {
+/// request in an engine.
+pub struct UpstreamBody {
     incoming: Incoming,
     conn: Option<Conn>,
     upstream: Arc<Upstream>,
@@ -213,7 +232,7 @@ pub struct EngineBody {
     held: Option<Result<Frame<Bytes>, hyper::Error>>,
 }
 
-impl EngineBody {
+impl UpstreamBody {
     fn new(incoming: Incoming, conn: Conn, upstream: Arc<Upstream>) -> Self {
         Self {
             incoming,
@@ -270,7 +289,7 @@ impl Batch {
     }
 }
 
-impl http_body::Body for EngineBody {
+impl http_body::Body for UpstreamBody {
     type Data = Bytes;
     type Error = hyper::Error;
 
@@ -321,5 +340,36 @@ impl http_body::Body for EngineBody {
 
     fn size_hint(&self) -> SizeHint {
         self.incoming.size_hint()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const T: Timeouts = Timeouts {
+        connect: Duration::from_secs(1),
+        idle: Duration::from_secs(1),
+    };
+
+    #[test]
+    fn a_base_url_gives_the_authority_and_the_path_requests_follow() {
+        let u = Upstream::new("http://127.0.0.1:8000", T).unwrap();
+        assert_eq!(
+            (u.authority(), u.target("/v1/models")),
+            ("127.0.0.1:8000", "/v1/models".into())
+        );
+        let u = Upstream::new("http://engine/base/", T).unwrap();
+        assert_eq!(
+            (u.authority(), u.target("/health")),
+            ("engine:80", "/base/health".into())
+        );
+        let u = Upstream::new("http://[::1]:9000", T).unwrap();
+        assert_eq!(u.authority(), "[::1]:9000");
+        let u = Upstream::at_address("[::1]:7000".parse().unwrap(), T);
+        assert_eq!((u.authority(), u.target("/x")), ("[::1]:7000", "/x".into()));
+        for bad in ["https://engine:8000", "engine:8000", "http://", "not a url"] {
+            assert!(Upstream::new(bad, T).is_err(), "{bad}");
+        }
     }
 }

@@ -312,6 +312,7 @@ fn check_efficiency(e: &Efficiency) -> Result<(), CalibrationError> {
     let checks = [
         ("compute", e.compute, lo, hi),
         ("memory", e.memory, lo, hi),
+        ("kv_memory", e.kv_memory, lo, hi),
         ("tp_link", e.tp_link, lo, hi),
         ("transfer", e.transfer, lo, hi),
         ("allreduce_latency_ms", e.allreduce_latency_ms, 0.0, 1.0),

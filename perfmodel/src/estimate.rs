@@ -2,10 +2,12 @@
 //! parallelism. Equations and their sources: `docs/perfmodel.md`.
 //!
 //! One engine step is one forward pass over every token scheduled in it (prefill chunks
-//! and one token per decoding sequence). It takes the larger of its compute time (FLOPs
-//! over the GPUs' dense peak) and its memory time (weights and KV read over HBM
-//! bandwidth), plus the tensor-parallel all-reduces, which do not overlap with either,
-//! plus a fixed per-step overhead.
+//! and one token per decoding sequence). Its linear layers and its attention run as
+//! separate kernels, one after the other, so each takes the larger of its own compute
+//! time (FLOPs over the GPUs' dense peak) and memory time (weights, or KV, over HBM
+//! bandwidth), and the step their sum, plus the tensor-parallel all-reduces, which
+//! overlap with neither, plus a fixed per-step overhead. A mixed step hides its decodes'
+//! weight reads behind the chunk's GEMMs but not their KV reads.
 
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
@@ -27,6 +29,11 @@ pub const MEMORY_EFFICIENCY: f64 = 0.8;
 /// reaches (protocol overhead, steps that do not overlap). The published figures here
 /// barely depend on it: activations are small next to weights.
 pub const TP_LINK_EFFICIENCY: f64 = 0.7;
+/// Fraction of memory bandwidth attention's KV reads reach: a separate factor because
+/// attention runs as its own kernels (paged, in blocks, per head group), which need not
+/// stream as well as the weights' GEMMs; the weights' factor until a calibration says
+/// otherwise.
+pub const KV_MEMORY_EFFICIENCY: f64 = MEMORY_EFFICIENCY;
 /// Fraction of a link's bandwidth a KV transfer (RDMA of many blocks) reaches. No public
 /// figure here measures a KV transfer alone.
 pub const TRANSFER_EFFICIENCY: f64 = 0.8;
@@ -59,6 +66,7 @@ pub const MAX_NUM_BATCHED_TOKENS: u64 = 8192;
 pub struct Efficiency {
     pub compute: f64,
     pub memory: f64,
+    pub kv_memory: f64,
     pub tp_link: f64,
     pub transfer: f64,
     pub allreduce_latency_ms: f64,
@@ -70,6 +78,7 @@ impl Default for Efficiency {
         Self {
             compute: COMPUTE_EFFICIENCY,
             memory: MEMORY_EFFICIENCY,
+            kv_memory: KV_MEMORY_EFFICIENCY,
             tp_link: TP_LINK_EFFICIENCY,
             transfer: TRANSFER_EFFICIENCY,
             allreduce_latency_ms: ALLREDUCE_LATENCY_MS,
@@ -139,18 +148,33 @@ pub fn attention_pairs(n: u64, cached: u64) -> u64 {
     n * cached + n * (n + 1) / 2
 }
 
+/// A part of a step that runs as its own kernels: bound by its FLOPs or by its bytes.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Roofline {
+    pub compute_ms: f64,
+    pub memory_ms: f64,
+}
+
+impl Roofline {
+    pub fn ms(&self) -> f64 {
+        self.compute_ms.max(self.memory_ms)
+    }
+}
+
 /// A step's time by part, ms.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct StepTime {
-    pub compute_ms: f64,
-    pub memory_ms: f64,
+    /// The GEMMs of the transformer blocks and the LM head, and the weights they read.
+    pub linear: Roofline,
+    /// Attention, and the KV it reads and writes.
+    pub attention: Roofline,
     pub allreduce_ms: f64,
     pub overhead_ms: f64,
 }
 
 impl StepTime {
     pub fn total_ms(&self) -> f64 {
-        self.compute_ms.max(self.memory_ms) + self.allreduce_ms + self.overhead_ms
+        self.linear.ms() + self.attention.ms() + self.allreduce_ms + self.overhead_ms
     }
 }
 
@@ -319,8 +343,14 @@ impl Estimator {
             return StepTime::default();
         }
         StepTime {
-            compute_ms: self.compute_ms(load),
-            memory_ms: self.memory_ms(load),
+            linear: Roofline {
+                compute_ms: self.linear_compute_ms(load),
+                memory_ms: self.weight_read_ms(load),
+            },
+            attention: Roofline {
+                compute_ms: self.attention_compute_ms(load),
+                memory_ms: self.kv_access_ms(load),
+            },
             allreduce_ms: self.allreduce_ms(tokens),
             overhead_ms: self.efficiency.step_overhead_ms,
         }
@@ -446,7 +476,9 @@ impl Estimator {
         }
         let decode_step_ms = self.decode_step_ms(batch, isl as f64 + osl as f64 / 2.0);
         let prefill = StepLoad::prefill(isl, 0);
-        let prefill_ms = self.compute_ms(&prefill) + self.allreduce_ms(isl);
+        let prefill_ms = self.linear_compute_ms(&prefill)
+            + self.attention_compute_ms(&prefill)
+            + self.allreduce_ms(isl);
         let cycle_ms = osl as f64 * decode_step_ms + batch as f64 * prefill_ms;
         Some(Throughput {
             batch,
@@ -455,25 +487,32 @@ impl Estimator {
         })
     }
 
-    /// FLOPs over the deployment's dense peak: 2 per weight per token through the
-    /// transformer blocks (active experts only), the LM head for each sequence that
-    /// samples, and attention per (query, key) pair.
-    fn compute_ms(&self, load: &StepLoad) -> f64 {
+    /// FLOPs of the linear layers over the deployment's dense peak: 2 per weight per
+    /// token through the transformer blocks (active experts only) and the LM head for each
+    /// sequence that samples.
+    fn linear_compute_ms(&self, load: &StepLoad) -> f64 {
         let m = &self.model;
-        let p = m.params();
-        let block_params = (m.active_params() - p.embeddings()) as f64;
+        let block_params = (m.active_params() - m.params().embeddings()) as f64;
         let lm_head = (m.vocab * m.hidden) as f64;
         let flops = 2.0 * block_params * load.tokens() as f64
-            + 2.0 * lm_head * (load.prefill_seqs + load.decode_seqs) as f64
-            + m.attention_flops_per_pair()
-                * (load.prefill_attention_pairs + load.decode_context_tokens) as f64;
+            + 2.0 * lm_head * (load.prefill_seqs + load.decode_seqs) as f64;
+        self.flops_ms(flops)
+    }
+
+    /// Attention's FLOPs per (query, key) pair over the deployment's dense peak.
+    fn attention_compute_ms(&self, load: &StepLoad) -> f64 {
+        let pairs = load.prefill_attention_pairs + load.decode_context_tokens;
+        self.flops_ms(self.model.attention_flops_per_pair() * pairs as f64)
+    }
+
+    fn flops_ms(&self, flops: f64) -> f64 {
         let peak = self.gpu.peak_flops(self.weight_dtype) * self.tp as f64;
         flops / (peak * self.efficiency.compute) * 1e3
     }
 
-    /// Bytes one GPU reads (its weight shard, the experts the step's tokens route to,
-    /// the KV its tokens attend to) and writes (the new tokens' KV), over its bandwidth.
-    fn memory_ms(&self, load: &StepLoad) -> f64 {
+    /// Weight bytes one GPU reads (its shard, and the experts the step's tokens route
+    /// to) over its bandwidth.
+    fn weight_read_ms(&self, load: &StepLoad) -> f64 {
         let m = &self.model;
         let p = m.params();
         let wb = self.weight_dtype.bytes() as f64;
@@ -486,10 +525,19 @@ impl Estimator {
         let blocks = (p.total() - p.embeddings() - p.routed_experts) as f64 * wb;
         let lm_head = (m.vocab * m.hidden) as f64 * eb;
         let experts = p.routed_experts as f64 * wb * self.routed_share_read(load.tokens());
-        let weights = (blocks + lm_head + experts) / self.tp as f64;
+        self.bytes_ms((blocks + lm_head + experts) / self.tp as f64)
+    }
+
+    /// KV bytes one GPU reads (what the step's tokens attend to) and writes (the new
+    /// tokens' KV) over its bandwidth.
+    fn kv_access_ms(&self, load: &StepLoad) -> f64 {
         let kv_tokens = load.prefill_context_tokens + load.decode_context_tokens + load.tokens();
-        let kv = (kv_tokens * self.kv_bytes_per_token_per_gpu()) as f64;
-        (weights + kv) / (self.gpu.memory_bandwidth * self.efficiency.memory) * 1e3
+        let bytes = (kv_tokens * self.kv_bytes_per_token_per_gpu()) as f64;
+        bytes / (self.gpu.memory_bandwidth * self.efficiency.kv_memory) * 1e3
+    }
+
+    fn bytes_ms(&self, bytes: f64) -> f64 {
+        bytes / (self.gpu.memory_bandwidth * self.efficiency.memory) * 1e3
     }
 
     /// Share of the routed experts a step of `tokens` tokens reads: with each token
@@ -553,12 +601,17 @@ mod tests {
     fn decode_is_memory_bound_and_grows_with_batch_and_context() {
         let e = est(GpuSku::H100Sxm, LLAMA_8B, 1);
         let one = e.step(&StepLoad::decode(1, 1000));
-        assert!(one.memory_ms > one.compute_ms, "{one:?}");
+        assert!(one.linear.memory_ms > one.linear.compute_ms, "{one:?}");
+        assert!(
+            one.attention.memory_ms > one.attention.compute_ms,
+            "{one:?}"
+        );
         // A lone decode reads the weights but the input embedding (gathered by row), and
         // 1,000 tokens of KV; writes one: 15.14 GB at 80% of 3.35 TB/s = 5.65 ms.
         let bytes = 16_060_522_496u64 - 2 * 128256 * 4096 + 1001 * 131_072;
         let expected = bytes as f64 / (3.35e12 * MEMORY_EFFICIENCY) * 1e3;
-        assert!((one.memory_ms - expected).abs() < 1e-9, "{one:?}");
+        let memory = one.linear.memory_ms + one.attention.memory_ms;
+        assert!((memory - expected).abs() < 1e-9, "{one:?}");
         let mut last = 0.0;
         for batch in [1, 8, 64, 256] {
             let t = e.decode_step_ms(batch, 2000.0);
@@ -620,6 +673,10 @@ mod tests {
         let together = e.step_ms(&mixed);
         assert!(together < apart, "{together} vs {apart}");
         assert!(together > e.prefill_ms(512, 0).max(e.decode_step_ms(32, 1500.0)));
+        // The chunk's GEMMs hide the decodes' weight reads, not their KV reads: the step
+        // is the chunk's alone plus at least the decodes' KV time.
+        let kv = e.step(&StepLoad::decode(32, 32 * 1500)).attention.memory_ms;
+        assert!(together >= e.prefill_ms(512, 0) + kv, "{together}");
     }
 
     #[test]

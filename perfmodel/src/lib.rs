@@ -22,8 +22,8 @@ pub mod uncertainty;
 
 pub use dtype::{Dtype, UnknownDtype};
 pub use estimate::{
-    Capacity, DoesNotFit, Efficiency, Estimator, InvalidParallelism, Link, StepLoad, StepTime,
-    Throughput, attention_pairs,
+    Capacity, DoesNotFit, Efficiency, Estimator, InvalidParallelism, Link, Roofline, StepLoad,
+    StepTime, Throughput, attention_pairs,
 };
 pub use gpu::{GpuSku, GpuSpec, UnknownGpu};
 pub use model::{ConfigError, Mla, ModelArch, Moe, ParamCounts, UnknownModel, catalog_names};

@@ -184,8 +184,9 @@ fn calibration(path: &Path) -> anyhow::Result<(Estimator, Option<String>)> {
     let Some(fit) = fit else {
         let e = &estimator.efficiency;
         eprintln!(
-            "no points: the factors as given (compute {}, memory {}, step overhead {} ms)",
-            e.compute, e.memory, e.step_overhead_ms
+            "no points: the factors as given (compute {}, memory {}, kv_memory {}, step overhead \
+             {} ms)",
+            e.compute, e.memory, e.kv_memory, e.step_overhead_ms
         );
         return Ok((estimator, None));
     };

@@ -21,17 +21,17 @@ fn nim_llama_70b_on_two_h100s_is_fitted_within_a_fifth_but_ttft_under_load() {
     let summary = fit.summary();
     println!("{summary}");
     let max = |metric, held_out| fit.error(metric, held_out, true).unwrap().max_factor;
-    // The fitted TTFTs (one prefill each) and the held-out ITLs: within 1.2x.
+    // The fitted TTFTs (one prefill each), the fitted ITLs (NIM's 500/2000 ITL doubles
+    // from 1 to 150 in flight, which the KV reads' own bandwidth share follows) and the
+    // held-out ITLs: within 1.2x.
     assert!(max(Metric::Ttft, false) <= 1.2, "{summary}");
+    assert!(max(Metric::Itl, false) <= 1.2, "{summary}");
     assert!(max(Metric::Itl, true) <= 1.2, "{summary}");
-    // The fitted ITLs reach 1.21x, not 1.2x: NIM's ITL of 500/2000 grows 2x from 1 to 150
-    // in flight, the model's (KV reads at the weights' bandwidth share) 1.6x.
-    assert!(max(Metric::Itl, false) <= 1.22, "{summary}");
     let before = fit.error(Metric::Itl, false, false).unwrap().max_factor;
     assert!(before > 1.4, "the defaults were further off: {summary}");
     // TTFT under load, held out: NIM's grows by 60-140 ms from 1 to 5 in flight at any
     // prompt length, the model's not at all until prefills queue behind each other. The
-    // long prompts' come within 0.6-1.1x; the short prompts' stay at 0.19-0.34x.
+    // long prompts' come within 0.55-1.05x; the short prompts' stay at 0.23-0.35x.
     for p in fit.points.iter().filter(|p| p.point.held_out) {
         let Some(ttft) = p.ratios(true)[0] else {
             continue;
@@ -47,11 +47,12 @@ fn nim_llama_70b_on_two_h100s_is_fitted_within_a_fifth_but_ttft_under_load() {
             p.point.source
         );
     }
-    // Physically plausible: half the FP8 peak, two thirds of the HBM bandwidth, a few ms
-    // a step besides.
+    // Physically plausible: half the FP8 peak, the KV read at a third to two thirds of the
+    // HBM bandwidth (below the weights' 0.8, which the fit keeps), a few ms a step besides.
     let e = &fit.efficiency;
     assert!((0.4..=0.6).contains(&e.compute), "{e:?}");
-    assert!((0.55..=0.8).contains(&e.memory), "{e:?}");
+    assert_eq!(e.memory, Efficiency::default().memory);
+    assert!((0.3..=0.7).contains(&e.kv_memory), "{e:?}");
     assert!((1.0..=5.0).contains(&e.step_overhead_ms), "{e:?}");
 }
 

@@ -221,7 +221,7 @@ bench:
 	  --request-rate 4,6,8,12,16,24,32 --kv-block-bytes 8MiB \
 	  --out .cache/bench/replay-disagg.json --markdown .cache/bench/replay-disagg.md
 	$(CARGO) run --release --locked --quiet -p dynamo-e2e -- replay --topology agg:4 --modes kv $(DISAGG_70B) \
-	  --max-num-batched-tokens 384 --out .cache/bench/replay-disagg-70b-agg.json --markdown .cache/bench/replay-disagg-70b-agg.md
+	  --max-num-batched-tokens 512 --out .cache/bench/replay-disagg-70b-agg.json --markdown .cache/bench/replay-disagg-70b-agg.md
 	$(CARGO) run --release --locked --quiet -p dynamo-e2e -- replay --topology 2p2d,3p1d --modes kv $(DISAGG_70B) \
 	  --out .cache/bench/replay-disagg-70b.json --markdown .cache/bench/replay-disagg-70b.md
 	$(CARGO) run --release --locked --quiet -p dynamo-e2e -- planner \

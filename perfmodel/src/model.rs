@@ -242,13 +242,18 @@ impl ModelArch {
     pub fn by_name(name: &str) -> Result<Self, UnknownModel> {
         let wanted = name.trim().to_ascii_lowercase();
         let short = |n: &str| n.rsplit('/').next().unwrap_or(n).to_ascii_lowercase();
+        let matches = |n: &str| {
+            n.eq_ignore_ascii_case(&wanted) || (!wanted.contains('/') && short(n) == wanted)
+        };
+        if let Some((fp8, base)) = FP8_CHECKPOINTS.iter().find(|(fp8, _)| matches(fp8)) {
+            let mut arch = Self::by_name(base)?;
+            arch.name = (*fp8).into();
+            arch.weight_dtype = Dtype::Fp8;
+            return Ok(arch);
+        }
         CATALOG
             .iter()
-            .find(|e| {
-                e.names.iter().any(|n| {
-                    n.eq_ignore_ascii_case(&wanted) || (!wanted.contains('/') && short(n) == wanted)
-                })
-            })
+            .find(|e| e.names.iter().any(|n| matches(n)))
             .map(|e| Self::from_config_json(e.names[0], e.config).expect("catalog entries parse"))
             .ok_or_else(|| UnknownModel { name: name.into() })
     }
@@ -371,6 +376,7 @@ pub fn catalog_names() -> Vec<&'static str> {
     CATALOG
         .iter()
         .flat_map(|e| e.names.iter().copied())
+        .chain(FP8_CHECKPOINTS.iter().map(|(fp8, _)| *fp8))
         .collect()
 }
 
@@ -380,6 +386,19 @@ struct CatalogEntry {
     /// The `config.json` fields we read, as published.
     config: &'static str,
 }
+
+/// NVIDIA's ModelOpt FP8 checkpoints and their base models: the same architecture with
+/// FP8 weights in the transformer blocks (their model cards, see `weight_bytes`).
+const FP8_CHECKPOINTS: &[(&str, &str)] = &[
+    (
+        "nvidia/Llama-3.1-8B-Instruct-FP8",
+        "meta-llama/Llama-3.1-8B-Instruct",
+    ),
+    (
+        "nvidia/Llama-3.3-70B-Instruct-FP8",
+        "meta-llama/Llama-3.3-70B-Instruct",
+    ),
+];
 
 // Each config below is the model's published `config.json`
 // (huggingface.co/<name>/blob/main/config.json), trimmed to the fields read.
@@ -391,7 +410,6 @@ const CATALOG: &[CatalogEntry] = &[
             "meta-llama/Llama-3.1-8B",
             "meta-llama/Meta-Llama-3.1-8B-Instruct",
             "meta-llama/Meta-Llama-3.1-8B",
-            "nvidia/Llama-3.1-8B-Instruct-FP8",
         ],
         config: r#"{"num_hidden_layers": 32, "hidden_size": 4096, "num_attention_heads": 32,
             "num_key_value_heads": 8, "intermediate_size": 14336, "vocab_size": 128256,
@@ -407,7 +425,6 @@ const CATALOG: &[CatalogEntry] = &[
             "meta-llama/Meta-Llama-3.1-70B-Instruct",
             "meta-llama/Meta-Llama-3.1-70B",
             "meta-llama/Llama-3.3-70B-Instruct",
-            "nvidia/Llama-3.3-70B-Instruct-FP8",
         ],
         config: r#"{"num_hidden_layers": 80, "hidden_size": 8192, "num_attention_heads": 64,
             "num_key_value_heads": 8, "intermediate_size": 28672, "vocab_size": 128256,
@@ -526,6 +543,28 @@ mod tests {
         assert_eq!(ds.kv_bytes_per_token_per_gpu(Dtype::Bf16, 8), 61 * 576 * 2);
         assert_eq!(ds.weight_dtype, Dtype::Fp8);
         assert_eq!(ds.moe.as_ref().unwrap().dense_layers, 3);
+    }
+
+    #[test]
+    fn nvidias_fp8_checkpoints_have_fp8_weights_and_the_base_models_architecture() {
+        for (base, fp8) in [
+            (
+                "meta-llama/Llama-3.1-8B-Instruct",
+                "nvidia/Llama-3.1-8B-Instruct-FP8",
+            ),
+            (
+                "meta-llama/Llama-3.3-70B-Instruct",
+                "nvidia/Llama-3.3-70B-Instruct-FP8",
+            ),
+        ] {
+            let (b, q) = (
+                ModelArch::by_name(base).unwrap(),
+                ModelArch::by_name(fp8).unwrap(),
+            );
+            assert_eq!((b.weight_dtype, q.weight_dtype), (Dtype::Bf16, Dtype::Fp8));
+            assert_eq!(q.name, fp8);
+            assert_eq!((q.dtype, q.params()), (b.dtype, b.params()));
+        }
     }
 
     #[test]

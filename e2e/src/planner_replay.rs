@@ -64,7 +64,7 @@ use dynamo_mocker::{Clock, Driver, Engine, EngineConfig, SimClock, SimCluster, S
 use dynamo_planner::decide::{
     Decision, EngineLoad, Forecast, Limits, LoadInputs, LoadTarget, Observed, PerRole,
     ScaleDownWindow, SlaTargets, ThroughputConfig, ThroughputInputs, decide_load,
-    decide_throughput,
+    decide_throughput, floor_by_throughput,
 };
 use dynamo_planner::knobs::HeadroomKnobs;
 use dynamo_planner::predict::{LoadPredictor, Predictor, PredictorConfig};
@@ -694,13 +694,7 @@ impl Sim<'_> {
         };
         let mut d = decide_load(&inputs, self.setup.load_target, gpus, &self.setup.limits);
         if self.mode == PlannerMode::ThroughputLoad {
-            // Load mode scales down no further than the last throughput decision.
-            if let PerRole::Aggregated { worker } = d.replicas
-                && worker < self.target
-            {
-                let capped = worker.max(self.floor.min(self.target));
-                d.replicas = PerRole::Aggregated { worker: capped };
-            }
+            d = floor_by_throughput(d, PerRole::Aggregated { worker: self.floor });
         }
         self.apply(d, now_ms, None)
     }

@@ -5,7 +5,8 @@
 use dynamo_names::Role;
 use dynamo_planner::decide::{
     Decision, EngineLoad, Forecast, Limits, LoadInputs, LoadTarget, Observed, PerRole, Reason,
-    ScaleDownWindow, SlaTargets, ThroughputConfig, ThroughputInputs, decide_load,
+    Replicas, ScaleDownWindow, SlaTargets, ThroughputConfig, ThroughputInputs, decide_load,
+    decide_throughput, floor_by_throughput,
 };
 use dynamo_planner::knobs::HeadroomKnobs;
 use dynamo_planner::predict::{LoadPredictor, Predictor, PredictorConfig};
@@ -51,18 +52,40 @@ pub struct EngineReading {
 /// What Prometheus gave this interval, or why it gave nothing.
 pub type Reading<T> = Result<T, String>;
 
+/// Throughput mode's own settings: the engines' profiles.
+#[derive(Debug)]
+pub struct ThroughputMode {
+    pub prefill_profile: Profile,
+    pub decode_profile: Profile,
+    pub correction: bool,
+}
+
+/// Load mode's own settings.
+#[derive(Clone, Copy, Debug)]
+pub struct LoadMode {
+    pub target: LoadTarget,
+    /// The model's context length: the prefill queue is measured in full contexts.
+    pub context_length: f64,
+}
+
 #[derive(Debug)]
 pub enum Mode {
-    Throughput {
-        prefill_profile: Profile,
-        decode_profile: Profile,
-        correction: bool,
+    Throughput(ThroughputMode),
+    Load(LoadMode),
+    /// Throughput decisions every interval, load decisions every `load_interval_s`
+    /// between them, which scale down no further than the last throughput decision.
+    ThroughputLoad {
+        throughput: ThroughputMode,
+        load: LoadMode,
+        load_interval_s: f64,
     },
-    Load {
-        target: LoadTarget,
-        /// The model's context length: the prefill queue is measured in full contexts.
-        context_length: f64,
-    },
+}
+
+/// Which kind of decision an interval takes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Tick {
+    Throughput,
+    Load,
 }
 
 #[derive(Debug)]
@@ -73,9 +96,27 @@ pub struct Settings {
     /// GPUs per engine: prefill's and decode's (an aggregated worker uses decode's).
     pub prefill_gpus: u32,
     pub decode_gpus: u32,
+    /// Seconds between throughput decisions (load decisions in load mode).
     pub interval_s: f64,
     /// Throughput mode's target utilization and scale-down window.
     pub headroom: HeadroomKnobs,
+}
+
+impl Settings {
+    /// The decision loops the service runs: each kind of decision and the seconds
+    /// between two of them.
+    pub fn loops(&self) -> Vec<(Tick, f64)> {
+        match self.mode {
+            Mode::Throughput(_) => vec![(Tick::Throughput, self.interval_s)],
+            Mode::Load(_) => vec![(Tick::Load, self.interval_s)],
+            Mode::ThroughputLoad {
+                load_interval_s, ..
+            } => vec![
+                (Tick::Throughput, self.interval_s),
+                (Tick::Load, load_interval_s),
+            ],
+        }
+    }
 }
 
 /// The planner's state across intervals: its predictors and its recent decisions.
@@ -85,6 +126,8 @@ pub struct Planner {
     isl: LoadPredictor,
     osl: LoadPredictor,
     scale_down: ScaleDownWindow,
+    /// Throughput+load: what the last throughput look asked for, rolling out or not.
+    floor: Option<Replicas>,
 }
 
 /// One interval's outcome.
@@ -103,6 +146,7 @@ impl Planner {
             requests: build()?,
             isl: build()?,
             osl: build()?,
+            floor: None,
         })
     }
 
@@ -110,20 +154,8 @@ impl Planner {
         &self.settings
     }
 
-    /// The decision at `now_s` (seconds on any clock that only goes forward) for the
-    /// graph as read, given this interval's traffic (throughput mode, whose decisions go
-    /// through the scale-down window) or engine loads (load mode). Nothing here scales on
-    /// missing data: an unreadable graph or Prometheus holds the current replicas, and
-    /// says why.
-    pub fn step(
-        &mut self,
-        now_s: f64,
-        view: &GraphView,
-        traffic: Option<&Reading<Traffic>>,
-        engines: Option<&Reading<Vec<EngineReading>>>,
-    ) -> Result<Outcome, ShapeError> {
-        let current = view.replicas()?;
-        let gpus = match current {
+    fn gpus(&self, current: Replicas) -> PerRole<u32> {
+        match current {
             PerRole::Disaggregated { .. } => PerRole::Disaggregated {
                 prefill: self.settings.prefill_gpus,
                 decode: self.settings.decode_gpus,
@@ -131,107 +163,51 @@ impl Planner {
             PerRole::Aggregated { .. } => PerRole::Aggregated {
                 worker: self.settings.decode_gpus,
             },
-        };
-        let missing = |input| {
-            Ok(Outcome {
-                decision: Decision::hold(current, Reason::MissingInput { input }),
-                forecast: None,
-            })
-        };
-        match &self.settings.mode {
-            Mode::Throughput { .. } => {
-                let Some(Ok(traffic)) = traffic else {
-                    return missing("frontend metrics from Prometheus");
-                };
-                let Some(requests) = traffic.requests else {
-                    return missing("request count series");
-                };
-                // Invalid values (NaN means no requests) are dropped by the predictors.
-                self.requests.observe(requests);
-                if let Some(v) = traffic.isl {
-                    self.isl.observe(v);
-                }
-                if let Some(v) = traffic.osl {
-                    self.osl.observe(v);
-                }
-                let mut forecast = Forecast {
-                    requests: self.requests.predict(),
-                    isl: self.isl.predict(),
-                    osl: self.osl.predict(),
-                };
-                // No requests ahead means no tokens ahead, whatever their length would be.
-                if forecast.requests == Some(0.0) {
-                    forecast.isl = forecast.isl.or(Some(0.0));
-                    forecast.osl = forecast.osl.or(Some(0.0));
-                }
-                let rolling_out = view.rolling_out();
-                let decision =
-                    self.throughput(now_s, current, gpus, traffic, forecast, rolling_out);
-                Ok(Outcome {
-                    decision,
-                    forecast: Some(forecast),
-                })
-            }
-            Mode::Load {
-                target,
-                context_length,
-            } => {
-                let Some(Ok(readings)) = engines else {
-                    return missing("engine load metrics from Prometheus");
-                };
-                let load = |kind: WorkerKind| -> Vec<EngineLoad> {
-                    readings
-                        .iter()
-                        .filter(|r| r.kind == kind)
-                        .map(|r| EngineLoad {
-                            queued_prefill_tokens: r.prefill_tokens,
-                            context_length: *context_length,
-                            scheduled_decode_kv: r.decode_kv_tokens.unwrap_or(f64::NAN),
-                            queued_decode_kv: 0.0,
-                            max_kv_tokens: r.max_kv_tokens.unwrap_or(f64::NAN),
-                        })
-                        .collect()
-                };
-                let (prefill, decode) = (load(WorkerKind::Prefill), load(WorkerKind::Decode));
-                let engines = match current {
-                    PerRole::Disaggregated { .. } => PerRole::Disaggregated {
-                        prefill: prefill.as_slice(),
-                        decode: decode.as_slice(),
-                    },
-                    PerRole::Aggregated { .. } => PerRole::Aggregated {
-                        worker: decode.as_slice(),
-                    },
-                };
-                let inputs = LoadInputs {
-                    engines,
-                    current,
-                    rolling_out: view.rolling_out(),
-                };
-                Ok(Outcome {
-                    decision: decide_load(&inputs, *target, gpus, &self.settings.limits),
-                    forecast: None,
-                })
-            }
         }
     }
 
-    fn throughput(
+    /// The throughput decision at `now_s` (seconds on any clock that only goes forward)
+    /// for the graph as read, from this interval's traffic; it goes through the
+    /// scale-down window. Nothing here scales on missing data: an unreadable Prometheus
+    /// (or a mode without profiles) holds the current replicas, and says why.
+    pub fn plan_throughput(
         &mut self,
         now_s: f64,
-        current: PerRole<u32>,
-        gpus: PerRole<u32>,
-        traffic: &Traffic,
-        forecast: Forecast,
-        rolling_out: bool,
-    ) -> Decision {
-        let Mode::Throughput {
-            prefill_profile,
-            decode_profile,
-            correction,
-        } = &self.settings.mode
+        view: &GraphView,
+        traffic: &Reading<Traffic>,
+    ) -> Result<Outcome, ShapeError> {
+        let current = view.replicas()?;
+        let (Mode::Throughput(mode)
+        | Mode::ThroughputLoad {
+            throughput: mode, ..
+        }) = &self.settings.mode
         else {
-            unreachable!("called in throughput mode only");
+            return Ok(missing(current, "throughput profile (load mode)"));
         };
+        let Ok(traffic) = traffic else {
+            return Ok(missing(current, "frontend metrics from Prometheus"));
+        };
+        let Some(requests) = traffic.requests else {
+            return Ok(missing(current, "request count series"));
+        };
+        // Invalid values (NaN means no requests) are dropped by the predictors.
+        self.requests.observe(requests);
+        if let Some(v) = traffic.isl {
+            self.isl.observe(v);
+        }
+        if let Some(v) = traffic.osl {
+            self.osl.observe(v);
+        }
+        let mut forecast = Forecast {
+            requests: self.requests.predict(),
+            isl: self.isl.predict(),
+            osl: self.osl.predict(),
+        };
+        // No requests ahead means no tokens ahead, whatever their length would be.
+        if forecast.requests == Some(0.0) {
+            forecast.isl = forecast.isl.or(Some(0.0));
+            forecast.osl = forecast.osl.or(Some(0.0));
+        }
         let interval = self.settings.interval_s;
         let decode_replicas = match current {
             PerRole::Disaggregated { decode, .. } => decode,
@@ -246,10 +222,10 @@ impl Planner {
         };
         let config = ThroughputConfig {
             targets: self.settings.targets,
-            prefill_profile,
-            decode_profile,
-            gpus,
-            correction: *correction,
+            prefill_profile: &mode.prefill_profile,
+            decode_profile: &mode.decode_profile,
+            gpus: self.gpus(current),
+            correction: mode.correction,
             target_utilization: self.settings.headroom.target_utilization,
             limits: self.settings.limits,
         };
@@ -264,10 +240,91 @@ impl Planner {
             },
             interval_s: interval,
             current,
-            rolling_out,
+            rolling_out: view.rolling_out(),
             backlog: traffic.backlog,
         };
-        self.scale_down.decide_throughput(now_s, &config, &inputs)
+        // Load mode's floor: what the forecast needs now, rolling out or not, and without
+        // the scale-down window (load mode steps down one replica at a time, on queues
+        // that the window's dips do not show; the replay's GPU-seconds say so).
+        let floor = decide_throughput(
+            &config,
+            &ThroughputInputs {
+                rolling_out: false,
+                ..inputs
+            },
+        );
+        if !floor.is_hold() {
+            self.floor = Some(floor.replicas);
+        }
+        Ok(Outcome {
+            decision: self.scale_down.decide_throughput(now_s, &config, &inputs),
+            forecast: Some(forecast),
+        })
+    }
+
+    /// The load decision for the graph as read, from each engine's load now; in
+    /// throughput+load it scales down no further than the last throughput decision asked.
+    pub fn plan_load(
+        &mut self,
+        view: &GraphView,
+        engines: &Reading<Vec<EngineReading>>,
+    ) -> Result<Outcome, ShapeError> {
+        let current = view.replicas()?;
+        let (Mode::Load(mode) | Mode::ThroughputLoad { load: mode, .. }) = &self.settings.mode
+        else {
+            return Ok(missing(current, "load thresholds (throughput mode)"));
+        };
+        let Ok(readings) = engines else {
+            return Ok(missing(current, "engine load metrics from Prometheus"));
+        };
+        let load = |kind: WorkerKind| -> Vec<EngineLoad> {
+            readings
+                .iter()
+                .filter(|r| r.kind == kind)
+                .map(|r| EngineLoad {
+                    queued_prefill_tokens: r.prefill_tokens,
+                    context_length: mode.context_length,
+                    scheduled_decode_kv: r.decode_kv_tokens.unwrap_or(f64::NAN),
+                    queued_decode_kv: 0.0,
+                    max_kv_tokens: r.max_kv_tokens.unwrap_or(f64::NAN),
+                })
+                .collect()
+        };
+        let (prefill, decode) = (load(WorkerKind::Prefill), load(WorkerKind::Decode));
+        let engines = match current {
+            PerRole::Disaggregated { .. } => PerRole::Disaggregated {
+                prefill: prefill.as_slice(),
+                decode: decode.as_slice(),
+            },
+            PerRole::Aggregated { .. } => PerRole::Aggregated {
+                worker: decode.as_slice(),
+            },
+        };
+        let inputs = LoadInputs {
+            engines,
+            current,
+            rolling_out: view.rolling_out(),
+        };
+        let mut decision = decide_load(
+            &inputs,
+            mode.target,
+            self.gpus(current),
+            &self.settings.limits,
+        );
+        if let Some(floor) = self.floor {
+            decision = floor_by_throughput(decision, floor);
+        }
+        Ok(Outcome {
+            decision,
+            forecast: None,
+        })
+    }
+}
+
+fn missing(current: Replicas, input: &'static str) -> Outcome {
+    Outcome {
+        decision: Decision::hold(current, Reason::MissingInput { input }),
+        forecast: None,
     }
 }
 
@@ -329,12 +386,16 @@ mod tests {
         Planner::new(settings, &PredictorConfig::new(PredictorKind::Constant)).unwrap()
     }
 
-    fn throughput() -> Planner {
-        planner(Mode::Throughput {
+    fn throughput_mode() -> ThroughputMode {
+        ThroughputMode {
             prefill_profile: profile(),
             decode_profile: profile(),
             correction: false,
-        })
+        }
+    }
+
+    fn throughput() -> Planner {
+        planner(Mode::Throughput(throughput_mode()))
     }
 
     fn workers(replicas: u32) -> GraphView {
@@ -366,7 +427,7 @@ mod tests {
         // 200 requests in 10 s: 20,000 prompt tokens/s (2 engines) + 2,000 output tokens/s
         // (2 engines) = 4 workers.
         let out = p
-            .step(0.0, &workers(1), Some(&traffic(200.0)), None)
+            .plan_throughput(0.0, &workers(1), &traffic(200.0))
             .unwrap();
         assert_eq!(out.decision.replicas, PerRole::Aggregated { worker: 4 });
         assert_eq!(
@@ -374,11 +435,9 @@ mod tests {
             [("worker".to_string(), 4)]
         );
         // The load falls to a quarter: one worker, never zero when it stops.
-        let out = p
-            .step(0.0, &workers(4), Some(&traffic(50.0)), None)
-            .unwrap();
+        let out = p.plan_throughput(0.0, &workers(4), &traffic(50.0)).unwrap();
         assert_eq!(out.decision.replicas, PerRole::Aggregated { worker: 1 });
-        let out = p.step(0.0, &workers(1), Some(&traffic(0.0)), None).unwrap();
+        let out = p.plan_throughput(0.0, &workers(1), &traffic(0.0)).unwrap();
         assert_eq!(out.decision.replicas, PerRole::Aggregated { worker: 1 });
     }
 
@@ -393,17 +452,17 @@ mod tests {
             backlog: 100.0,
             ..traffic(100.0).unwrap()
         });
-        let out = p.step(0.0, &workers(1), Some(&waiting), None).unwrap();
+        let out = p.plan_throughput(0.0, &workers(1), &waiting).unwrap();
         assert_eq!(out.decision.replicas, PerRole::Aggregated { worker: 5 });
         // The backlog is served: the forecast's 2 engines' worth is 3 workers, at once
         // (the window records asks without the backlog).
         let out = p
-            .step(20.0, &workers(5), Some(&traffic(100.0)), None)
+            .plan_throughput(20.0, &workers(5), &traffic(100.0))
             .unwrap();
         assert_eq!(out.decision.replicas, PerRole::Aggregated { worker: 3 });
         // A dip to 1 engine's worth (2 workers) waits until the ask for 3 is 30 s old.
         let out = p
-            .step(40.0, &workers(3), Some(&traffic(50.0)), None)
+            .plan_throughput(40.0, &workers(3), &traffic(50.0))
             .unwrap();
         assert_eq!(out.decision.replicas, PerRole::Aggregated { worker: 3 });
         assert!(
@@ -415,7 +474,7 @@ mod tests {
             out.decision
         );
         let out = p
-            .step(60.0, &workers(3), Some(&traffic(50.0)), None)
+            .plan_throughput(60.0, &workers(3), &traffic(50.0))
             .unwrap();
         assert_eq!(out.decision.replicas, PerRole::Aggregated { worker: 2 });
     }
@@ -424,11 +483,10 @@ mod tests {
     fn no_prometheus_or_no_series_holds_the_replicas() {
         let mut p = throughput();
         for reading in [
-            None,
-            Some(Err("connection refused".to_string())),
-            Some(Ok(Traffic::default())),
+            Err("connection refused".to_string()),
+            Ok(Traffic::default()),
         ] {
-            let out = p.step(0.0, &workers(3), reading.as_ref(), None).unwrap();
+            let out = p.plan_throughput(0.0, &workers(3), &reading).unwrap();
             assert!(out.decision.is_hold(), "{}", out.decision);
             assert_eq!(out.decision.replicas, PerRole::Aggregated { worker: 3 });
             assert!(writes(&workers(3), &out.decision).is_empty());
@@ -438,7 +496,7 @@ mod tests {
     #[test]
     fn nan_means_are_not_predicted_from() {
         let mut p = throughput();
-        p.step(0.0, &workers(1), Some(&traffic(200.0)), None)
+        p.plan_throughput(0.0, &workers(1), &traffic(200.0))
             .unwrap();
         // An interval whose means are NaN (no samples) keeps the last valid lengths.
         let idle = Ok(Traffic {
@@ -447,7 +505,7 @@ mod tests {
             osl: Some(f64::NAN),
             ..Traffic::default()
         });
-        let out = p.step(0.0, &workers(4), Some(&idle), None).unwrap();
+        let out = p.plan_throughput(0.0, &workers(4), &idle).unwrap();
         assert_eq!(out.forecast.unwrap().isl, Some(1000.0));
         assert_eq!(out.decision.replicas, PerRole::Aggregated { worker: 4 });
     }
@@ -457,40 +515,133 @@ mod tests {
         let mut p = throughput();
         let mut view = workers(5);
         view.services[0].rolling_out = true;
-        let out = p.step(0.0, &view, Some(&traffic(50.0)), None).unwrap();
+        let out = p.plan_throughput(0.0, &view, &traffic(50.0)).unwrap();
         assert_eq!(out.decision.reasons, [Reason::RollingOut]);
         let mut view = workers(1);
         view.services[0].rolling_out = true;
-        let out = p.step(0.0, &view, Some(&traffic(200.0)), None).unwrap();
+        let out = p.plan_throughput(0.0, &view, &traffic(200.0)).unwrap();
         assert_eq!(out.decision.replicas, PerRole::Aggregated { worker: 4 });
     }
 
-    #[test]
-    fn load_mode_steps_on_the_engines_queues() {
-        let mut p = planner(Mode::Load {
-            target: LoadTarget::Throughput,
-            context_length: 1000.0,
-        });
-        let engine = |prefill_tokens: f64| EngineReading {
+    const LOAD: LoadMode = LoadMode {
+        target: LoadTarget::Throughput,
+        context_length: 1000.0,
+    };
+
+    /// Throughput+load, a load decision every 2 s.
+    fn both() -> Planner {
+        planner(Mode::ThroughputLoad {
+            throughput: throughput_mode(),
+            load: LOAD,
+            load_interval_s: 2.0,
+        })
+    }
+
+    fn engine(prefill_tokens: f64) -> EngineReading {
+        EngineReading {
             worker_id: "a".into(),
             kind: WorkerKind::Decode,
             prefill_tokens,
             decode_kv_tokens: Some(100.0),
             max_kv_tokens: Some(10_000.0),
-        };
+        }
+    }
+
+    #[test]
+    fn load_mode_steps_on_the_engines_queues() {
+        let mut p = planner(Mode::Load(LOAD));
         let busy = Ok(vec![engine(5000.0)]);
-        let out = p.step(0.0, &workers(1), None, Some(&busy)).unwrap();
+        let out = p.plan_load(&workers(1), &busy).unwrap();
         assert_eq!(out.decision.replicas, PerRole::Aggregated { worker: 2 });
         // Two workers reported as one: the counts disagree, so it holds.
-        let out = p.step(0.0, &workers(2), None, Some(&busy)).unwrap();
+        let out = p.plan_load(&workers(2), &busy).unwrap();
         assert!(out.decision.is_hold(), "{}", out.decision);
         // An engine without its KV capacity is not read as idle.
         let unknown = Ok(vec![EngineReading {
             max_kv_tokens: None,
             ..engine(0.0)
         }]);
-        let out = p.step(0.0, &workers(1), None, Some(&unknown)).unwrap();
+        let out = p.plan_load(&workers(1), &unknown).unwrap();
         assert!(out.decision.is_hold(), "{}", out.decision);
+    }
+
+    #[test]
+    fn each_mode_runs_its_loops_and_refuses_the_other_kind_of_decision() {
+        let mut p = both();
+        assert_eq!(
+            p.settings().loops(),
+            [(Tick::Throughput, 10.0), (Tick::Load, 2.0)]
+        );
+        let idle = Ok(vec![engine(0.0)]);
+        assert!(!p.plan_load(&workers(1), &idle).unwrap().decision.is_hold());
+        let mut p = planner(Mode::Load(LOAD));
+        assert_eq!(p.settings().loops(), [(Tick::Load, 10.0)]);
+        let out = p
+            .plan_throughput(0.0, &workers(1), &traffic(200.0))
+            .unwrap();
+        assert!(out.decision.is_hold(), "{}", out.decision);
+        let mut p = throughput();
+        assert_eq!(p.settings().loops(), [(Tick::Throughput, 10.0)]);
+        let out = p.plan_load(&workers(1), &idle).unwrap();
+        assert!(out.decision.is_hold(), "{}", out.decision);
+    }
+
+    #[test]
+    fn throughput_load_scales_up_on_a_queue_and_down_no_further_than_throughput_asked() {
+        let mut p = both();
+        // Throughput sizes 4 workers for 200 requests (as in throughput mode's test).
+        let out = p
+            .plan_throughput(0.0, &workers(1), &traffic(200.0))
+            .unwrap();
+        assert_eq!(out.decision.replicas, PerRole::Aggregated { worker: 4 });
+        // Between throughput decisions, a queue on one worker adds one at once.
+        let queued = Ok((0..4)
+            .map(|i| engine(if i == 0 { 5000.0 } else { 0.0 }))
+            .collect());
+        let out = p.plan_load(&workers(4), &queued).unwrap();
+        assert_eq!(out.decision.replicas, PerRole::Aggregated { worker: 5 });
+        // Every worker idle: load mode steps down, but not below throughput's 4.
+        let idle = |n| Ok((0..n).map(|_| engine(0.0)).collect());
+        let out = p.plan_load(&workers(5), &idle(5)).unwrap();
+        assert_eq!(out.decision.replicas, PerRole::Aggregated { worker: 4 });
+        let out = p.plan_load(&workers(4), &idle(4)).unwrap();
+        assert_eq!(out.decision.replicas, PerRole::Aggregated { worker: 4 });
+        assert!(
+            out.decision.reasons.contains(&Reason::ThroughputFloor {
+                role: Role::Aggregated,
+                floor: 4
+            }),
+            "{}",
+            out.decision
+        );
+        // Once throughput asks for one worker, load mode may go down to it.
+        p.plan_throughput(10.0, &workers(4), &traffic(50.0))
+            .unwrap();
+        let out = p.plan_load(&workers(4), &idle(4)).unwrap();
+        assert_eq!(out.decision.replicas, PerRole::Aggregated { worker: 3 });
+    }
+
+    #[test]
+    fn throughput_loads_floor_is_the_forecasts_need_not_the_windows() {
+        let mut p = both();
+        p.scale_down = ScaleDownWindow::new(30.0);
+        p.plan_throughput(0.0, &workers(1), &traffic(200.0))
+            .unwrap();
+        // The forecast falls to one worker's worth: throughput keeps 4 for its window,
+        // while load mode, seeing every worker idle, steps down one.
+        let out = p
+            .plan_throughput(10.0, &workers(4), &traffic(50.0))
+            .unwrap();
+        assert_eq!(out.decision.replicas, PerRole::Aggregated { worker: 4 });
+        let idle = Ok((0..4).map(|_| engine(0.0)).collect());
+        let out = p.plan_load(&workers(4), &idle).unwrap();
+        assert_eq!(out.decision.replicas, PerRole::Aggregated { worker: 3 });
+        // While a scale-up rolls out, the floor is what the forecast needs, not a hold.
+        let mut view = workers(1);
+        view.services[0].rolling_out = true;
+        p.plan_throughput(20.0, &view, &traffic(200.0)).unwrap();
+        let out = p.plan_load(&workers(4), &idle).unwrap();
+        assert_eq!(out.decision.replicas, PerRole::Aggregated { worker: 4 });
     }
 
     #[test]

@@ -21,7 +21,7 @@ use dynamo_server::metrics_endpoint;
 use dynamo_wiring::planner::{LoadTargetArg, ModeArg, PlannerArgs};
 use tokio::net::TcpListener;
 
-use cycle::{Mode, Planner, Settings};
+use cycle::{LoadMode, Mode, Planner, Settings, ThroughputMode, Tick};
 use metrics::Metrics;
 use source::Prometheus;
 use target::Target;
@@ -38,32 +38,53 @@ pub fn settings(args: &PlannerArgs) -> anyhow::Result<Settings> {
         }
     }
     args.headroom.check().map_err(anyhow::Error::msg)?;
-    let mode = match args.mode {
-        ModeArg::Throughput => {
-            let read = |specific: &Option<PathBuf>, role: &str| -> anyhow::Result<Profile> {
-                let path = specific.as_ref().or(args.profile.as_ref()).with_context(|| {
-                    format!(
-                        "throughput mode needs the {role} engines' profile: --profile or --{role}-profile"
-                    )
-                })?;
-                read_profile(path)
-            };
-            Mode::Throughput {
-                prefill_profile: read(&args.prefill_profile, "prefill")?,
-                decode_profile: read(&args.decode_profile, "decode")?,
-                correction: !args.no_correction,
-            }
+    let throughput = || -> anyhow::Result<ThroughputMode> {
+        let read = |specific: &Option<PathBuf>, role: &str| -> anyhow::Result<Profile> {
+            let path = specific.as_ref().or(args.profile.as_ref()).with_context(|| {
+                format!(
+                    "throughput mode needs the {role} engines' profile: --profile or --{role}-profile"
+                )
+            })?;
+            read_profile(path)
+        };
+        Ok(ThroughputMode {
+            prefill_profile: read(&args.prefill_profile, "prefill")?,
+            decode_profile: read(&args.decode_profile, "decode")?,
+            correction: !args.no_correction,
+        })
+    };
+    let load = || -> anyhow::Result<LoadMode> {
+        if !(args.context_length.is_finite() && args.context_length > 0.0) {
+            bail!("--context-length must be a positive number of tokens");
         }
-        ModeArg::Load => {
-            if !(args.context_length.is_finite() && args.context_length > 0.0) {
-                bail!("--context-length must be a positive number of tokens");
+        Ok(LoadMode {
+            target: match args.load_target {
+                LoadTargetArg::Throughput => LoadTarget::Throughput,
+                LoadTargetArg::Latency => LoadTarget::Latency,
+            },
+            context_length: args.context_length,
+        })
+    };
+    if args.load_interval.is_some() && args.mode != ModeArg::ThroughputLoad {
+        bail!(
+            "--load-interval is throughput+load's (--mode throughput+load); load mode's interval is --interval"
+        );
+    }
+    let mode = match args.mode {
+        ModeArg::Throughput => Mode::Throughput(throughput()?),
+        ModeArg::Load => Mode::Load(load()?),
+        ModeArg::ThroughputLoad => {
+            let load_interval = args.load_interval().unwrap_or_default();
+            // Dynamo's rule too: the load loop runs between throughput decisions.
+            if load_interval.is_zero() || load_interval >= interval {
+                bail!(
+                    "--load-interval ({load_interval:?}) must be above 0 and below --interval ({interval:?})"
+                );
             }
-            Mode::Load {
-                target: match args.load_target {
-                    LoadTargetArg::Throughput => LoadTarget::Throughput,
-                    LoadTargetArg::Latency => LoadTarget::Latency,
-                },
-                context_length: args.context_length,
+            Mode::ThroughputLoad {
+                throughput: throughput()?,
+                load: load()?,
+                load_interval_s: load_interval.as_secs_f64(),
             }
         }
     };
@@ -133,11 +154,11 @@ async fn serve(args: PlannerArgs, settings: Settings) -> anyhow::Result<()> {
     let scraped = metrics.clone();
     tokio::spawn(metrics_endpoint::serve(listener, move || scraped.encode()));
 
-    let interval = Duration::from_secs_f64(settings.interval_s);
+    let loops = settings.loops();
     let mut planner = Planner::new(settings, &args.predictor).map_err(anyhow::Error::msg)?;
     tracing::info!(
         mode = ?args.mode,
-        interval = ?interval,
+        loops = ?loops,
         prometheus = %args.prometheus,
         advisory = args.advisory,
         metrics = %args.metrics_addr,
@@ -150,22 +171,37 @@ async fn serve(args: PlannerArgs, settings: Settings) -> anyhow::Result<()> {
         () = &mut shutdown => return Ok(()),
     }
     let started = tokio::time::Instant::now();
-    let mut ticker = tokio::time::interval_at(started + interval, interval);
-    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    // One ticker per kind of decision; both run on this task, one decision at a time.
+    let mut tickers: Vec<(Tick, tokio::time::Interval)> = loops
+        .into_iter()
+        .map(|(tick, seconds)| {
+            let every = Duration::from_secs_f64(seconds);
+            let mut ticker = tokio::time::interval_at(started + every, every);
+            ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            (tick, ticker)
+        })
+        .collect();
     loop {
+        let next = futures::future::select_all(tickers.iter_mut().map(|(tick, ticker)| {
+            Box::pin(async move {
+                ticker.tick().await;
+                *tick
+            })
+        }));
         tokio::select! {
-            _ = ticker.tick() => {
+            (tick, _, _) = next => {
                 let now_s = started.elapsed().as_secs_f64();
-                plan_once(&mut planner, now_s, &source, &target, &metrics, args.advisory).await;
+                plan_once(&mut planner, tick, now_s, &source, &target, &metrics, args.advisory).await;
             }
             () = &mut shutdown => return Ok(()),
         }
     }
 }
 
-/// One interval: read, decide, write (unless advisory or held), record.
+/// One decision: read, decide, write (unless advisory or held), record.
 async fn plan_once(
     planner: &mut Planner,
+    tick: Tick,
     now_s: f64,
     source: &Prometheus,
     target: &Target,
@@ -179,24 +215,27 @@ async fn plan_once(
             return;
         }
     };
-    let interval_s = planner.settings().interval_s;
-    let (traffic, engines) = match planner.settings().mode {
-        Mode::Throughput { .. } => (
-            Some(source.traffic(interval_s).await.map_err(|e| e.to_string())),
-            None,
-        ),
-        Mode::Load { .. } => (
-            None,
-            Some(source.engines().await.map_err(|e| e.to_string())),
-        ),
+    let (outcome, traffic) = match tick {
+        Tick::Throughput => {
+            let interval_s = planner.settings().interval_s;
+            let traffic = source.traffic(interval_s).await.map_err(|e| e.to_string());
+            if let Err(e) = &traffic {
+                tracing::warn!(error = %e, "frontend metrics unreadable; holding");
+            }
+            (
+                planner.plan_throughput(now_s, &view, &traffic),
+                traffic.ok(),
+            )
+        }
+        Tick::Load => {
+            let engines = source.engines().await.map_err(|e| e.to_string());
+            if let Err(e) = &engines {
+                tracing::warn!(error = %e, "engine metrics unreadable; holding");
+            }
+            (planner.plan_load(&view, &engines), None)
+        }
     };
-    if let Some(Err(e)) = &traffic {
-        tracing::warn!(error = %e, "frontend metrics unreadable; holding");
-    }
-    if let Some(Err(e)) = &engines {
-        tracing::warn!(error = %e, "engine metrics unreadable; holding");
-    }
-    let outcome = match planner.step(now_s, &view, traffic.as_ref(), engines.as_ref()) {
+    let outcome = match outcome {
         Ok(outcome) => outcome,
         Err(e) => {
             tracing::error!(error = %e, "the graph's shape is not one the planner can set; holding");
@@ -206,11 +245,12 @@ async fn plan_once(
     let decision = &outcome.decision;
     metrics.record(
         Some(&view),
-        traffic.as_ref().and_then(|t| t.as_ref().ok()),
+        traffic.as_ref(),
         outcome.forecast.as_ref(),
         decision,
     );
     tracing::info!(
+        ?tick,
         decision = %decision,
         capped = decision.capped,
         advisory,
@@ -267,6 +307,44 @@ mod tests {
         assert_eq!(args.interval(), Duration::from_secs(180));
         assert!(parse(&["--mode", "load"]).is_err());
         assert!(parse(&["--graph", "g", "--predictor", "prophet"]).is_err());
+    }
+
+    #[test]
+    fn throughput_load_runs_both_loops_the_load_one_between() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("profile.json");
+        std::fs::write(
+            &path,
+            r#"{"gpus_per_engine": 1,
+                "prefill": [{"isl": 100, "ttft_ms": 10.0, "throughput_per_gpu": 10000.0}],
+                "decode": [{"context_length": 100, "concurrency": 1, "itl_ms": 10.0, "throughput_per_gpu": 1000.0}]}"#,
+        )
+        .unwrap();
+        let path = path.to_str().unwrap();
+        let both = [
+            "--graph",
+            "g",
+            "--mode",
+            "throughput+load",
+            "--profile",
+            path,
+        ];
+        let loops = settings(&parse(&both).unwrap()).unwrap().loops();
+        assert_eq!(loops, [(Tick::Throughput, 180.0), (Tick::Load, 5.0)]);
+        let quick = [&both[..], &["--interval", "10s", "--load-interval", "2s"]].concat();
+        let loops = settings(&parse(&quick).unwrap()).unwrap().loops();
+        assert_eq!(loops, [(Tick::Throughput, 10.0), (Tick::Load, 2.0)]);
+        // The load loop must run between throughput decisions.
+        let slow = [&both[..], &["--interval", "10s", "--load-interval", "10s"]].concat();
+        let err = settings(&parse(&slow).unwrap()).unwrap_err();
+        assert!(err.to_string().contains("--load-interval"), "{err}");
+        // It needs the profile as throughput mode does.
+        let err = settings(&parse(&["--graph", "g", "--mode", "throughput+load"]).unwrap());
+        assert!(format!("{:#}", err.unwrap_err()).contains("--profile"));
+        // --load-interval belongs to throughput+load only.
+        let load = ["--graph", "g", "--mode", "load", "--load-interval", "2s"];
+        let err = settings(&parse(&load).unwrap()).unwrap_err();
+        assert!(err.to_string().contains("--interval"), "{err}");
     }
 
     #[test]

@@ -258,3 +258,28 @@ pub fn decide_load(
     });
     limits.apply(current, proposed, gpus, reasons)
 }
+
+/// Throughput+load, as Dynamo runs both together (`scale_down_capped_by_throughput`): a
+/// load decision takes a role down no further than `floor`, what the last throughput
+/// decision asked for, or the current count if that is lower. Scale-ups and holds pass
+/// as they are, and so does a decision whose shape is not the floor's.
+pub fn floor_by_throughput(mut decision: Decision, floor: Replicas) -> Decision {
+    if decision.is_hold() {
+        return decision;
+    }
+    let current = decision.current;
+    let Some(floored) = decision.replicas.zip(&floor, |role, n, floor| {
+        (role, n.max(floor.min(current.get(role).unwrap_or(n))))
+    }) else {
+        return decision;
+    };
+    for (_, (role, n)) in floored.iter() {
+        if decision.replicas.get(role) != Some(n) {
+            decision
+                .reasons
+                .push(Reason::ThroughputFloor { role, floor: n });
+        }
+    }
+    decision.replicas = floored.map(|_, (_, n)| n);
+    decision
+}

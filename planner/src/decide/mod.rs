@@ -211,6 +211,9 @@ pub enum Reason {
     /// `role` asked for `wanted`, fewer than it has, but a decision within the scale-down
     /// window asked for more ([`ScaleDownWindow`]).
     ScaleDownWindow { role: Role, wanted: u32 },
+    /// Throughput+load: load mode's scale-down of `role` stopped at `floor`, what the last
+    /// throughput decision asked for ([`floor_by_throughput`]).
+    ThroughputFloor { role: Role, floor: u32 },
 }
 
 impl Reason {
@@ -233,6 +236,7 @@ impl Reason {
             Reason::StepCapped { .. } => "step_capped",
             Reason::GpuBudget { .. } => "gpu_budget",
             Reason::ScaleDownWindow { .. } => "scale_down_window",
+            Reason::ThroughputFloor { .. } => "throughput_floor",
         }
     }
 
@@ -294,6 +298,10 @@ impl fmt::Display for Reason {
             Reason::ScaleDownWindow { role, wanted } => write!(
                 f,
                 "{role} kept: asked {wanted}, but more within the scale-down window"
+            ),
+            Reason::ThroughputFloor { role, floor } => write!(
+                f,
+                "{role} scale-down stopped at {floor}: the last throughput decision's count"
             ),
         }
     }

@@ -554,6 +554,40 @@ fn load_mode_holds() {
 }
 
 #[test]
+fn the_throughput_floor_stops_load_modes_scale_downs_only() {
+    let l = big();
+    let idle = [engine(0.0, 0.0), engine(0.0, 0.0), engine(0.0, 0.0)];
+    let busy = [engine(2.0, 0.0)];
+    // Every engine idle: load mode takes prefill 3 -> 2 and decode 1 stays at the minimum.
+    let down = load(&idle, &[engine(0.0, 0.0)], LoadTarget::Throughput, &l);
+    assert_eq!(down.replicas, disagg(2, 1));
+    // Throughput last asked for 3 prefill engines: the scale-down stops there, and says so.
+    let floored = floor_by_throughput(down.clone(), disagg(3, 1));
+    assert_eq!(floored.replicas, disagg(3, 1));
+    assert!(
+        floored.reasons.contains(&Reason::ThroughputFloor {
+            role: Role::Prefill,
+            floor: 3
+        }),
+        "{floored}"
+    );
+    // A floor above the current count is not a scale-up: it stops at the current count.
+    assert_eq!(
+        floor_by_throughput(down.clone(), disagg(5, 1)).replicas,
+        disagg(3, 1)
+    );
+    // A floor at or below the load decision changes nothing.
+    assert_eq!(floor_by_throughput(down.clone(), disagg(1, 1)), down);
+    // Scale-ups and holds pass as they are, and a floor of the other shape is ignored.
+    let up = load(&busy, &[engine(0.0, 0.0)], LoadTarget::Throughput, &l);
+    assert_eq!(floor_by_throughput(up.clone(), disagg(1, 1)), up);
+    let held = Decision::hold(disagg(3, 1), Reason::RollingOut);
+    assert_eq!(floor_by_throughput(held.clone(), disagg(9, 9)), held);
+    let agg = PerRole::Aggregated { worker: 3 };
+    assert_eq!(floor_by_throughput(down.clone(), agg), down);
+}
+
+#[test]
 fn decision_prints_for_logs() {
     let p = sample();
     let d = decide_throughput(&config(&p, big()), &inputs(900.0, disagg(1, 1)));

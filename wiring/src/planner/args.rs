@@ -22,12 +22,19 @@ pub const PROMETHEUS_ENV: &str = "PROMETHEUS_ENDPOINT";
 pub const GRAPH_ENV: &str = "DYN_PARENT_DGD_K8S_NAME";
 pub const NAMESPACE_ENV: &str = "POD_NAMESPACE";
 
+/// Dynamo's load-based loop runs every 5 s (`load_adjustment_interval`).
+const LOAD_INTERVAL: Duration = Duration::from_secs(5);
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum ModeArg {
     /// Size replicas from predicted traffic and the engines' performance profile.
     Throughput,
     /// Step replicas +1/-1 from each engine's prefill queue and KV usage.
     Load,
+    /// Both, as Dynamo runs them together: throughput decisions every --interval, load
+    /// decisions every --load-interval in between, never below the last throughput count.
+    #[value(name = "throughput+load")]
+    ThroughputLoad,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -41,9 +48,13 @@ pub struct PlannerArgs {
     /// How replicas are decided.
     #[arg(long, value_enum, default_value = "throughput")]
     pub mode: ModeArg,
-    /// Time between decisions [default: 180s in throughput mode, 5s in load mode, as Dynamo].
+    /// Time between decisions [default: 180s in throughput mode, 5s in load mode, as Dynamo];
+    /// throughput's in throughput+load.
     #[arg(long, value_parser = parse_duration)]
     pub interval: Option<Duration>,
+    /// Time between load decisions in throughput+load [default: 5s, Dynamo's load loop].
+    #[arg(long, value_parser = parse_duration)]
+    pub load_interval: Option<Duration>,
     /// Wait before the first decision, so the graph and its metrics are up (Dynamo: 30 s).
     #[arg(long, value_parser = parse_duration, default_value = "30s")]
     pub startup_delay: Duration,
@@ -198,8 +209,18 @@ impl PlannerArgs {
     /// `--interval`, or the mode's default.
     pub fn interval(&self) -> Duration {
         self.interval.unwrap_or(match self.mode {
-            ModeArg::Throughput => Duration::from_secs(180),
-            ModeArg::Load => Duration::from_secs(5),
+            ModeArg::Throughput | ModeArg::ThroughputLoad => Duration::from_secs(180),
+            ModeArg::Load => LOAD_INTERVAL,
         })
+    }
+
+    /// Load decisions' interval: `--interval` in load mode, `--load-interval` in
+    /// throughput+load, none in throughput mode.
+    pub fn load_interval(&self) -> Option<Duration> {
+        match self.mode {
+            ModeArg::Throughput => None,
+            ModeArg::Load => Some(self.interval()),
+            ModeArg::ThroughputLoad => Some(self.load_interval.unwrap_or(LOAD_INTERVAL)),
+        }
     }
 }

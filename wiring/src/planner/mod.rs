@@ -115,7 +115,7 @@ pub fn profile_need(
     Ok(match (own, launcher, parsed.mode) {
         (true, _, _) => ProfileNeed::Unneeded,
         (false, true, _) => ProfileNeed::Optional,
-        (false, false, ModeArg::Throughput) => ProfileNeed::Required,
+        (false, false, ModeArg::Throughput | ModeArg::ThroughputLoad) => ProfileNeed::Required,
         (false, false, ModeArg::Load) => ProfileNeed::Unneeded,
     })
 }

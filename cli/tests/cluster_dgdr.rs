@@ -362,8 +362,8 @@ async fn the_planner_scales_through_the_adapter_with_its_generated_role() {
     };
     assert_eq!(scale(&cp), "1");
 
-    // What the picker exports for its one worker: a prefill queue of 2.5 contexts (load
-    // mode's default context is 8,192 tokens), so load mode adds a replica.
+    // What the picker exports for its one worker: a prefill queue of 5 contexts (the
+    // sample's `--context-length` is 4,096 tokens), so load mode adds a replica.
     let workers = running_of(&client, ns, name, "worker").await;
     assert_eq!(workers.len(), 1);
     let worker = addresses(&workers, 8000).pop_first().unwrap();
@@ -422,7 +422,9 @@ async fn the_planner_scales_through_the_adapter_with_its_generated_role() {
         &format!("127.0.0.1:{planner_port}"),
     );
     remove_flag(&mut args, "--profile");
-    args.extend(["--mode".into(), "load".into()]);
+    // The sample plans in both modes; load mode alone needs no profile nor a load interval.
+    set_flag(&mut args, "--mode", "load");
+    remove_flag(&mut args, "--load-interval");
     args.extend(["--prometheus".into(), prometheus.url()]);
     let user = format!("system:serviceaccount:{ns}:{account}");
     let mut command = Command::new(env!("CARGO_BIN_EXE_dynamo"));

@@ -64,7 +64,7 @@ use dynamo_mocker::{Clock, Driver, Engine, EngineConfig, SimClock, SimCluster, S
 use dynamo_planner::decide::{
     Decision, EngineLoad, Forecast, Limits, LoadInputs, LoadTarget, Observed, PerRole,
     ScaleDownWindow, SlaTargets, ThroughputConfig, ThroughputInputs, decide_load,
-    decide_throughput, floor_by_throughput,
+    decide_throughput, floor_by_throughput, throughput_floor,
 };
 use dynamo_planner::knobs::HeadroomKnobs;
 use dynamo_planner::predict::{LoadPredictor, Predictor, PredictorConfig};
@@ -641,13 +641,7 @@ impl Sim<'_> {
             .scale_down
             .decide_throughput(now_ms / 1000.0, &config, &inputs);
         let rate = inputs.forecast.requests.map(|r| r / interval_s);
-        // Load mode's floor is what throughput mode would set now, rolling out or not.
-        let unheld = ThroughputInputs {
-            rolling_out: false,
-            ..inputs
-        };
-        let floor = decide_throughput(&config, &unheld);
-        if let (false, PerRole::Aggregated { worker }) = (floor.is_hold(), floor.replicas) {
+        if let Some(PerRole::Aggregated { worker }) = throughput_floor(&config, &inputs) {
             self.floor = worker;
         }
         self.apply(d, now_ms, rate)

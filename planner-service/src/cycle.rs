@@ -6,7 +6,7 @@ use dynamo_names::Role;
 use dynamo_planner::decide::{
     Decision, EngineLoad, Forecast, Limits, LoadInputs, LoadTarget, Observed, PerRole, Reason,
     Replicas, ScaleDownWindow, SlaTargets, ThroughputConfig, ThroughputInputs, decide_load,
-    decide_throughput, floor_by_throughput,
+    floor_by_throughput, throughput_floor,
 };
 use dynamo_planner::knobs::HeadroomKnobs;
 use dynamo_planner::predict::{LoadPredictor, Predictor, PredictorConfig};
@@ -243,19 +243,7 @@ impl Planner {
             rolling_out: view.rolling_out(),
             backlog: traffic.backlog,
         };
-        // Load mode's floor: what the forecast needs now, rolling out or not, and without
-        // the scale-down window (load mode steps down one replica at a time, on queues
-        // that the window's dips do not show; the replay's GPU-seconds say so).
-        let floor = decide_throughput(
-            &config,
-            &ThroughputInputs {
-                rolling_out: false,
-                ..inputs
-            },
-        );
-        if !floor.is_hold() {
-            self.floor = Some(floor.replicas);
-        }
+        self.floor = throughput_floor(&config, &inputs).or(self.floor);
         Ok(Outcome {
             decision: self.scale_down.decide_throughput(now_s, &config, &inputs),
             forecast: Some(forecast),

@@ -74,7 +74,7 @@ pub fn settings(args: &PlannerArgs) -> anyhow::Result<Settings> {
         ModeArg::Throughput => Mode::Throughput(throughput()?),
         ModeArg::Load => Mode::Load(load()?),
         ModeArg::ThroughputLoad => {
-            let load_interval = args.load_interval().unwrap_or_default();
+            let load_interval = args.load_interval();
             // Dynamo's rule too: the load loop runs between throughput decisions.
             if load_interval.is_zero() || load_interval >= interval {
                 bail!(

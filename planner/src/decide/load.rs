@@ -259,6 +259,22 @@ pub fn decide_load(
     limits.apply(current, proposed, gpus, reasons)
 }
 
+/// Throughput+load's floor for [`floor_by_throughput`]: what throughput mode would set
+/// now, rolling out or not, and without the scale-down window (load mode steps down one
+/// replica at a time, on the queues now, which the window's dips do not show); `None`
+/// when the decision holds.
+pub fn throughput_floor(
+    config: &ThroughputConfig<'_>,
+    inputs: &ThroughputInputs,
+) -> Option<Replicas> {
+    let unheld = ThroughputInputs {
+        rolling_out: false,
+        ..*inputs
+    };
+    let d = decide_throughput(config, &unheld);
+    (!d.is_hold()).then_some(d.replicas)
+}
+
 /// Throughput+load, as Dynamo runs both together (`scale_down_capped_by_throughput`): a
 /// load decision takes a role down no further than `floor`, what the last throughput
 /// decision asked for, or the current count if that is lower. Scale-ups and holds pass

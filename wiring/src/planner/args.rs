@@ -214,13 +214,8 @@ impl PlannerArgs {
         })
     }
 
-    /// Load decisions' interval: `--interval` in load mode, `--load-interval` in
-    /// throughput+load, none in throughput mode.
-    pub fn load_interval(&self) -> Option<Duration> {
-        match self.mode {
-            ModeArg::Throughput => None,
-            ModeArg::Load => Some(self.interval()),
-            ModeArg::ThroughputLoad => Some(self.load_interval.unwrap_or(LOAD_INTERVAL)),
-        }
+    /// `--load-interval` (throughput+load's), or its default.
+    pub fn load_interval(&self) -> Duration {
+        self.load_interval.unwrap_or(LOAD_INTERVAL)
     }
 }

@@ -145,11 +145,11 @@ fn mock_graph(name: &str, req: &Request, selected: &Candidate) -> DynamoGraphDep
 /// model than the one profiled (they read it before the catalog): what the engine's own
 /// flag parser makes of the generated command.
 fn check_engine_model(req: &Request, layout: Layout, model_path: &Path) -> anyhow::Result<()> {
-    let tp = match layout {
-        Layout::Aggregated { workers } => workers.tp,
-        Layout::Disaggregated { decode, .. } => decode.tp,
+    let engines = match layout {
+        Layout::Aggregated { workers } => workers,
+        Layout::Disaggregated { prefill, .. } => prefill,
     };
-    let (command, args) = engine_command(req, tp);
+    let (command, args) = engine_command(req, engines);
     let argv: Vec<OsString> = command
         .into_iter()
         .map(OsString::from)
@@ -837,7 +837,7 @@ mod tests {
             planner: false,
             ..dynamo_profiler::request::resolve(&spec, None).unwrap()
         };
-        let engines = |tp, replicas| dynamo_profiler::Engines { tp, replicas };
+        let engines = dynamo_profiler::Engines::new;
         let layout = Layout::Disaggregated {
             prefill: engines(1, 2),
             decode: engines(2, 1),

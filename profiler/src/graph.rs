@@ -3,10 +3,11 @@
 //! and a planner when the request asks for one.
 
 use dynamo_crds::{BackendFramework, DynamoGraphDeployment};
+use dynamo_mocker::EngineConfig;
 use serde_json::{Map, Value, json};
 
 use crate::request::{Request, Sla};
-use crate::sweep::{Candidate, Engines, Layout};
+use crate::sweep::{Candidate, Engines, Layout, default_chunk};
 
 /// Where a generated planner reads the profile (`dynamo profile --profile-out`'s file)
 /// when its engines are real ones: the key of a ConfigMap named
@@ -30,21 +31,31 @@ pub fn planner_reads_profile(req: &Request) -> bool {
 /// The mock engine's program in a generated graph (`dynamo-wiring`'s, `wiring/`).
 const MOCKER: &str = "dynamo-mocker";
 
-/// The engine command of one engine of `tp` GPUs for `req`: the container's `command`
-/// (the launcher) and `args` (the model and the flags).
-pub fn engine_command(req: &Request, tp: u32) -> (Vec<String>, Vec<String>) {
+/// The engine command of one of `engines` for `req`: the container's `command` (the
+/// launcher) and `args` (the model and the flags: its tensor parallel size and, where
+/// its step budget is not the engines' default, that budget and the sequences a step
+/// holds as simulated, which an engine whose own default holds more would refuse beside
+/// a small budget: vLLM's `max_num_batched_tokens >= max_num_seqs`).
+pub fn engine_command(req: &Request, engines: Engines) -> (Vec<String>, Vec<String>) {
     let words = |w: &[&str]| w.iter().map(|s| s.to_string()).collect::<Vec<_>>();
-    let (model, tp) = (req.served_model.as_str(), tp.to_string());
-    match req.backend {
+    let (model, tp) = (req.served_model.as_str(), engines.tp.to_string());
+    let (command, mut args, [budget_flag, seqs_flag]) = match req.backend {
         BackendFramework::Vllm => (
             words(&["vllm", "serve"]),
             words(&[model, "--tensor-parallel-size", &tp]),
+            ["--max-num-batched-tokens", "--max-num-seqs"],
         ),
         BackendFramework::Sglang => (
             words(&["python3", "-m", "sglang.launch_server"]),
             words(&["--model-path", model, "--tp-size", &tp]),
+            // sglang/srt/server_args.py: `chunked_prefill_size`, `max_running_requests`.
+            ["--chunked-prefill-size", "--max-running-requests"],
         ),
-        BackendFramework::Trtllm => (words(&["trtllm-serve"]), words(&[model, "--tp_size", &tp])),
+        BackendFramework::Trtllm => (
+            words(&["trtllm-serve"]),
+            words(&[model, "--tp_size", &tp]),
+            ["--max_num_tokens", "--max_batch_size"],
+        ),
         BackendFramework::Mocker => {
             let gpu = req.gpu.name.as_str();
             let mut args = words(&["--model-name", model, "--perf-model", "hardware"]);
@@ -52,13 +63,26 @@ pub fn engine_command(req: &Request, tp: u32) -> (Vec<String>, Vec<String>) {
             if let Some(share) = req.gpu_memory_utilization {
                 args.extend(["--gpu-memory-utilization".into(), share.to_string()]);
             }
-            (words(&[MOCKER]), args)
+            (
+                words(&[MOCKER]),
+                args,
+                ["--max-num-batched-tokens", "--max-num-seqs"],
+            )
         }
+    };
+    if engines.max_num_batched_tokens != default_chunk() {
+        let seqs = EngineConfig::default().max_num_seqs;
+        args.extend([
+            budget_flag.into(),
+            engines.max_num_batched_tokens.to_string(),
+        ]);
+        args.extend([seqs_flag.into(), seqs.to_string()]);
     }
+    (command, args)
 }
 
 fn engine_service(req: &Request, component: &str, engines: Engines) -> Value {
-    let (command, args) = engine_command(req, engines.tp);
+    let (command, args) = engine_command(req, engines);
     let mut service = json!({
         "componentType": component,
         "replicas": engines.replicas,

@@ -3,9 +3,10 @@
 //!
 //! 1. [`request::resolve`]: the spec with its defaults, checked.
 //! 2. [`sweep`]: the tensor parallel sizes that fit, every aggregated and disaggregated
-//!    layout within the GPU budget, each role's engine simulated under its share of the
-//!    workload ([`sim`]: the mock engine on the hardware performance model), and the
-//!    choice by the SLA and `optimizationType`.
+//!    layout within the GPU budget at each step budget of the engines that prefill, each
+//!    role's engine simulated under its share of the workload ([`sim`]: the mock engine
+//!    on the hardware performance model), and the choice by the SLA and
+//!    `optimizationType`.
 //! 3. [`graph::generate`]: the DynamoGraphDeployment of the choice, and the planner's
 //!    profile of its engines (`dynamo_mocker::profile::planner_profile`).
 //!
@@ -205,10 +206,15 @@ pub fn profile_calibrated(
     let mut candidates = Vec::new();
     let mut loads = Vec::new();
     for layout in sweep.layouts(req.load) {
-        let (candidate, load) = match req.load {
-            Some(load) => (sweep.evaluate(layout, load)?, load),
-            None => sweep.most_within_sla(layout)?,
-        };
+        let mut variants = Vec::new();
+        for variant in sweep.chunk_variants(layout) {
+            variants.push(match req.load {
+                Some(load) => (sweep.evaluate(variant, load)?, load),
+                None => sweep.most_within_sla(variant)?,
+            });
+        }
+        let (candidate, load) =
+            sweep::tuned(&variants, req.optimization(), &req.sla, &req.uncertainty);
         candidates.push(candidate);
         loads.push(load);
     }
@@ -240,30 +246,30 @@ pub fn profile_calibrated(
 /// engine's default sweep cut at the model's context.
 fn planner_profile_of(
     req: &Request,
-    configs: &std::collections::BTreeMap<u32, EngineConfig>,
+    configs: &std::collections::BTreeMap<sweep::Shape, EngineConfig>,
     selected: &Candidate,
 ) -> Result<Profile, ProfileError> {
     let within = |lengths: Vec<usize>| -> Vec<usize> {
         let max = req.model.max_context as usize;
         lengths.into_iter().filter(|&l| l <= max).collect()
     };
-    let measure = |tp: u32| {
+    let measure = |engines: Engines| {
         let default = ProfileSweep::default();
         let sweep = ProfileSweep {
             isls: within(default.isls),
             context_lengths: within(default.context_lengths),
-            gpus_per_engine: tp,
+            gpus_per_engine: engines.tp,
             ..default
         };
-        planner_profile(&configs[&tp], &sweep)
+        planner_profile(&configs[&engines.shape()], &sweep)
     };
     match selected.layout {
-        Layout::Aggregated { workers } => Ok(measure(workers.tp)?),
-        Layout::Disaggregated { prefill, decode } if prefill.tp == decode.tp => {
-            Ok(measure(decode.tp)?)
+        Layout::Aggregated { workers } => Ok(measure(workers)?),
+        Layout::Disaggregated { prefill, decode } if prefill.shape() == decode.shape() => {
+            Ok(measure(decode)?)
         }
         Layout::Disaggregated { prefill, decode } => {
-            let (p, d) = (measure(prefill.tp)?, measure(decode.tp)?);
+            let (p, d) = (measure(prefill)?, measure(decode)?);
             Ok(Profile::new(
                 decode.tp,
                 p.prefill_points().to_vec(),
@@ -447,17 +453,18 @@ impl Profiled {
             );
         }
         let _ = writeln!(out, "Pareto set:");
+        let names: Vec<String> = self.pareto.iter().map(|c| c.layout.to_string()).collect();
+        let width = names.iter().map(String::len).max().unwrap_or(0).max(42);
         let _ = writeln!(
             out,
-            "  {:<42} {:>4} {:>10} {:>8} {:>9} {:>11}  SLA",
+            "  {:<width$} {:>4} {:>10} {:>8} {:>9} {:>11}  SLA",
             "layout", "GPUs", "TTFT ms", "ITL ms", "E2E ms", "tok/s/GPU"
         );
-        for c in &self.pareto {
+        for (c, name) in self.pareto.iter().zip(&names) {
             let mark = if c.layout == s.layout { "*" } else { " " };
             let _ = writeln!(
                 out,
-                "{mark} {:<42} {:>4} {:>10.1} {:>8.2} {:>9.0} {:>11.0}  {}",
-                c.layout.to_string(),
+                "{mark} {name:<width$} {:>4} {:>10.1} {:>8.2} {:>9.0} {:>11.0}  {}",
                 c.gpus,
                 c.ttft_ms,
                 c.itl_ms,

@@ -5,10 +5,16 @@
 //!   vLLM requires) and hold the weights plus the KV of one request of ISL + OSL tokens.
 //! - Layouts within the GPU budget: aggregated, `n` engines of TP `t`; disaggregated, `p`
 //!   prefill engines of TP `tp` and `d` decode engines of TP `td`.
+//! - Step budgets: each layout is predicted with its engines that prefill (aggregated or
+//!   prefill engines) at every step budget of [`chunk_sizes`] and keeps the one
+//!   [`tuned`] picks: the engine's default unless a smaller budget meets the SLA where it
+//!   does not, or serves more. Decode engines keep the default (they compute one token of
+//!   each prompt).
 //! - Predictions: each role's engine is simulated under its share of the load
-//!   ([`crate::sim`]), once per (role, TP, share) and reused by every layout that has it.
-//!   A request rate is split round-robin over the engines of each role. A concurrency is
-//!   split over an aggregated layout's engines as evenly as it goes (some hold one more);
+//!   ([`crate::sim`]), once per (role, TP, step budget, share) and reused by every
+//!   layout that has it. A request rate is split round-robin over the engines of each
+//!   role. A concurrency is split over an aggregated layout's engines as evenly as it
+//!   goes (some hold one more);
 //!   a disaggregated layout's decode engines hold it all (what is in prefill or in
 //!   transfer is counted as decoding: pessimistic on both ITL and TTFT), and its prefill
 //!   engines see the rate the decode engines complete. A disaggregated TTFT is the
@@ -44,19 +50,62 @@ pub const MAX_UTILIZATION: f64 = 0.95;
 /// by what they are, not by the draw.
 pub(crate) const SEED: u64 = 17;
 
+/// Step budgets below the engine's default that the sweep tries, down to 256 tokens,
+/// about where a step of a 70B model's chunk stops being compute-bound on an H100
+/// (docs/performance-disagg.md, "On the hardware model"), and no fewer than the
+/// sequences a step may hold (vLLM refuses a budget under `max_num_seqs`).
+const SMALLER_CHUNKS: [u32; 3] = [2048, 512, 256];
+
+/// The step budgets (`max_num_batched_tokens`) swept for engines that prefill: the
+/// default ([`default_chunk`]), then each smaller one of [`SMALLER_CHUNKS`]. A smaller
+/// budget prefills a long prompt in more, shorter steps, so the decodes that share them
+/// wait less: a lower ITL for a longer TTFT.
+fn chunk_sizes() -> Vec<u32> {
+    let default = default_chunk();
+    let smaller = SMALLER_CHUNKS.into_iter().filter(|&c| c < default);
+    std::iter::once(default).chain(smaller).collect()
+}
+
+/// The step budget of an engine that names none (`EngineConfig`'s, vLLM's): the
+/// generated graph names only the others.
+pub fn default_chunk() -> u32 {
+    EngineConfig::default().max_num_batched_tokens as u32
+}
+
 /// Engines of one role.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+#[serde(rename_all = "camelCase")]
 pub struct Engines {
     /// Tensor parallel size: GPUs per engine.
     pub tp: u32,
     pub replicas: u32,
+    /// Token budget of one step (vLLM `--max-num-batched-tokens`): a longer prompt is
+    /// prefilled in chunks of it.
+    pub max_num_batched_tokens: u32,
 }
 
 impl Engines {
+    /// `replicas` engines of `tp` GPUs at the default step budget.
+    pub fn new(tp: u32, replicas: u32) -> Self {
+        Self {
+            tp,
+            replicas,
+            max_num_batched_tokens: default_chunk(),
+        }
+    }
+
     pub fn gpus(&self) -> u32 {
         self.tp * self.replicas
     }
+
+    /// The configuration these engines run: the sweep's for their TP and step budget.
+    pub(crate) fn shape(&self) -> Shape {
+        (self.tp, self.max_num_batched_tokens)
+    }
 }
+
+/// An engine's tensor parallel size and step budget: what its configuration is keyed by.
+pub(crate) type Shape = (u32, u32);
 
 /// How a candidate graph serves: every engine both prefills and decodes, or prefill and
 /// decode engines apart.
@@ -74,19 +123,42 @@ impl Layout {
             Self::Disaggregated { prefill, decode } => prefill.gpus() + decode.gpus(),
         }
     }
+
+    /// The engines that prefill: an aggregated layout's workers, a disaggregated one's
+    /// prefill engines.
+    fn prefilling(&mut self) -> &mut Engines {
+        match self {
+            Self::Aggregated { workers } => workers,
+            Self::Disaggregated { prefill, .. } => prefill,
+        }
+    }
 }
 
 impl fmt::Display for Layout {
+    /// The step budget is named where it is not the engines' default.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let chunks = |e: &Engines| {
+            if e.max_num_batched_tokens == default_chunk() {
+                String::new()
+            } else {
+                format!(" with {}-token chunks", e.max_num_batched_tokens)
+            }
+        };
         match self {
-            Self::Aggregated { workers: w } => write!(f, "agg {} x TP{}", w.replicas, w.tp),
+            Self::Aggregated { workers: w } => {
+                write!(f, "agg {} x TP{}{}", w.replicas, w.tp, chunks(w))
+            }
             Self::Disaggregated {
                 prefill: p,
                 decode: d,
             } => write!(
                 f,
-                "disagg {} x TP{} prefill + {} x TP{} decode",
-                p.replicas, p.tp, d.replicas, d.tp
+                "disagg {} x TP{} prefill{} + {} x TP{} decode",
+                p.replicas,
+                p.tp,
+                chunks(p),
+                d.replicas,
+                d.tp
             ),
         }
     }
@@ -149,11 +221,14 @@ pub(crate) enum SweepError {
     Engine(SimError),
 }
 
-/// The tensor parallel sizes worth sweeping, each with its engine configuration.
+/// The tensor parallel sizes worth sweeping (those that hold a request at the default
+/// step budget), each at every step budget of [`chunk_sizes`] that fits, with its
+/// engine configuration on `base` (the KV pool is what the GPUs hold after the weights
+/// and a step's activations at that budget).
 pub(crate) fn engine_configs(
     req: &Request,
     base: &EngineConfig,
-) -> Result<BTreeMap<u32, EngineConfig>, SweepError> {
+) -> Result<BTreeMap<Shape, EngineConfig>, SweepError> {
     let mut configs = BTreeMap::new();
     let mut last_no_fit = None;
     let mut last_invalid = None;
@@ -172,15 +247,26 @@ pub(crate) fn engine_configs(
         }
         e.efficiency = req.efficiency.clone();
         let tokens = u64::from(req.isl) + u64::from(req.osl);
-        let fitted = base
-            .clone()
-            .on_hardware(e, None)
-            .and_then(|(config, _)| estimator(&config).fits(tokens, 1).map(|_| config));
-        match fitted {
-            Ok(config) => {
-                configs.insert(tp, config);
+        for chunk in chunk_sizes() {
+            let budgeted = EngineConfig {
+                max_num_batched_tokens: chunk as usize,
+                ..base.clone()
+            };
+            let fitted = budgeted
+                .on_hardware(e.clone(), None)
+                .and_then(|(config, _)| estimator(&config).fits(tokens, 1).map(|_| config));
+            match fitted {
+                Ok(config) => {
+                    configs.insert((tp, chunk), config);
+                }
+                Err(no_fit) if chunk == default_chunk() => {
+                    last_no_fit = Some(no_fit);
+                    break;
+                }
+                // A smaller step's activations take less memory: not reached while the
+                // default fits, and harmless to skip.
+                Err(_) => {}
             }
-            Err(no_fit) => last_no_fit = Some(no_fit),
         }
     }
     if configs.is_empty() {
@@ -210,14 +296,14 @@ enum DriveKey {
 /// Every candidate of `req`, predicted.
 pub(crate) struct Sweep<'r> {
     req: &'r Request,
-    configs: &'r BTreeMap<u32, EngineConfig>,
-    runs: HashMap<(Stage, u32, DriveKey), EngineRun>,
-    /// Saturated requests/s of one engine, by stage and TP.
-    capacity: HashMap<(Stage, u32), f64>,
+    configs: &'r BTreeMap<Shape, EngineConfig>,
+    runs: HashMap<(Stage, Shape, DriveKey), EngineRun>,
+    /// Saturated requests/s of one engine, by stage and shape.
+    capacity: HashMap<(Stage, Shape), f64>,
 }
 
 impl<'r> Sweep<'r> {
-    pub fn new(req: &'r Request, configs: &'r BTreeMap<u32, EngineConfig>) -> Self {
+    pub fn new(req: &'r Request, configs: &'r BTreeMap<Shape, EngineConfig>) -> Self {
         Self {
             req,
             configs,
@@ -231,21 +317,21 @@ impl<'r> Sweep<'r> {
         self.runs.len() + self.capacity.len()
     }
 
-    /// Requests/s one engine of `stage` and `tp` completes when it runs full.
-    fn capacity(&mut self, stage: Stage, tp: u32) -> Result<f64, SweepError> {
-        if let Some(c) = self.capacity.get(&(stage, tp)) {
+    /// Requests/s one engine of `stage` and `shape` completes when it runs full.
+    fn capacity(&mut self, stage: Stage, shape: Shape) -> Result<f64, SweepError> {
+        if let Some(c) = self.capacity.get(&(stage, shape)) {
             return Ok(*c);
         }
         let (isl, osl) = (self.req.isl as usize, self.req.osl as usize);
-        let config = &self.configs[&tp];
+        let config = &self.configs[&shape];
         let in_flight = full_batch(config, stage, isl, osl);
         let run = simulate(config, stage, Drive::Closed { in_flight }, isl, osl, SEED)
             .map_err(SweepError::Engine)?;
-        self.capacity.insert((stage, tp), run.requests_per_s);
+        self.capacity.insert((stage, shape), run.requests_per_s);
         Ok(run.requests_per_s)
     }
 
-    fn run(&mut self, stage: Stage, tp: u32, drive: Drive) -> Result<EngineRun, SweepError> {
+    fn run(&mut self, stage: Stage, shape: Shape, drive: Drive) -> Result<EngineRun, SweepError> {
         let key = match drive {
             Drive::Open {
                 rate_per_s,
@@ -256,29 +342,48 @@ impl<'r> Sweep<'r> {
             },
             Drive::Closed { in_flight } => DriveKey::Closed(in_flight),
         };
-        if let Some(run) = self.runs.get(&(stage, tp, key)) {
+        if let Some(run) = self.runs.get(&(stage, shape, key)) {
             return Ok(*run);
         }
         let (isl, osl) = (self.req.isl as usize, self.req.osl as usize);
-        let run = simulate(&self.configs[&tp], stage, drive, isl, osl, SEED)
+        let run = simulate(&self.configs[&shape], stage, drive, isl, osl, SEED)
             .map_err(SweepError::Engine)?;
-        self.runs.insert((stage, tp, key), run);
+        self.runs.insert((stage, shape, key), run);
         Ok(run)
     }
 
-    /// The layouts within the GPU budget for `load`, aggregated first, each by GPUs;
-    /// without a load, one engine of each role.
+    /// The tensor parallel sizes swept.
+    fn tps(&self) -> Vec<u32> {
+        let mut tps: Vec<u32> = self.configs.keys().map(|&(tp, _)| tp).collect();
+        tps.dedup();
+        tps
+    }
+
+    /// The step budgets swept at `tp`, the default (the largest) first.
+    fn chunks(&self, tp: u32) -> Vec<u32> {
+        let mut chunks: Vec<u32> = self
+            .configs
+            .keys()
+            .filter(|&&(t, _)| t == tp)
+            .map(|&(_, c)| c)
+            .collect();
+        chunks.sort_unstable_by(|a, b| b.cmp(a));
+        chunks
+    }
+
+    /// The layouts within the GPU budget for `load`, aggregated first, each by GPUs, at
+    /// the default step budget; without a load, one engine of each role.
     pub fn layouts(&self, load: Option<Load>) -> Vec<Layout> {
         let total = self.req.total_gpus;
         let Some(load) = load else {
             return self.unit_layouts();
         };
-        let tps: Vec<u32> = self.configs.keys().copied().collect();
+        let tps = self.tps();
         let mut out = Vec::new();
         for &tp in &tps {
             for replicas in 1..=total / tp {
                 out.push(Layout::Aggregated {
-                    workers: Engines { tp, replicas },
+                    workers: Engines::new(tp, replicas),
                 });
             }
         }
@@ -288,11 +393,8 @@ impl<'r> Sweep<'r> {
                 for &td in &tps {
                     for d in 1..=left / td {
                         out.push(Layout::Disaggregated {
-                            prefill: Engines { tp, replicas: p },
-                            decode: Engines {
-                                tp: td,
-                                replicas: d,
-                            },
+                            prefill: Engines::new(tp, p),
+                            decode: Engines::new(td, d),
                         });
                     }
                 }
@@ -314,20 +416,33 @@ impl<'r> Sweep<'r> {
     /// the budget.
     fn unit_layouts(&self) -> Vec<Layout> {
         let total = self.req.total_gpus;
-        let tps: Vec<u32> = self.configs.keys().copied().collect();
-        let one = |tp| Engines { tp, replicas: 1 };
-        let aggregated = tps
-            .iter()
-            .map(|&tp| Layout::Aggregated { workers: one(tp) });
+        let tps = self.tps();
+        let aggregated = tps.iter().map(|&tp| Layout::Aggregated {
+            workers: Engines::new(tp, 1),
+        });
         let disaggregated = tps.iter().flat_map(|&tp| {
             tps.iter()
                 .filter(move |&&td| tp + td <= total)
                 .map(move |&td| Layout::Disaggregated {
-                    prefill: one(tp),
-                    decode: one(td),
+                    prefill: Engines::new(tp, 1),
+                    decode: Engines::new(td, 1),
                 })
         });
         aggregated.chain(disaggregated).collect()
+    }
+
+    /// `layout` with its engines that prefill at each step budget swept, the default
+    /// first.
+    pub fn chunk_variants(&self, layout: Layout) -> Vec<Layout> {
+        let mut layout = layout;
+        let tp = layout.prefilling().tp;
+        self.chunks(tp)
+            .into_iter()
+            .map(|chunk| {
+                layout.prefilling().max_num_batched_tokens = chunk;
+                layout
+            })
+            .collect()
     }
 
     /// `layout` at the most requests in flight it serves within the SLA, and that load:
@@ -339,7 +454,7 @@ impl<'r> Sweep<'r> {
             Layout::Disaggregated { decode, .. } => (Stage::Decode, decode),
         };
         let (isl, osl) = (self.req.isl as usize, self.req.osl as usize);
-        let full = full_batch(&self.configs[&engines.tp], stage, isl, osl) * engines.replicas;
+        let full = full_batch(&self.configs[&engines.shape()], stage, isl, osl) * engines.replicas;
         let mut at = |c: u32| -> Result<Candidate, SweepError> {
             self.evaluate(layout, Load::Concurrency(c))
         };
@@ -368,7 +483,7 @@ impl<'r> Sweep<'r> {
         let gpus = layout.gpus();
         let (ttft, itl, e2e, rps, overloaded) = match (layout, load) {
             (Layout::Aggregated { workers: w }, Load::Rate(rate)) => {
-                let r = self.open(Stage::Aggregated, w.tp, rate, w.replicas)?;
+                let r = self.open(Stage::Aggregated, w.shape(), rate, w.replicas)?;
                 let served = if r.overloaded {
                     r.requests_per_s * f64::from(w.replicas)
                 } else {
@@ -389,7 +504,7 @@ impl<'r> Sweep<'r> {
             ) => {
                 let (dec, rate) = match load {
                     Load::Rate(rate) => {
-                        let r = self.open(Stage::Decode, d.tp, rate, d.replicas)?;
+                        let r = self.open(Stage::Decode, d.shape(), rate, d.replicas)?;
                         (r, rate)
                     }
                     Load::Concurrency(c) => {
@@ -397,8 +512,8 @@ impl<'r> Sweep<'r> {
                         (s, s.requests_per_s)
                     }
                 };
-                let pre = self.open(Stage::Prefill, p.tp, rate, p.replicas)?;
-                let transfer = self.transfer_ms(p.tp, d.tp);
+                let pre = self.open(Stage::Prefill, p.shape(), rate, p.replicas)?;
+                let transfer = self.transfer_ms(p.shape(), d.shape());
                 let overloaded = pre.overloaded || dec.overloaded;
                 let served = if overloaded {
                     let by_prefill = pre.requests_per_s * f64::from(p.replicas);
@@ -432,11 +547,11 @@ impl<'r> Sweep<'r> {
     fn open(
         &mut self,
         stage: Stage,
-        tp: u32,
+        shape: Shape,
         rate: f64,
         engines: u32,
     ) -> Result<EngineRun, SweepError> {
-        let capacity = self.capacity(stage, tp)?;
+        let capacity = self.capacity(stage, shape)?;
         if rate / f64::from(engines) > MAX_UTILIZATION * capacity {
             return Ok(EngineRun {
                 ttft_ms: f64::INFINITY,
@@ -450,7 +565,7 @@ impl<'r> Sweep<'r> {
             rate_per_s: rate,
             engines,
         };
-        self.run(stage, tp, drive)
+        self.run(stage, shape, drive)
     }
 
     /// `c` requests in flight over `engines`: `c mod n` engines hold one more than the
@@ -467,13 +582,13 @@ impl<'r> Sweep<'r> {
         if more > 0 {
             parts.push((
                 more,
-                self.run(stage, engines.tp, Drive::Closed { in_flight: q + 1 })?,
+                self.run(stage, engines.shape(), Drive::Closed { in_flight: q + 1 })?,
             ));
         }
         if q > 0 {
             parts.push((
                 n - more,
-                self.run(stage, engines.tp, Drive::Closed { in_flight: q })?,
+                self.run(stage, engines.shape(), Drive::Closed { in_flight: q })?,
             ));
         }
         let rps: f64 = parts
@@ -496,14 +611,46 @@ impl<'r> Sweep<'r> {
         })
     }
 
-    /// A prompt's KV from a prefill engine of TP `tp` to a decode engine of TP `td`:
+    /// A prompt's KV from a prefill engine of shape `p` to a decode engine of shape `d`:
     /// every rank moves its shard over its own NIC at once, the side with the larger
     /// shards binding.
-    fn transfer_ms(&self, tp: u32, td: u32) -> f64 {
+    fn transfer_ms(&self, p: Shape, d: Shape) -> f64 {
         let isl = u64::from(self.req.isl);
-        let ms = |t: u32| estimator(&self.configs[&t]).kv_transfer_ms(isl, Link::Network);
-        ms(tp).max(ms(td))
+        let ms = |s: Shape| estimator(&self.configs[&s]).kv_transfer_ms(isl, Link::Network);
+        ms(p).max(ms(d))
     }
+}
+
+/// The step budget a layout keeps, among `variants` (its [`Sweep::chunk_variants`],
+/// the default first, each predicted with its load): of those that meet the SLA, the one
+/// that serves the most per GPU (with `optimizationType: latency`, the lowest end-to-end
+/// time), the larger budget on a tie, so a smaller chunk only where it meets the SLA
+/// where larger ones do not, or does better by the request's measure; when none meets
+/// it, the one closest to it.
+pub fn tuned(
+    variants: &[(Candidate, Load)],
+    optimization: Option<OptimizationType>,
+    sla: &Sla,
+    u: &Uncertainty,
+) -> (Candidate, Load) {
+    let meeting = variants.iter().filter(|(c, _)| c.meets_sla);
+    let best = match optimization {
+        Some(OptimizationType::Latency) => meeting.min_by(|a, b| a.0.e2e_ms.total_cmp(&b.0.e2e_ms)),
+        _ => meeting.reduce(|best, v| {
+            if v.0.throughput_per_gpu > best.0.throughput_per_gpu {
+                v
+            } else {
+                best
+            }
+        }),
+    };
+    *best
+        .or_else(|| {
+            variants
+                .iter()
+                .min_by(|a, b| a.0.shortfall(sla, u).total_cmp(&b.0.shortfall(sla, u)))
+        })
+        .expect("a layout has its default step budget")
 }
 
 /// The candidate to deploy among those that meet the SLA (see the module doc).
@@ -588,7 +735,7 @@ mod tests {
 
     fn agg(tp: u32, replicas: u32) -> Layout {
         Layout::Aggregated {
-            workers: Engines { tp, replicas },
+            workers: Engines::new(tp, replicas),
         }
     }
 
@@ -634,13 +781,55 @@ mod tests {
     }
 
     #[test]
+    fn a_layout_keeps_the_default_budget_unless_a_smaller_one_does_better() {
+        let sla = Sla::TtftItl {
+            ttft_ms: 500.0,
+            itl_ms: 50.0,
+        };
+        let u = Uncertainty::NONE;
+        let load = Load::Rate(9.0);
+        let at = |chunk, ttft, itl, tput| {
+            let mut layout = agg(2, 3);
+            layout.prefilling().max_num_batched_tokens = chunk;
+            let mut c = candidate(layout, ttft, itl, tput);
+            c.meets_sla = ttft <= 500.0 && itl <= 50.0;
+            (c, load)
+        };
+        let chunk = |v: &[(Candidate, Load)], o| match tuned(v, o, &sla, &u).0.layout {
+            Layout::Aggregated { workers } => workers.max_num_batched_tokens,
+            Layout::Disaggregated { .. } => unreachable!(),
+        };
+        // Both meet it, serving alike: the default stays, even if the smaller has the
+        // lower end-to-end time (unless that is what the request optimizes).
+        let both = [at(8192, 300.0, 40.0, 225.0), at(512, 450.0, 30.0, 225.0)];
+        assert_eq!(chunk(&both, None), 8192);
+        assert_eq!(chunk(&both, Some(OptimizationType::Throughput)), 8192);
+        assert_eq!(chunk(&both, Some(OptimizationType::Latency)), 512);
+        // Only the smaller meets it, or it serves more.
+        let only_small = [at(8192, 300.0, 75.0, 225.0), at(512, 450.0, 38.0, 225.0)];
+        assert_eq!(chunk(&only_small, None), 512);
+        let more = [at(8192, 300.0, 40.0, 225.0), at(512, 450.0, 30.0, 260.0)];
+        assert_eq!(chunk(&more, None), 512);
+        // Neither: the one closest to the SLA (75/50 against 600/500).
+        let neither = [at(8192, 300.0, 75.0, 225.0), at(512, 600.0, 38.0, 225.0)];
+        assert_eq!(chunk(&neither, None), 512);
+    }
+
+    #[test]
     fn layouts_print_as_the_table_names_them() {
         assert_eq!(agg(2, 4).to_string(), "agg 4 x TP2");
         let d = Layout::Disaggregated {
-            prefill: Engines { tp: 1, replicas: 2 },
-            decode: Engines { tp: 2, replicas: 3 },
+            prefill: Engines::new(1, 2),
+            decode: Engines::new(2, 3),
         };
         assert_eq!(d.to_string(), "disagg 2 x TP1 prefill + 3 x TP2 decode");
         assert_eq!(d.gpus(), 8);
+        // A budget other than the default is named.
+        let mut chunked = d;
+        chunked.prefilling().max_num_batched_tokens = 512;
+        assert_eq!(
+            chunked.to_string(),
+            "disagg 2 x TP1 prefill with 512-token chunks + 3 x TP2 decode"
+        );
     }
 }

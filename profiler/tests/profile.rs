@@ -44,6 +44,28 @@ fn engine_commands(p: &Profiled) -> Vec<(String, Vec<String>)> {
         .collect()
 }
 
+/// What the mock engine's own parser makes of a generated worker's command.
+fn mock_engine_args(name: &str, argv: &[String]) -> dynamo_mocker::Args {
+    dynamo_mocker::Args::try_parse_from(
+        argv.iter()
+            .cloned()
+            .chain(["--model-path".into(), "/no/such/dir".into()]),
+    )
+    .unwrap_or_else(|e| panic!("{name}: {e}"))
+}
+
+/// Whether two layouts have the same engines, whatever their step budgets: each request
+/// tunes a layout's budget to its own SLA.
+fn same_engines(a: &Layout, b: &Layout) -> bool {
+    let engines = |l: &Layout| match *l {
+        Layout::Aggregated { workers: w } => vec![(w.tp, w.replicas)],
+        Layout::Disaggregated { prefill, decode } => {
+            vec![(prefill.tp, prefill.replicas), (decode.tp, decode.replicas)]
+        }
+    };
+    engines(a) == engines(b)
+}
+
 #[test]
 fn the_generated_graph_passes_the_crd_schema_and_its_mock_engines_are_the_simulated_ones() {
     let mut request = qwen8b("requestRate: 4", "ttft: 100, itl: 8");
@@ -65,12 +87,7 @@ fn the_generated_graph_passes_the_crd_schema_and_its_mock_engines_are_the_simula
     for (name, argv) in commands {
         assert_eq!(argv[0], "dynamo-mocker", "{name}: {argv:?}");
         // The mock engine's own parser reads the flags into the engine the sweep ran.
-        let parsed = dynamo_mocker::Args::try_parse_from(
-            argv.iter()
-                .cloned()
-                .chain(["--model-path".into(), "/no/such/dir".into()]),
-        )
-        .unwrap_or_else(|e| panic!("{name}: {e}"));
+        let parsed = mock_engine_args(&name, &argv);
         let config = parsed.engine_config().unwrap();
         let tp = parsed.timing.tensor_parallel_size;
         let e = Estimator::new(GpuSpec::by_name("H100_SXM").unwrap(), model.clone(), tp).unwrap();
@@ -81,6 +98,74 @@ fn the_generated_graph_passes_the_crd_schema_and_its_mock_engines_are_the_simula
         assert_eq!(config.block_size, simulated.block_size, "{name}");
         // Mock engines take no GPUs.
         assert_eq!(services[&name].resources, None);
+    }
+}
+
+/// The brief's disaggregation request (docs/performance-disagg.md): Llama-3.3-70B in FP8
+/// on up to 8 H100s, ISL 3,000 / OSL 150, on mock engines (no headroom).
+fn brief_70b(rate: u32, itl_ms: u32) -> DynamoGraphDeploymentRequestSpec {
+    spec(&format!(
+        "{{model: nvidia/Llama-3.3-70B-Instruct-FP8, hardware: {{gpuSku: h100_sxm, totalGpus: 8}}, \
+         workload: {{isl: 3000, osl: 150, requestRate: {rate}}}, sla: {{ttft: 500, itl: {itl_ms}}}, \
+         features: {{mocker: {{enabled: true}}}}}}"
+    ))
+}
+
+#[test]
+fn a_smaller_step_budget_is_kept_where_the_default_misses_and_the_engines_run_it() {
+    // At 9 req/s three TP2 engines prefilling whole 3,000-token prompts in a step stall
+    // their decodes past 50 ms; in 512-token chunks they meet it, on 6 GPUs where
+    // disaggregation needs 8.
+    let p = profile(&brief_70b(9, 50), None).unwrap();
+    let Layout::Aggregated { workers } = p.selected.layout else {
+        panic!("{}", p.summary());
+    };
+    assert_eq!((workers.tp, workers.replicas), (2, 3), "{}", p.summary());
+    assert_eq!(workers.max_num_batched_tokens, 512, "{}", p.summary());
+    assert!(p.summary().contains("agg 3 x TP2 with 512-token chunks"));
+    // The worker runs that budget, with the batch the sweep simulated beside it.
+    let commands = engine_commands(&p);
+    let [(name, argv)] = &commands[..] else {
+        panic!("{commands:?}");
+    };
+    let flag = |f: &str| argv.windows(2).find(|w| w[0] == f).map(|w| w[1].clone());
+    assert_eq!(flag("--max-num-batched-tokens").as_deref(), Some("512"));
+    assert_eq!(flag("--max-num-seqs").as_deref(), Some("256"));
+    let parsed = mock_engine_args(name, argv);
+    let config = parsed.engine_config().unwrap();
+    let model = ModelArch::by_name("nvidia/Llama-3.3-70B-Instruct-FP8").unwrap();
+    let e = Estimator::new(GpuSpec::by_name("H100_SXM").unwrap(), model, 2).unwrap();
+    let budgeted = EngineConfig {
+        max_num_batched_tokens: 512,
+        ..EngineConfig::default()
+    };
+    let (simulated, _) = budgeted.on_hardware(e, None).unwrap();
+    assert_eq!(config.max_num_batched_tokens, 512);
+    assert_eq!(config.num_gpu_blocks, simulated.num_gpu_blocks);
+    assert_eq!(config.timing, simulated.timing);
+
+    // Where the default meets the SLA it stays, and the command names no budget.
+    let loose = profile(&brief_70b(9, 200), None).unwrap();
+    let budgets = budgets(&loose.selected.layout);
+    assert!(budgets.iter().all(|&b| b == 8192), "{}", loose.summary());
+    for (_, argv) in engine_commands(&loose) {
+        assert!(
+            !argv.contains(&"--max-num-batched-tokens".to_string()),
+            "{argv:?}"
+        );
+    }
+}
+
+/// The step budgets of a layout's engines.
+fn budgets(layout: &Layout) -> Vec<u32> {
+    match *layout {
+        Layout::Aggregated { workers } => vec![workers.max_num_batched_tokens],
+        Layout::Disaggregated { prefill, decode } => {
+            vec![
+                prefill.max_num_batched_tokens,
+                decode.max_num_batched_tokens,
+            ]
+        }
     }
 }
 
@@ -149,11 +234,12 @@ fn a_tighter_sla_needs_more_gpus() {
         loose.summary(),
         tight.summary()
     );
-    // What the loose SLA chose misses the tight one.
+    // What the loose SLA chose misses the tight one, at any step budget (the tight run
+    // keeps the one closest to its SLA).
     let same = tight
         .candidates
         .iter()
-        .find(|c| c.layout == loose.selected.layout)
+        .find(|c| same_engines(&c.layout, &loose.selected.layout))
         .unwrap();
     assert!(!same.meets_sla && same.itl_ms > 8.0);
     // The fewest GPUs that meet it: every layout with fewer misses.
@@ -175,7 +261,7 @@ fn a_tighter_sla_needs_more_gpus() {
 
 #[test]
 fn without_a_calibration_a_real_engine_is_sized_with_the_models_headroom() {
-    let sla = "ttft: 300, itl: 12";
+    let sla = "ttft: 300, itl: 10";
     let real = profile(&qwen8b("requestRate: 4", sla), None).unwrap();
     let mut mock = qwen8b("requestRate: 4", sla);
     mock.backend = RequestBackend::Mocker;
@@ -184,17 +270,17 @@ fn without_a_calibration_a_real_engine_is_sized_with_the_models_headroom() {
     let u = &real.request.uncertainty;
     assert_eq!(*u, Uncertainty::UNCALIBRATED);
     // The mock engine runs the model: its choice meets the SLA as predicted.
-    assert!(mock.selected.itl_ms <= 12.0 && mock.selected.ttft_ms <= 300.0);
+    assert!(mock.selected.itl_ms <= 10.0 && mock.selected.ttft_ms <= 300.0);
     // A real engine's meets it at the bounds of the predictions.
     let s = &real.selected;
     assert!(
-        s.bound_itl_ms(u) <= 12.0 && s.bound_ttft_ms(u) <= 300.0,
+        s.bound_itl_ms(u) <= 10.0 && s.bound_ttft_ms(u) <= 300.0,
         "{s:?}"
     );
     let mocks_choice = real
         .candidates
         .iter()
-        .find(|c| c.layout == mock.selected.layout)
+        .find(|c| same_engines(&c.layout, &mock.selected.layout))
         .unwrap();
     assert!(!mocks_choice.meets_sla, "{}", real.summary());
     assert!(

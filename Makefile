@@ -204,6 +204,12 @@ bench: MOONCAKE_TRACE ?= ../shared/data/mooncake_synthetic_trace.jsonl
 bench: DISAGG_70B = --perf-model hardware --gpu H100_SXM --model meta-llama/Llama-3.3-70B-Instruct \
 	  --tensor-parallel-size 2 --quantization fp8 --kv-cache-dtype fp8 --prefixes 1000 --suffixes 1 \
 	  --prefix-tokens 0 --unique-tokens 3000 --output-tokens 150 --request-rate 2,4,6,8,10,12
+# The same at ITL p99 <= 12 ms (docs/performance-disagg.md, "Where disaggregation pays"):
+# each role its own tensor parallel size, goodput per GPU.
+bench: DISAGG_70B_ITL12 = --perf-model hardware --gpu H100_SXM --model meta-llama/Llama-3.3-70B-Instruct \
+	  --quantization fp8 --kv-cache-dtype fp8 --prefixes 1000 --suffixes 1 --prefix-tokens 0 \
+	  --unique-tokens 3000 --output-tokens 150 --request-rate 2,4,6,8,10,12,14,16,18,20,22,24 \
+	  --sla-ttft-ms 1000 --sla-itl-ms 12
 bench:
 	$(CARGO) bench --locked -p dynamo-llm -p dynamo-kvcache -p dynamo-mocker -p dynamo-sidecar -p dynamo-epp -p dynamo-profiler
 	$(CARGO) build --release --locked -p dynamo-e2e
@@ -224,6 +230,12 @@ bench:
 	  --max-num-batched-tokens 512 --out .cache/bench/replay-disagg-70b-agg.json --markdown .cache/bench/replay-disagg-70b-agg.md
 	$(CARGO) run --release --locked --quiet -p dynamo-e2e -- replay --topology 2p2d,3p1d --modes kv $(DISAGG_70B) \
 	  --out .cache/bench/replay-disagg-70b.json --markdown .cache/bench/replay-disagg-70b.md
+	$(CARGO) run --release --locked --quiet -p dynamo-e2e -- replay --topology agg:2 --modes kv $(DISAGG_70B_ITL12) \
+	  --tensor-parallel-size 8 --max-num-batched-tokens 256 \
+	  --out .cache/bench/replay-disagg-70b-itl12-agg.json --markdown .cache/bench/replay-disagg-70b-itl12-agg.md
+	$(CARGO) run --release --locked --quiet -p dynamo-e2e -- replay --topology 5p1d,6p1d --modes kv $(DISAGG_70B_ITL12) \
+	  --tensor-parallel-size 2 --decode-tensor-parallel-size 4 --max-num-batched-tokens 2048 \
+	  --out .cache/bench/replay-disagg-70b-itl12.json --markdown .cache/bench/replay-disagg-70b-itl12.md
 	$(CARGO) run --release --locked --quiet -p dynamo-e2e -- planner \
 	  --out .cache/bench/planner.json --markdown .cache/bench/planner.md --timeline-csv .cache/bench/planner-timeline.csv
 	$(CARGO) run --release --locked --quiet -p dynamo-e2e -- planner --max-waiting-requests 2 \

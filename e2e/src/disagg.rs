@@ -41,7 +41,9 @@ use dynamo_kvcache::{BlockHasher, RequestId, SeqHash};
 use dynamo_loadgen::report::{DisaggStats, Report};
 use dynamo_loadgen::workload::Workload;
 use dynamo_mocker::replay::{Collector, Percentiles, ReplayReport, Router};
-use dynamo_mocker::{Driver, Engine, EngineConfig, PromptKv, Request, SimCluster, StepOutcome};
+use dynamo_mocker::{
+    Driver, Engine, EngineConfig, PromptKv, Request, SimCluster, StepOutcome, TimingModel,
+};
 use dynamo_names::Role;
 
 use crate::replay::{KvRouter, RouterSetup, check_arrivals};
@@ -125,6 +127,51 @@ impl fmt::Display for Topology {
     }
 }
 
+/// The engines of a graph: one configuration for those that take prompts (aggregated or
+/// prefill engines), one for decode engines (of another tensor parallel size, say).
+#[derive(Clone, Copy, Debug)]
+pub struct GraphEngines<'a> {
+    pub prompts: &'a EngineConfig,
+    pub decode: &'a EngineConfig,
+}
+
+impl<'a> From<&'a EngineConfig> for GraphEngines<'a> {
+    /// Every engine alike.
+    fn from(config: &'a EngineConfig) -> Self {
+        Self {
+            prompts: config,
+            decode: config,
+        }
+    }
+}
+
+impl GraphEngines<'_> {
+    fn of(&self, role: Role) -> &EngineConfig {
+        if role == Role::Decode {
+            self.decode
+        } else {
+            self.prompts
+        }
+    }
+
+    /// GPUs of `topology` built from these engines.
+    fn gpus(&self, topology: Topology) -> usize {
+        topology
+            .roles()
+            .into_iter()
+            .map(|r| gpus_per_engine(self.of(r)))
+            .sum()
+    }
+}
+
+/// An engine's GPUs: its tensor parallel size on the hardware model, else one.
+fn gpus_per_engine(config: &EngineConfig) -> usize {
+    match &config.timing {
+        TimingModel::Hardware(e) => e.tp as usize,
+        _ => 1,
+    }
+}
+
 /// The link a disaggregated prefill's KV crosses.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Link {
@@ -177,17 +224,18 @@ pub struct Simulated {
 }
 
 /// Replays `workload` (request `i` at `arrivals_ms[i]`) over `topology`, engines built
-/// from `engine`, routed as `setup` says, KV moving over `link`.
-pub fn run(
+/// from `engines`, routed as `setup` says, KV moving over `link`.
+pub fn run<'a>(
     workload: &Workload,
     arrivals_ms: &[f64],
-    engine: &EngineConfig,
+    engines: impl Into<GraphEngines<'a>>,
     topology: Topology,
     setup: RouterSetup,
     link: &Link,
 ) -> anyhow::Result<Report> {
     let started = Instant::now();
-    let sim = simulate(workload, arrivals_ms, engine, topology, setup, link)?;
+    let engines = engines.into();
+    let sim = simulate(workload, arrivals_ms, engines, topology, setup, link)?;
     let mut report = Report::from_replay(
         &topology.to_string(),
         &sim.report,
@@ -198,12 +246,14 @@ pub fn run(
         Topology::Disaggregated { prefill, decode } => (prefill, decode),
     };
     let mut transfer_ms = sim.transfer_ms;
+    let gpus = engines.gpus(topology);
     report.disagg = Some(DisaggStats {
         topology: topology.to_string(),
         engines: topology.engines(),
         prefill_engines: prefill,
         decode_engines: decode,
-        output_tokens_per_s_per_engine: report.output_tokens_per_s / topology.engines() as f64,
+        gpus,
+        output_tokens_per_s_per_gpu: report.output_tokens_per_s / gpus as f64,
         transfer_ms: Percentiles::of(&mut transfer_ms),
         kv_bytes_moved: Some(sim.kv_bytes_moved),
         link_bandwidth_gbps: (prefill > 0).then_some(link.bandwidth_gbps),
@@ -213,14 +263,22 @@ pub fn run(
 }
 
 /// [`run`]'s simulation, with the engines as they ended.
-pub fn simulate(
+pub fn simulate<'a>(
     workload: &Workload,
     arrivals_ms: &[f64],
-    config: &EngineConfig,
+    engines: impl Into<GraphEngines<'a>>,
     topology: Topology,
     setup: RouterSetup,
     link: &Link,
 ) -> anyhow::Result<Simulated> {
+    let configs = engines.into();
+    let config = configs.prompts;
+    anyhow::ensure!(
+        configs.decode.block_size == config.block_size
+            && configs.decode.speedup_ratio == config.speedup_ratio,
+        "decode engines need the prompt engines' block size and speedup ratio: a transfer \
+         moves whole blocks, on one clock"
+    );
     anyhow::ensure!(
         workload.conversations().is_none(),
         "topologies are simulated for request workloads (shared prefix, trace), not conversations"
@@ -243,7 +301,7 @@ pub fn simulate(
     let router = KvRouter::new(setup, indexed * config.num_gpu_blocks);
     let mut engines = Vec::with_capacity(roles.len());
     for &role in &roles {
-        let mut e = Engine::simulated(config.clone())?;
+        let mut e = Engine::simulated(configs.of(role).clone())?;
         e.set_emit_kv_events(router.reads_kv_events() && role != Role::Decode);
         engines.push(e);
     }
@@ -807,10 +865,51 @@ mod tests {
         let s = dis.disagg.as_ref().unwrap();
         assert_eq!((s.prefill_engines, s.decode_engines, s.engines), (1, 1, 2));
         assert!(s.transfer_ms.p50 > 0.0 && s.link_bandwidth_gbps == Some(50.0));
-        assert!((s.output_tokens_per_s_per_engine * 2.0 - dis.output_tokens_per_s).abs() < 1e-9);
+        // Off the hardware model an engine is one GPU.
+        assert_eq!(s.gpus, 2);
+        assert!((s.output_tokens_per_s_per_gpu * 2.0 - dis.output_tokens_per_s).abs() < 1e-9);
         // The same seed, the same figures.
         let again = run(&w, &at, &engine(), topo("1p1d"), kv, &link(50.0)).unwrap();
         assert_eq!(without_wall_time(again), without_wall_time(dis));
+    }
+
+    #[test]
+    fn decode_engines_may_span_other_gpus_and_throughput_is_per_gpu() {
+        // Llama-3.1-8B on H100s: TP1 prompt engines, TP2 decode engines.
+        let on = |tp| {
+            let model = dynamo_perfmodel::ModelArch::by_name("meta-llama/Llama-3.1-8B-Instruct");
+            let gpu = dynamo_perfmodel::GpuSpec::by_name("H100_SXM");
+            let e = dynamo_perfmodel::Estimator::new(gpu.unwrap(), model.unwrap(), tp).unwrap();
+            engine().on_hardware(e, None).unwrap().0
+        };
+        let (tp1, tp2) = (on(1), on(2));
+        let engines = GraphEngines {
+            prompts: &tp1,
+            decode: &tp2,
+        };
+        let n = 40;
+        let w = unique(n, 2000, 40);
+        let at = arrivals::poisson(n, 4.0, 2);
+        let kv = setup(RouterMode::Kv);
+        let wide = run(&w, &at, engines, topo("2p1d"), kv, &link(50.0)).unwrap();
+        let narrow = run(&w, &at, &tp1, topo("2p1d"), kv, &link(50.0)).unwrap();
+        let (dw, dn) = (wide.disagg.clone().unwrap(), narrow.disagg.clone().unwrap());
+        assert_eq!((dw.engines, dw.gpus, dn.gpus), (3, 4, 3));
+        assert!((dw.output_tokens_per_s_per_gpu * 4.0 - wide.output_tokens_per_s).abs() < 1e-9);
+        // The TP2 decode engine reads half the weights per GPU a step: faster tokens.
+        assert!(wide.itl_ms.p50 < narrow.itl_ms.p50, "{wide:?}\n{narrow:?}");
+        // The prefill legs ran on the same TP1 engines.
+        assert_eq!(wide.completed, narrow.completed);
+        // Engines whose blocks differ cannot hand KV to each other.
+        let other = EngineConfig {
+            block_size: 32,
+            ..tp2.clone()
+        };
+        let mismatched = GraphEngines {
+            prompts: &tp1,
+            decode: &other,
+        };
+        assert!(simulate(&w, &at, mismatched, topo("2p1d"), kv, &link(50.0)).is_err());
     }
 
     #[test]

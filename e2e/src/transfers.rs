@@ -156,7 +156,9 @@ pub fn live_disagg(
         engines: topology.engines(),
         prefill_engines,
         decode_engines,
-        output_tokens_per_s_per_engine: run.output_tokens_per_s / topology.engines() as f64,
+        // Live mock engines are one GPU's worth each.
+        gpus: topology.engines(),
+        output_tokens_per_s_per_gpu: run.output_tokens_per_s / topology.engines() as f64,
         transfer_ms,
         kv_bytes_moved: None,
         link_bandwidth_gbps: None,

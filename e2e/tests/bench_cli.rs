@@ -526,8 +526,9 @@ fn topologies_are_compared_across_a_rate_sweep() {
         );
         let d = &r["disagg"];
         assert_eq!(d["engines"], 2);
-        let per_engine = d["output_tokens_per_s_per_engine"].as_f64().unwrap();
-        assert!((per_engine * 2.0 - r["output_tokens_per_s"].as_f64().unwrap()).abs() < 1e-6);
+        assert_eq!(d["gpus"], 2);
+        let per_gpu = d["output_tokens_per_s_per_gpu"].as_f64().unwrap();
+        assert!((per_gpu * 2.0 - r["output_tokens_per_s"].as_f64().unwrap()).abs() < 1e-6);
     }
     // Every prompt's 62 full blocks cross a 10 GB/s link: 1.2 ms each, or longer when
     // a link is busy.
@@ -572,6 +573,11 @@ fn topology_flags_are_checked() {
         &["--topology", "1p1d", "--kv-link-bandwidth-gbps", "0"],
         "--kv-link-bandwidth-gbps must be positive",
     );
+    // A decode engine's GPUs are the hardware model's.
+    refused(
+        &["--topology", "1p1d", "--decode-tensor-parallel-size", "2"],
+        "--decode-tensor-parallel-size sizes the decode engines of a --topology on --perf-model hardware",
+    );
     // A disaggregated graph sizes the KV it moves from the model; aggregated ones
     // move none.
     refused(
@@ -597,4 +603,30 @@ fn topology_flags_are_checked() {
     let out = dynamo_e2e(&["replay", "--sessions", "2", "--topology", "1p1d"]);
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("not with --sessions"));
+}
+
+#[test]
+fn decode_engines_take_their_own_tensor_parallel_size() {
+    let json = scratch("decode-tp.json");
+    let json_arg = json.display().to_string();
+    let hardware = "--perf-model hardware --gpu H100_SXM --model meta-llama/Llama-3.1-8B-Instruct";
+    let mut args = PREFILL_HEAVY.to_vec();
+    args.extend(["--request-rate", "5", "--topology", "agg:2,2p1d"]);
+    args.extend(["--decode-tensor-parallel-size", "4", "--out", &json_arg]);
+    args.extend(hardware.split(' '));
+    let out = dynamo_e2e(&args);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    let report: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let gpus: Vec<u64> = report["runs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["disagg"]["gpus"].as_u64().unwrap())
+        .collect();
+    // Two TP1 engines; two TP1 prefill engines and a TP4 decode engine.
+    assert_eq!(gpus, [2, 6]);
+    assert_eq!(report["config"]["decode_engine"]["timing"]["tp"], 4);
+    std::fs::remove_file(&json).ok();
 }

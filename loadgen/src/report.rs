@@ -134,13 +134,16 @@ pub struct ReplicaTimeline {
 pub struct DisaggStats {
     /// `agg:N` or `XpYd`.
     pub topology: String,
-    /// Engines (GPUs) of the graph, and of each role: prefill and decode engines of a
+    /// Engines of the graph, and of each role: prefill and decode engines of a
     /// disaggregated graph; an aggregated graph's engines count as neither.
     pub engines: usize,
     pub prefill_engines: usize,
     pub decode_engines: usize,
-    /// Output tokens per second per engine: what a GPU of the graph delivers.
-    pub output_tokens_per_s_per_engine: f64,
+    /// GPUs of the graph: each engine's tensor parallel size, summed (one per engine
+    /// off the hardware model, and live).
+    pub gpus: usize,
+    /// Output tokens per second per GPU: what the graph's hardware delivers.
+    pub output_tokens_per_s_per_gpu: f64,
     /// From the end of a request's prefill to its KV's arrival at the decode engine,
     /// waiting for a busy link included; empty for an aggregated graph. Live: the
     /// picker's `dynamo_epp_kv_transfer_seconds` over the run (percentiles interpolated
@@ -616,13 +619,13 @@ pub fn tier_table(reports: &[Report], baseline: &str) -> String {
 }
 
 /// Graph runs (`--topology`, or bench modes named as graphs) across request rates:
-/// latencies, the KV transfers, throughput per engine (GPU), and against the run
-/// labelled `baseline` at the same rate (its throughput per engine over the baseline's,
-/// the baseline's ITL p99 over its own: above 1 is better either way).
+/// latencies, the KV transfers, throughput per GPU, and against the run labelled
+/// `baseline` at the same rate (its throughput per GPU over the baseline's, the
+/// baseline's ITL p99 over its own: above 1 is better either way).
 pub fn disagg_table(reports: &[Report], baseline: &str) -> String {
     let mut out = String::from(
-        "| req/s | run | engines | TTFT p50 | TTFT p99 | ITL p50 | ITL p99 | KV transfer p50 | KV transfer p99 | output tok/s | tok/s per engine | per engine vs baseline | ITL p99 vs baseline |\n\
-         |---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
+        "| req/s | run | engines | GPUs | TTFT p50 | TTFT p99 | ITL p50 | ITL p99 | KV transfer p50 | KV transfer p99 | output tok/s | tok/s per GPU | per GPU vs baseline | ITL p99 vs baseline |\n\
+         |---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
     );
     for r in reports {
         let Some(d) = &r.disagg else { continue };
@@ -653,13 +656,13 @@ pub fn disagg_table(reports: &[Report], baseline: &str) -> String {
                 "n/a".to_owned()
             }
         };
-        let (per_engine, itl) = base.map_or_else(
+        let (per_gpu, itl) = base.map_or_else(
             || ("n/a".to_owned(), "n/a".to_owned()),
             |(b, bd)| {
                 (
                     ratio(
-                        d.output_tokens_per_s_per_engine,
-                        bd.output_tokens_per_s_per_engine,
+                        d.output_tokens_per_s_per_gpu,
+                        bd.output_tokens_per_s_per_gpu,
                     ),
                     ratio(b.itl_ms.p99, r.itl_ms.p99),
                 )
@@ -667,14 +670,15 @@ pub fn disagg_table(reports: &[Report], baseline: &str) -> String {
         );
         writeln!(
             out,
-            "| {rate} | {} | {engines} | {:.1} | {:.1} | {:.2} | {:.2} | {t50} | {t99} | {:.0} | {:.1} | {per_engine} | {itl} |",
+            "| {rate} | {} | {engines} | {} | {:.1} | {:.1} | {:.2} | {:.2} | {t50} | {t99} | {:.0} | {:.1} | {per_gpu} | {itl} |",
             r.label,
+            d.gpus,
             r.ttft_ms.p50,
             r.ttft_ms.p99,
             r.itl_ms.p50,
             r.itl_ms.p99,
             r.output_tokens_per_s,
-            d.output_tokens_per_s_per_engine,
+            d.output_tokens_per_s_per_gpu,
         )
         .expect("writing to a String");
     }
@@ -700,7 +704,7 @@ impl Sla {
 
 /// Per graph run of a rate sweep: the highest request rate up to which it met `sla` at
 /// every swept rate (a p99 that dips back under the target at a higher rate, by chance,
-/// does not count), and its throughput per engine there (goodput per GPU), against the
+/// does not count), and its throughput per GPU there (goodput per GPU), against the
 /// baseline's.
 pub fn sla_table(reports: &[Report], baseline: &str, sla: Sla) -> String {
     let mut labels: Vec<&str> = Vec::new();
@@ -722,34 +726,35 @@ pub fn sla_table(reports: &[Report], baseline: &str, sla: Sla) -> String {
         });
         runs.into_iter().take_while(|r| sla.met_by(r)).last()
     };
-    let per_engine = |r: &Report| {
+    let per_gpu = |r: &Report| {
         r.disagg
             .as_ref()
-            .map_or(0.0, |d| d.output_tokens_per_s_per_engine)
+            .map_or(0.0, |d| d.output_tokens_per_s_per_gpu)
     };
-    let base = best(baseline).map(per_engine);
+    let base = best(baseline).map(per_gpu);
     let mut out = format!(
-        "| run | highest req/s with TTFT p99 <= {} ms and ITL p99 <= {} ms (and every lower rate) | TTFT p99 | ITL p99 | tok/s per engine | vs baseline |\n\
-         |---|---|---|---|---|---|\n",
+        "| run | highest req/s with TTFT p99 <= {} ms and ITL p99 <= {} ms (and every lower rate) | TTFT p99 | ITL p99 | GPUs | tok/s per GPU | vs baseline |\n\
+         |---|---|---|---|---|---|---|\n",
         sla.ttft_p99_ms, sla.itl_p99_ms
     );
     for label in labels {
         match best(label) {
             Some(r) => {
                 let vs = match base {
-                    Some(b) if b > 0.0 => format!("{:.2}x", per_engine(r) / b),
+                    Some(b) if b > 0.0 => format!("{:.2}x", per_gpu(r) / b),
                     _ => "n/a".to_owned(),
                 };
+                let gpus = r.disagg.as_ref().map_or(0, |d| d.gpus);
                 writeln!(
                     out,
-                    "| {label} | {} | {:.1} | {:.2} | {:.1} | {vs} |",
+                    "| {label} | {} | {:.1} | {:.2} | {gpus} | {:.1} | {vs} |",
                     r.request_rate.unwrap_or(0.0),
                     r.ttft_ms.p99,
                     r.itl_ms.p99,
-                    per_engine(r)
+                    per_gpu(r)
                 )
             }
-            None => writeln!(out, "| {label} | not the lowest rate | - | - | - | - |"),
+            None => writeln!(out, "| {label} | not the lowest rate | - | - | - | - | - |"),
         }
         .expect("writing to a String");
     }
@@ -981,7 +986,8 @@ mod tests {
             engines: 4,
             prefill_engines: 2,
             decode_engines: 2,
-            output_tokens_per_s_per_engine: tok_s / 4.0,
+            gpus: 4,
+            output_tokens_per_s_per_gpu: tok_s / 4.0,
             transfer_ms: Percentiles::default(),
             kv_bytes_moved: None,
             link_bandwidth_gbps: None,
@@ -1008,12 +1014,21 @@ mod tests {
         ];
         let table = sla_table(&runs, "agg:4", sla);
         for row in [
-            "| agg:4 | 4 | 100.0 | 10.00 | 100.0 | 1.00x |",
-            "| 2p2d | 8 | 160.0 | 25.00 | 200.0 | 2.00x |",
-            "| 1p3d | not the lowest rate | - | - | - | - |",
+            "| agg:4 | 4 | 100.0 | 10.00 | 4 | 100.0 | 1.00x |",
+            "| 2p2d | 8 | 160.0 | 25.00 | 4 | 200.0 | 2.00x |",
+            "| 1p3d | not the lowest rate | - | - | - | - | - |",
         ] {
             assert!(table.contains(row), "{row}\n{table}");
         }
+        // Goodput is per GPU: the same tokens from twice the GPUs are half as much.
+        let mut wide = graph("2p2d-tp2", 4.0, 150.0, 20.0, 400.0);
+        if let Some(d) = wide.disagg.as_mut() {
+            d.gpus = 8;
+            d.output_tokens_per_s_per_gpu = 50.0;
+        }
+        let table = sla_table(&[runs[0].clone(), wide], "agg:4", sla);
+        let row = "| 2p2d-tp2 | 4 | 150.0 | 20.00 | 8 | 50.0 | 0.50x |";
+        assert!(table.contains(row), "{row}\n{table}");
         // A failed request misses the targets whatever the latencies.
         let mut failed_one = runs[0].clone();
         failed_one.errors = 1;
@@ -1022,7 +1037,7 @@ mod tests {
         let graphs = disagg_table(&runs, "agg:4");
         assert!(
             graphs.contains(
-                "| 8 | 2p2d | 2P + 2D | 160.0 | 160.0 | 25.00 | 25.00 | - | - | 800 | 200.0 | 1.00x | 2.80x |"
+                "| 8 | 2p2d | 2P + 2D | 4 | 160.0 | 160.0 | 25.00 | 25.00 | - | - | 800 | 200.0 | 1.00x | 2.80x |"
             ),
             "{graphs}"
         );

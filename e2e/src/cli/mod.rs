@@ -181,7 +181,7 @@ pub struct OutputArgs {
 }
 
 /// The simulated engines' shape and step times (the replays').
-#[derive(Args, Debug)]
+#[derive(Args, Debug, Clone)]
 pub struct SimEngineArgs {
     #[command(flatten)]
     pub shape: EngineShapeArgs,
@@ -497,7 +497,7 @@ fn publish(
     }
     if runs.iter().any(|r| r.disagg.is_some()) {
         md.push_str(&format!(
-            "\nGraphs (KV transfer: a prefill's end to its KV at the decode engine, ms; per engine: output tok/s / engines; vs baseline ({baseline}) at the same rate: above 1 is better):\n\n"
+            "\nGraphs (KV transfer: a prefill's end to its KV at the decode engine, ms; per GPU: output tok/s / the graph's GPUs; vs baseline ({baseline}) at the same rate: above 1 is better):\n\n"
         ));
         md.push_str(&report::disagg_table(runs, baseline));
         if groups.len() > 1 {

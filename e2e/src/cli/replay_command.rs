@@ -53,6 +53,12 @@ pub struct ReplayArgs {
     /// e.g. `agg:4,2p2d,1p3d`.
     #[arg(long, value_delimiter = ',', value_parser = Topology::parse, env = "DYNAMO_E2E_TOPOLOGY")]
     pub topology: Vec<Topology>,
+    /// Decode engines of a disaggregated `--topology` span this many GPUs
+    /// (`--perf-model hardware`), where prefill and aggregated engines span
+    /// `--tensor-parallel-size`: each role its own tensor parallel size, as a DGDR's
+    /// profiler chooses them. Tables then compare throughput per GPU across graphs.
+    #[arg(long, env = "DYNAMO_E2E_DECODE_TENSOR_PARALLEL_SIZE")]
+    pub decode_tensor_parallel_size: Option<u64>,
     /// Bandwidth of each engine's link for disaggregated KV transfers, GB/s: InfiniBand's
     /// 400 Gb/s across nodes; NVLink within a node is 900 GB/s (brief, "Transfer (NIXL)
     /// transports").
@@ -144,6 +150,26 @@ pub(super) fn run_replay(args: ReplayArgs) -> anyhow::Result<()> {
     args.router.check().map_err(anyhow::Error::msg)?;
     let engine = args.engine.config()?;
     engine.validate()?;
+    let decode_engine = match args.decode_tensor_parallel_size {
+        None => engine.clone(),
+        Some(tp) => {
+            anyhow::ensure!(
+                !args.topology.is_empty()
+                    && matches!(engine.timing, dynamo_mocker::TimingModel::Hardware(_)),
+                "--decode-tensor-parallel-size sizes the decode engines of a --topology on \
+                 --perf-model hardware"
+            );
+            let mut decode = args.engine.clone();
+            decode.timing.tensor_parallel_size = tp;
+            let config = decode.config()?;
+            config.validate()?;
+            config
+        }
+    };
+    let graph_engines = disagg::GraphEngines {
+        prompts: &engine,
+        decode: &decode_engine,
+    };
     let scheduler = args.router.scheduler();
     let approx = args.router.approx();
     anyhow::ensure!(
@@ -205,7 +231,8 @@ pub(super) fn run_replay(args: ReplayArgs) -> anyhow::Result<()> {
             let mut these = Vec::new();
             if topologies {
                 for &topology in &args.topology {
-                    let mut run = disagg::run(&workload, times, &engine, topology, setup, &link)?;
+                    let mut run =
+                        disagg::run(&workload, times, graph_engines, topology, setup, &link)?;
                     if args.modes.len() > 1 {
                         run.label = format!("{mode} {topology}");
                     }
@@ -254,7 +281,16 @@ pub(super) fn run_replay(args: ReplayArgs) -> anyhow::Result<()> {
     );
     let graph = if topologies {
         let list: Vec<String> = args.topology.iter().map(Topology::to_string).collect();
-        format!("graphs {}, engines of {blocks}", list.join(", "))
+        let decode = if args.decode_tensor_parallel_size.is_some() {
+            format!(
+                "; decode engines of {} blocks, {}",
+                decode_engine.num_gpu_blocks,
+                decode_engine.timing.describe()
+            )
+        } else {
+            String::new()
+        };
+        format!("graphs {}, engines of {blocks}{decode}", list.join(", "))
     } else {
         format!("{} engines x {blocks}", args.workers)
     };
@@ -274,6 +310,9 @@ pub(super) fn run_replay(args: ReplayArgs) -> anyhow::Result<()> {
     });
     if !w.request_rate.is_empty() {
         config["request_rates"] = json!(w.request_rate);
+    }
+    if args.decode_tensor_parallel_size.is_some() {
+        config["decode_engine"] = json!(decode_engine);
     }
     if let Some(clients) = args.concurrency {
         config["concurrency"] = json!(clients);

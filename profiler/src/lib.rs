@@ -201,7 +201,7 @@ pub fn profile_calibrated(
         req.efficiency = c.efficiency.clone();
         req.uncertainty = Uncertainty::NONE;
     }
-    let configs = sweep::engine_configs(&req, &EngineConfig::default())?;
+    let configs = sweep::engine_configs(&req)?;
     let mut sweep = Sweep::new(&req, &configs);
     let mut candidates = Vec::new();
     let mut loads = Vec::new();

@@ -223,12 +223,11 @@ pub(crate) enum SweepError {
 
 /// The tensor parallel sizes worth sweeping (those that hold a request at the default
 /// step budget), each at every step budget of [`chunk_sizes`] that fits, with its
-/// engine configuration on `base` (the KV pool is what the GPUs hold after the weights
-/// and a step's activations at that budget).
-pub(crate) fn engine_configs(
-    req: &Request,
-    base: &EngineConfig,
-) -> Result<BTreeMap<Shape, EngineConfig>, SweepError> {
+/// engine configuration: the mock engine's defaults, whose step budget is
+/// [`default_chunk`] and whose batch the generated graph names beside a smaller one (the
+/// KV pool is what the GPUs hold after the weights and a step's activations at that
+/// budget).
+pub(crate) fn engine_configs(req: &Request) -> Result<BTreeMap<Shape, EngineConfig>, SweepError> {
     let mut configs = BTreeMap::new();
     let mut last_no_fit = None;
     let mut last_invalid = None;
@@ -250,7 +249,7 @@ pub(crate) fn engine_configs(
         for chunk in chunk_sizes() {
             let budgeted = EngineConfig {
                 max_num_batched_tokens: chunk as usize,
-                ..base.clone()
+                ..EngineConfig::default()
             };
             let fitted = budgeted
                 .on_hardware(e.clone(), None)

@@ -6,7 +6,7 @@ use std::process::{Command, Output};
 
 use dynamo_mocker::EngineConfig;
 use dynamo_mocker::server::{ServerConfig, start};
-use serde_json::Value;
+use serde_json::{Value, json};
 
 fn dynamo_e2e<S: AsRef<std::ffi::OsStr>>(args: &[S]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_dynamo-e2e"))
@@ -221,9 +221,15 @@ async fn a_live_rate_sweep_sends_each_rate_its_own_prompts() {
     .unwrap();
     let url = format!("http://{}", server.http_addr);
     let json = scratch("sweep.json");
+    let records = scratch("sweep.jsonl");
     let mut args = vec!["bench", "--url", &url, "--out", json.to_str().unwrap()];
     args.extend(&SMALL[..10]);
-    args.extend(["--request-rate", "40,80"]);
+    args.extend([
+        "--request-rate",
+        "40,80",
+        "--records",
+        records.to_str().unwrap(),
+    ]);
     let args: Vec<String> = args.iter().map(|s| s.to_string()).collect();
     let out = tokio::task::spawn_blocking(move || dynamo_e2e(&args))
         .await
@@ -254,7 +260,37 @@ async fn a_live_rate_sweep_sends_each_rate_its_own_prompts() {
         let hit = run["kv_hit_rate"].as_f64().unwrap();
         assert!(hit <= 0.67, "{run}");
     }
+    // One line per request, each rate's in turn, timed as the run's tables are.
+    let lines: Vec<Value> = std::fs::read_to_string(&records)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(lines.len(), 64);
+    for (k, line) in lines.iter().enumerate() {
+        let rate = if k < 32 { 40.0 } else { 80.0 };
+        assert_eq!(
+            (&line["run"], &line["request_rate"]),
+            (&json!(url), &json!(rate))
+        );
+        assert_eq!(
+            (&line["output_tokens"], &line["error"]),
+            (&json!(4), &Value::Null)
+        );
+        let (ttft, e2e) = (
+            line["ttft_ms"].as_f64().unwrap(),
+            line["e2e_ms"].as_f64().unwrap(),
+        );
+        assert!(0.0 < ttft && ttft <= e2e, "{line}");
+        assert!(line["mean_itl_ms"].as_f64().unwrap() > 0.0, "{line}");
+    }
+    let sent = |k: usize| lines[k]["sent_ms"].as_f64().unwrap();
+    assert!(
+        sent(31) > sent(0) && sent(63) > sent(32),
+        "each run's own clock"
+    );
     let _ = std::fs::remove_file(json);
+    let _ = std::fs::remove_file(records);
 }
 
 // KV block tiers in the replay (`--tiers`).

@@ -183,6 +183,10 @@ pub struct Graph {
     /// The service the picker stands for (the graph's frontend or epp), as its metrics
     /// are labelled.
     pub picker_service: String,
+    /// That service's own flags (its `mainContainer`'s `args`, after ours, as the
+    /// operator passes them) and environment.
+    picker_args: Vec<String>,
+    picker_env: Vec<(String, String)>,
     /// The planner the run starts, if the graph has one it can run.
     pub planner: Option<PlannerService>,
     /// Services that are not started, and why.
@@ -262,11 +266,20 @@ impl Graph {
             .clone()
             .or_else(|| dynamo_wiring::router_mode(spec))
             .unwrap_or_else(|| "kv".into());
-        let picker_service = spec
+        let picker = spec
             .services
             .iter()
-            .find(|(_, s)| matches!(s.role(), ServiceRole::Frontend | ServiceRole::Epp))
-            .map_or_else(|| "epp".into(), |(name, _)| name.clone());
+            .find(|(_, s)| matches!(s.role(), ServiceRole::Frontend | ServiceRole::Epp));
+        let picker_service = picker.map_or_else(|| "epp".into(), |(name, _)| name.clone());
+        let mut picker_env = global_env.clone();
+        let mut picker_args = Vec::new();
+        if let Some((_, component)) = picker {
+            picker_env.extend(env_pairs(component.envs.as_deref(), &mut notes));
+            if let Some(m) = main_container(component) {
+                picker_env.extend(env_pairs(m.env.as_deref(), &mut notes));
+                picker_args.extend(m.args.iter().flatten().cloned());
+            }
+        }
         let warnings = wiring
             .engines
             .iter()
@@ -280,6 +293,8 @@ impl Graph {
             wiring,
             workers,
             picker_service,
+            picker_args,
+            picker_env,
             planner: None,
             notes,
             warnings,
@@ -511,10 +526,11 @@ impl Graph {
         if self.wiring.served_model.is_none() {
             args.extend(["--model-name".into(), self.model_name.clone()]);
         }
+        args.extend(self.picker_args.iter().cloned());
         CommandSpec {
             program: EPP_BINARY.into(),
             args,
-            env: Vec::new(),
+            env: self.picker_env.clone(),
             dirs: Vec::new(),
         }
     }
@@ -628,6 +644,27 @@ pub(crate) mod tests {
         assert!(epp.contains("--model-name Qwen/Qwen3-0.6B"), "{epp}");
         assert!(epp.contains("--block-size 64"), "{epp}");
         assert!(epp.contains("--endpoints-file /tmp/e.json"), "{epp}");
+    }
+
+    #[test]
+    fn the_pickers_own_flags_and_environment_follow_ours_as_the_operator_passes_them() {
+        let mut dgd = sample("agg-mocker.yaml");
+        let epp = "componentType: epp\nenvs: [{name: A, value: '1'}]\nextraPodSpec: \
+                   {mainContainer: {args: [--max-waiting-requests, '2'], env: [{name: B, value: '2'}]}}";
+        dgd.spec
+            .services
+            .insert("epp".into(), serde_saphyr::from_str(epp).unwrap());
+        let graph = Graph::from_dgd(&dgd, &options()).unwrap();
+        let epp = graph.epp_command(("127.0.0.1", 8000), 9002, Path::new("/tmp/e.json"));
+        let args = epp.args.join(" ");
+        assert!(args.ends_with(" --max-waiting-requests 2"), "{args}");
+        assert!(args.contains("--endpoints-file /tmp/e.json"), "{args}");
+        let env: Vec<_> = epp
+            .env
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.as_str()))
+            .collect();
+        assert_eq!(env, [("A", "1"), ("B", "2")]);
     }
 
     #[test]

@@ -49,6 +49,15 @@ pub struct EngineReading {
     pub max_kv_tokens: Option<f64>,
 }
 
+/// What a load decision reads: each engine's load now, and the prompt tokens of the
+/// requests the picker holds because every engine was saturated, which whichever
+/// engines take prompts will serve.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct LoadReading {
+    pub engines: Vec<EngineReading>,
+    pub picker_queued_tokens: f64,
+}
+
 /// What Prometheus gave this interval, or why it gave nothing.
 pub type Reading<T> = Result<T, String>;
 
@@ -250,27 +259,41 @@ impl Planner {
         })
     }
 
-    /// The load decision for the graph as read, from each engine's load now; in
-    /// throughput+load it scales down no further than the last throughput decision asked.
+    /// The load decision for the graph as read, from each engine's load now (the
+    /// picker's queue shared evenly by the engines that take prompts: prefill engines,
+    /// or aggregated workers); in throughput+load it scales down no further than the
+    /// last throughput decision asked.
     pub fn plan_load(
         &mut self,
         view: &GraphView,
-        engines: &Reading<Vec<EngineReading>>,
+        reading: &Reading<LoadReading>,
     ) -> Result<Outcome, ShapeError> {
         let current = view.replicas()?;
         let (Mode::Load(mode) | Mode::ThroughputLoad { load: mode, .. }) = &self.settings.mode
         else {
             return Ok(missing(current, "load thresholds (throughput mode)"));
         };
-        let Ok(readings) = engines else {
+        let Ok(reading) = reading else {
             return Ok(missing(current, "engine load metrics from Prometheus"));
         };
+        let prompts_kind = match current {
+            PerRole::Disaggregated { .. } => WorkerKind::Prefill,
+            PerRole::Aggregated { .. } => WorkerKind::Decode,
+        };
+        let takers = reading.engines.iter().filter(|r| r.kind == prompts_kind);
+        let picker_share = reading.picker_queued_tokens / takers.count().max(1) as f64;
         let load = |kind: WorkerKind| -> Vec<EngineLoad> {
-            readings
+            let share = if kind == prompts_kind {
+                picker_share
+            } else {
+                0.0
+            };
+            reading
+                .engines
                 .iter()
                 .filter(|r| r.kind == kind)
                 .map(|r| EngineLoad {
-                    queued_prefill_tokens: r.prefill_tokens,
+                    queued_prefill_tokens: r.prefill_tokens + share,
                     context_length: mode.context_length,
                     scheduled_decode_kv: r.decode_kv_tokens.unwrap_or(f64::NAN),
                     queued_decode_kv: 0.0,
@@ -535,17 +558,43 @@ mod tests {
         }
     }
 
+    fn reading(engines: Vec<EngineReading>) -> Reading<LoadReading> {
+        Ok(LoadReading {
+            engines,
+            picker_queued_tokens: 0.0,
+        })
+    }
+
+    #[test]
+    fn the_pickers_queue_is_shared_by_the_engines_that_take_prompts() {
+        let mut p = planner(Mode::Load(LOAD));
+        let idle = |picker_queued_tokens| {
+            Ok(LoadReading {
+                engines: (0..2).map(|_| engine(0.0)).collect(),
+                picker_queued_tokens,
+            })
+        };
+        // Every engine saturated, requests wait in the picker: its queue is theirs, half
+        // each, against a scale-up threshold of a context (1000 tokens) per engine.
+        let out = p.plan_load(&workers(2), &idle(2500.0)).unwrap();
+        assert_eq!(out.decision.replicas, PerRole::Aggregated { worker: 3 });
+        let out = p.plan_load(&workers(2), &idle(1500.0)).unwrap();
+        assert_eq!(out.decision.replicas, PerRole::Aggregated { worker: 2 });
+        let out = p.plan_load(&workers(2), &idle(0.0)).unwrap();
+        assert_eq!(out.decision.replicas, PerRole::Aggregated { worker: 1 });
+    }
+
     #[test]
     fn load_mode_steps_on_the_engines_queues() {
         let mut p = planner(Mode::Load(LOAD));
-        let busy = Ok(vec![engine(5000.0)]);
+        let busy = reading(vec![engine(5000.0)]);
         let out = p.plan_load(&workers(1), &busy).unwrap();
         assert_eq!(out.decision.replicas, PerRole::Aggregated { worker: 2 });
         // Two workers reported as one: the counts disagree, so it holds.
         let out = p.plan_load(&workers(2), &busy).unwrap();
         assert!(out.decision.is_hold(), "{}", out.decision);
         // An engine without its KV capacity is not read as idle.
-        let unknown = Ok(vec![EngineReading {
+        let unknown = reading(vec![EngineReading {
             max_kv_tokens: None,
             ..engine(0.0)
         }]);
@@ -560,7 +609,7 @@ mod tests {
             p.settings().loops(),
             [(Tick::Throughput, 10.0), (Tick::Load, 2.0)]
         );
-        let idle = Ok(vec![engine(0.0)]);
+        let idle = reading(vec![engine(0.0)]);
         assert!(!p.plan_load(&workers(1), &idle).unwrap().decision.is_hold());
         let mut p = planner(Mode::Load(LOAD));
         assert_eq!(p.settings().loops(), [(Tick::Load, 10.0)]);
@@ -583,13 +632,15 @@ mod tests {
             .unwrap();
         assert_eq!(out.decision.replicas, PerRole::Aggregated { worker: 4 });
         // Between throughput decisions, a queue on one worker adds one at once.
-        let queued = Ok((0..4)
-            .map(|i| engine(if i == 0 { 5000.0 } else { 0.0 }))
-            .collect());
+        let queued = reading(
+            (0..4)
+                .map(|i| engine(if i == 0 { 5000.0 } else { 0.0 }))
+                .collect(),
+        );
         let out = p.plan_load(&workers(4), &queued).unwrap();
         assert_eq!(out.decision.replicas, PerRole::Aggregated { worker: 5 });
         // Every worker idle: load mode steps down, but not below throughput's 4.
-        let idle = |n| Ok((0..n).map(|_| engine(0.0)).collect());
+        let idle = |n| reading((0..n).map(|_| engine(0.0)).collect());
         let out = p.plan_load(&workers(5), &idle(5)).unwrap();
         assert_eq!(out.decision.replicas, PerRole::Aggregated { worker: 4 });
         let out = p.plan_load(&workers(4), &idle(4)).unwrap();
@@ -621,7 +672,7 @@ mod tests {
             .plan_throughput(10.0, &workers(4), &traffic(50.0))
             .unwrap();
         assert_eq!(out.decision.replicas, PerRole::Aggregated { worker: 4 });
-        let idle = Ok((0..4).map(|_| engine(0.0)).collect());
+        let idle = reading((0..4).map(|_| engine(0.0)).collect());
         let out = p.plan_load(&workers(4), &idle).unwrap();
         assert_eq!(out.decision.replicas, PerRole::Aggregated { worker: 3 });
         // While a scale-up rolls out, the floor is what the forecast needs, not a hold.

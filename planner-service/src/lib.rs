@@ -228,11 +228,12 @@ async fn plan_once(
             )
         }
         Tick::Load => {
-            let engines = source.engines().await.map_err(|e| e.to_string());
-            if let Err(e) = &engines {
+            let interval_s = planner.settings().interval_s;
+            let load = source.load(interval_s).await.map_err(|e| e.to_string());
+            if let Err(e) = &load {
                 tracing::warn!(error = %e, "engine metrics unreadable; holding");
             }
-            (planner.plan_load(&view, &engines), None)
+            (planner.plan_load(&view, &load), None)
         }
     };
     let outcome = match outcome {

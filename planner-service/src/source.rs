@@ -23,7 +23,7 @@ use prometheus_http_query::response::Data;
 use reqwest::StatusCode;
 use reqwest::header::{AUTHORIZATION, HeaderValue};
 
-use super::cycle::{EngineReading, Traffic, WorkerKind};
+use super::cycle::{EngineReading, LoadReading, Traffic, WorkerKind};
 
 #[derive(Debug, thiserror::Error)]
 #[error("Prometheus at {url}: {message}")]
@@ -384,6 +384,31 @@ impl Prometheus {
             .await?
             .unwrap_or(0.0);
         Ok(picker + engines)
+    }
+
+    /// Each engine's load now, and the prompt tokens waiting in the picker's queue: its
+    /// queued requests (summed over its replicas) at the mean ISL of the last
+    /// `interval_s` seconds' requests.
+    pub async fn load(&self, interval_s: f64) -> Result<LoadReading, SourceError> {
+        let window = format!("{}s", interval_s.round().max(1.0) as u64);
+        let queued = self
+            .scalar(&format!("sum({QUEUED_REQUESTS}{})", self.selector))
+            .await?
+            .unwrap_or(0.0);
+        let picker_queued_tokens = if queued > 0.0 {
+            queued
+                * self
+                    .mean(ISL, &window)
+                    .await?
+                    .filter(|m| m.is_finite())
+                    .unwrap_or(0.0)
+        } else {
+            0.0
+        };
+        Ok(LoadReading {
+            engines: self.engines().await?,
+            picker_queued_tokens,
+        })
     }
 
     /// Each engine's load now. Active prefill tokens are summed over the picker replicas

@@ -1,5 +1,9 @@
 //! `dynamo-e2e bench`: live load over HTTP against a running graph or graphs it launches.
 
+use std::io::Write as _;
+
+use dynamo_loadgen::client::RequestRecord;
+
 use super::*;
 
 #[derive(Args, Debug)]
@@ -62,6 +66,11 @@ pub struct BenchArgs {
     /// `http://127.0.0.1:9901/graph`).
     #[arg(long, env = "DYNAMO_E2E_WATCH_GRAPH")]
     pub watch_graph: Option<String>,
+    /// Write one JSON line per request here, every run's in turn: its run and request
+    /// rate, when it was sent (ms from the run's start), TTFT, mean ITL, end-to-end time,
+    /// tokens and error; where a run's breaches fall.
+    #[arg(long, env = "DYNAMO_E2E_RECORDS")]
+    pub records: Option<PathBuf>,
     /// How long a launched graph may take to become healthy.
     #[arg(long, default_value_t = 120.0, env = "DYNAMO_E2E_HEALTH_TIMEOUT_S")]
     pub health_timeout_s: f64,
@@ -90,6 +99,9 @@ pub(super) async fn run_bench(args: BenchArgs) -> anyhow::Result<()> {
         Api::Chat => Some(Arc::new(load_words(&args.model_path)?)),
         Api::Completions => None,
     };
+    if let Some(path) = &args.records {
+        std::fs::File::create(path).with_context(|| format!("--records {}", path.display()))?;
+    }
     let mut runs = Vec::new();
     match &args.launch {
         None => {
@@ -107,9 +119,8 @@ pub(super) async fn run_bench(args: BenchArgs) -> anyhow::Result<()> {
                         .workload()?,
                     ),
                 };
-                let mut run = measure(&http, &args, &target, workload, plan, &args.url).await?;
-                run.request_rate = *rate;
-                runs.push(run);
+                let run = measure(&http, &args, &target, workload, (*rate, plan), &args.url);
+                runs.push(run.await?);
             }
         }
         Some(template) => {
@@ -131,10 +142,10 @@ pub(super) async fn run_bench(args: BenchArgs) -> anyhow::Result<()> {
                             .await?;
                         let target = target(&http, &args, &url, words.clone()).await?;
                         let before = transfers::scrape_transfers(&http, &url).await;
+                        let plan = (*rate, plan);
                         let mut run =
                             measure(&http, &args, &target, workload.clone(), plan, mode).await?;
                         let after = transfers::scrape_transfers(&http, &url).await;
-                        run.request_rate = *rate;
                         // A mode named as a graph (`agg4`, `2p2d`): its engines and KV
                         // transfers, as the picker counted them.
                         if let Ok(topology) = Topology::parse(mode) {
@@ -180,14 +191,14 @@ pub(super) async fn run_bench(args: BenchArgs) -> anyhow::Result<()> {
     publish("bench", &title, config, &runs, &baseline, &args.output)
 }
 
-/// One live run: the load, then what `--ttft-target-ms`, `--itl-target-ms` and
-/// `--watch-graph` ask for.
+/// One live run at a request rate (none: a closed loop): the load, then what
+/// `--ttft-target-ms`, `--itl-target-ms`, `--watch-graph` and `--records` ask for.
 pub(super) async fn measure(
     http: &reqwest::Client,
     args: &BenchArgs,
     target: &Target,
     workload: Arc<Workload>,
-    plan: &Arrivals,
+    (rate, plan): (Option<f64>, &Arrivals),
     label: &str,
 ) -> anyhow::Result<Report> {
     let watch = match &args.watch_graph {
@@ -195,7 +206,12 @@ pub(super) async fn measure(
         None => None,
     };
     let records = bench::run_records(http, target, workload, plan).await?;
+    if let Some(path) = &args.records {
+        append_records(path, label, rate, &records)
+            .with_context(|| format!("--records {}", path.display()))?;
+    }
     let mut run = bench::report(label, &records);
+    run.request_rate = rate;
     if let (Some(ttft_ms), Some(itl_ms)) = (args.ttft_target_ms, args.itl_target_ms) {
         let targets = SlaTargets { ttft_ms, itl_ms };
         run.attainment = Some(Attainment::of_records(&records, targets));
@@ -204,6 +220,28 @@ pub(super) async fn measure(
         run.replicas = Some(watch.finish().await?);
     }
     Ok(run)
+}
+
+/// `records` as JSON lines at the end of `path`.
+fn append_records(
+    path: &Path,
+    run: &str,
+    rate: Option<f64>,
+    records: &[RequestRecord],
+) -> std::io::Result<()> {
+    let mut out = std::io::BufWriter::new(std::fs::OpenOptions::new().append(true).open(path)?);
+    for r in records {
+        let mean_itl_ms =
+            (!r.itl_ms.is_empty()).then(|| r.itl_ms.iter().sum::<f64>() / r.itl_ms.len() as f64);
+        let line = json!({
+            "run": run, "request_rate": rate, "sent_ms": r.sent_ms, "ttft_ms": r.ttft_ms,
+            "mean_itl_ms": mean_itl_ms, "e2e_ms": r.e2e_ms, "output_tokens": r.output_tokens,
+            "prompt_tokens": r.prompt_tokens, "cached_tokens": r.cached_tokens,
+            "error": r.error, "session": r.session, "turn": r.turn,
+        });
+        writeln!(out, "{line}")?;
+    }
+    out.flush()
 }
 
 /// The target at `url`, its model named by `--model` or asked of `/v1/models`.

@@ -67,6 +67,11 @@ impl PlannerGraph {
     /// Runs an aggregated mocker graph of `workers` workers whose planner also takes the
     /// flags of `planner`, and waits until the planner serves its metrics.
     async fn start(name: &str, workers: u32, planner: &[&[&str]]) -> Self {
+        Self::with_picker(name, workers, &[], planner).await
+    }
+
+    /// [`PlannerGraph::start`], the picker taking the flags of `picker` too.
+    async fn with_picker(name: &str, workers: u32, picker: &[&str], planner: &[&[&str]]) -> Self {
         // The runner refuses a graph with a planner without it; say so at once rather
         // than after the fixture's health deadline.
         assert!(
@@ -98,6 +103,9 @@ spec:
   services:
     epp:
       componentType: epp
+      extraPodSpec:
+        mainContainer:
+          args: [{}]
     planner:
       componentType: planner
       extraPodSpec:
@@ -112,6 +120,7 @@ spec:
           command: [dynamo-mocker]
           args: [{}]
 ",
+            list(picker),
             list(&planner_args),
             list(WORKER_ARGS)
         );
@@ -406,13 +415,17 @@ async fn throughput_mode_scales_up_under_load_and_back_down_to_one() {
     assert!(most >= 2, "{most}");
 }
 
-/// Load mode: a queue of prompts waiting in the engine (more requests in flight than it
-/// runs at once) adds a worker; an idle graph loses them again, down to one.
+/// Load mode: a queue of prompts (more requests in flight than the worker runs at once)
+/// adds a worker; an idle graph loses them again, down to one. The picker holds what
+/// its worker has no room for (about 4 requests' blocks, its 4 sequences), so the
+/// worker's own queue stays under the threshold (8 prompts of 128 tokens) and the
+/// picker's, which the planner counts as the worker's, is what adds one.
 #[tokio::test(flavor = "multi_thread")]
 async fn load_mode_scales_up_under_a_queue_and_down_when_idle() {
-    let g = PlannerGraph::start(
+    let g = PlannerGraph::with_picker(
         "planner-load",
         1,
+        &["--max-blocks-in-flight", "12"],
         &[SOON, &["--mode", "load", "--context-length", "1024"]],
     )
     .await;
@@ -422,6 +435,9 @@ async fn load_mode_scales_up_under_a_queue_and_down_when_idle() {
         g.planner().await.desired >= 2.0 && g.replicas().await >= 2
     })
     .await;
+    let picker = get_text(&g.graph.url("/metrics")).await;
+    let waited = metric_sum(&picker, "dynamo_epp_queue_wait_seconds_count", &[]);
+    assert!(waited > 0.0, "no request waited in the picker:\n{picker}");
     load.stop();
     g.until("the idle graph is back to one worker", async |g| {
         g.planner().await.desired == 1.0 && g.replicas().await == 1

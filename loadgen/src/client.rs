@@ -130,6 +130,14 @@ pub struct RequestRecord {
     pub turn: Option<usize>,
 }
 
+impl RequestRecord {
+    /// The mean gap between its chunks with text; `None` with fewer than two.
+    pub fn mean_itl_ms(&self) -> Option<f64> {
+        (!self.itl_ms.is_empty())
+            .then(|| self.itl_ms.iter().sum::<f64>() / self.itl_ms.len() as f64)
+    }
+}
+
 /// Sends `item` and reads its stream to the end; `run_start` dates `sent_ms`.
 pub async fn send(
     http: &reqwest::Client,

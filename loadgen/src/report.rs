@@ -81,9 +81,7 @@ impl Attainment {
         let mut a = Self::default();
         for r in records {
             let ttft_ok = r.error.is_none() && r.ttft_ms.is_some_and(|t| t <= targets.ttft_ms);
-            let mean_itl = (!r.itl_ms.is_empty())
-                .then(|| r.itl_ms.iter().sum::<f64>() / r.itl_ms.len() as f64);
-            let itl_ok = r.error.is_none() && mean_itl.is_none_or(|x| x <= targets.itl_ms);
+            let itl_ok = r.error.is_none() && r.mean_itl_ms().is_none_or(|x| x <= targets.itl_ms);
             a.count(ttft_ok, itl_ok);
         }
         a

@@ -231,11 +231,9 @@ fn append_records(
 ) -> std::io::Result<()> {
     let mut out = std::io::BufWriter::new(std::fs::OpenOptions::new().append(true).open(path)?);
     for r in records {
-        let mean_itl_ms =
-            (!r.itl_ms.is_empty()).then(|| r.itl_ms.iter().sum::<f64>() / r.itl_ms.len() as f64);
         let line = json!({
             "run": run, "request_rate": rate, "sent_ms": r.sent_ms, "ttft_ms": r.ttft_ms,
-            "mean_itl_ms": mean_itl_ms, "e2e_ms": r.e2e_ms, "output_tokens": r.output_tokens,
+            "mean_itl_ms": r.mean_itl_ms(), "e2e_ms": r.e2e_ms, "output_tokens": r.output_tokens,
             "prompt_tokens": r.prompt_tokens, "cached_tokens": r.cached_tokens,
             "error": r.error, "session": r.session, "turn": r.turn,
         });

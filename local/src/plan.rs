@@ -236,11 +236,7 @@ impl Graph {
                     component.node_count(),
                 ));
             }
-            let mut env = global_env.clone();
-            env.extend(env_pairs(component.envs.as_deref(), &mut notes));
-            if let Some(m) = main_container(component) {
-                env.extend(env_pairs(m.env.as_deref(), &mut notes));
-            }
+            let env = service_env(&global_env, component, &mut notes);
             let replicas = options
                 .replicas
                 .get(service)
@@ -271,15 +267,15 @@ impl Graph {
             .iter()
             .find(|(_, s)| matches!(s.role(), ServiceRole::Frontend | ServiceRole::Epp));
         let picker_service = picker.map_or_else(|| "epp".into(), |(name, _)| name.clone());
-        let mut picker_env = global_env.clone();
-        let mut picker_args = Vec::new();
-        if let Some((_, component)) = picker {
-            picker_env.extend(env_pairs(component.envs.as_deref(), &mut notes));
-            if let Some(m) = main_container(component) {
-                picker_env.extend(env_pairs(m.env.as_deref(), &mut notes));
-                picker_args.extend(m.args.iter().flatten().cloned());
-            }
-        }
+        let (picker_args, picker_env) = match picker {
+            Some((_, component)) => (
+                main_container(component)
+                    .and_then(|m| m.args.clone())
+                    .unwrap_or_default(),
+                service_env(&global_env, component, &mut notes),
+            ),
+            None => (Vec::new(), global_env.clone()),
+        };
         let warnings = wiring
             .engines
             .iter()
@@ -308,11 +304,7 @@ impl Graph {
                 ));
                 continue;
             }
-            let mut env = global_env.clone();
-            env.extend(env_pairs(component.envs.as_deref(), &mut graph.notes));
-            if let Some(m) = main_container(component) {
-                env.extend(env_pairs(m.env.as_deref(), &mut graph.notes));
-            }
+            let env = service_env(&global_env, component, &mut graph.notes);
             graph.planner = graph.plan_planner(service, component, env)?;
         }
         let planned = graph
@@ -538,6 +530,20 @@ impl Graph {
 
 fn main_container(spec: &ComponentSpec) -> Option<&k8s_openapi::api::core::v1::Container> {
     spec.extra_pod_spec.as_ref()?.main_container.as_ref()
+}
+
+/// A service's environment: the graph's `envs`, then its own, then its main container's.
+fn service_env(
+    global: &[(String, String)],
+    spec: &ComponentSpec,
+    notes: &mut Vec<String>,
+) -> Vec<(String, String)> {
+    let mut env = global.to_vec();
+    env.extend(env_pairs(spec.envs.as_deref(), notes));
+    if let Some(m) = main_container(spec) {
+        env.extend(env_pairs(m.env.as_deref(), notes));
+    }
+    env
 }
 
 /// Literal env values; a `valueFrom` (secrets, downward API) has no local source.

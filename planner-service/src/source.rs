@@ -372,11 +372,7 @@ impl Prometheus {
     /// replicas). Each gauge appears only once there is something to count (a queued
     /// request, a named pool), so an absent one is no backlog.
     async fn backlog(&self) -> Result<f64, SourceError> {
-        let s = &self.selector;
-        let picker = self
-            .scalar(&format!("sum({QUEUED_REQUESTS}{s})"))
-            .await?
-            .unwrap_or(0.0);
+        let picker = self.picker_queued().await?;
         let engines = self
             .scalar(&format!(
                 "sum(max by (name) ({POOL_AVERAGE_QUEUE_SIZE}) * max by (name) ({POOL_READY_PODS}))"
@@ -386,15 +382,20 @@ impl Prometheus {
         Ok(picker + engines)
     }
 
+    /// Requests waiting in the picker's queue, summed over its replicas (absent: none).
+    async fn picker_queued(&self) -> Result<f64, SourceError> {
+        Ok(self
+            .scalar(&format!("sum({QUEUED_REQUESTS}{})", self.selector))
+            .await?
+            .unwrap_or(0.0))
+    }
+
     /// Each engine's load now, and the prompt tokens waiting in the picker's queue: its
     /// queued requests (summed over its replicas) at the mean ISL of the last
     /// `interval_s` seconds' requests.
     pub async fn load(&self, interval_s: f64) -> Result<LoadReading, SourceError> {
         let window = format!("{}s", interval_s.round().max(1.0) as u64);
-        let queued = self
-            .scalar(&format!("sum({QUEUED_REQUESTS}{})", self.selector))
-            .await?
-            .unwrap_or(0.0);
+        let queued = self.picker_queued().await?;
         let picker_queued_tokens = if queued > 0.0 {
             queued
                 * self

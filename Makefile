@@ -237,9 +237,18 @@ bench:
 	  --tensor-parallel-size 2 --decode-tensor-parallel-size 4 --max-num-batched-tokens 2048 \
 	  --out .cache/bench/replay-disagg-70b-itl12.json --markdown .cache/bench/replay-disagg-70b-itl12.md
 	$(CARGO) run --release --locked --quiet -p dynamo-e2e -- planner \
+	  --planner throughput,load,throughput+load,scheduled,scheduled:30,scheduled:-15,scheduled:-30,scheduled:-60 \
 	  --out .cache/bench/planner.json --markdown .cache/bench/planner.md --timeline-csv .cache/bench/planner-timeline.csv
 	$(CARGO) run --release --locked --quiet -p dynamo-e2e -- planner --max-waiting-requests 2 \
 	  --out .cache/bench/planner-queue.json --markdown .cache/bench/planner-queue.md --timeline-csv .cache/bench/planner-queue-timeline.csv
+	for seed in 1 2 3 4 5 6 7 8 9 10; do \
+	  $(CARGO) run --release --locked --quiet -p dynamo-e2e -- planner --rate-schedule 1.5x60,6x120,1.5x60 \
+	    --isl 128 --osl 64 --seed $$seed --planner throughput+load,scheduled,scheduled:-2 --ttft-ms 500 --itl-ms 50 \
+	    --interval-s 10 --load-interval-s 2 --startup-s 4 --predictor constant --load-target latency \
+	    --context-length 4096 --max-gpu-budget 4 --num-gpu-blocks 4096 --max-num-seqs 8 --speedup-ratio 0.25 \
+	    --scale-down-window 20s --router-mode kv --max-waiting-requests 2 \
+	    --out .cache/bench/planner-step-$$seed.json --markdown .cache/bench/planner-step-$$seed.md || exit 1; \
+	done
 	mkdir -p .cache/bench
 	$(CARGO) run --release --locked --quiet -p dynamo-cli --bin dynamo -- profile \
 	  --calibrate profiler/tests/data/nim-llama-3.3-70b-h100-tp2.yaml \

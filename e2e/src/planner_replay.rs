@@ -87,19 +87,32 @@ pub enum PlannerMode {
     ThroughputLoad,
     /// No planner: this many engines throughout, serving from the start.
     Static(u32),
+    /// No planner but a timetable that knows the rate schedule, as a scheduled scaler
+    /// (KEDA's cron scaler) for a known pattern: at each step, the replicas the profile
+    /// gives its rate, added `lead_s` seconds before it (`lead_s` after it when negative:
+    /// a reaction that late). What reacting perfectly, or that late, would get.
+    Scheduled { lead_s: i32 },
 }
 
 impl PlannerMode {
-    /// `throughput`, `load`, `throughput+load` or `static:N` (N at least 1).
+    /// `throughput`, `load`, `throughput+load`, `static:N` (N at least 1), or
+    /// `scheduled[:LEAD]` (whole seconds, negative for late; 0 when left out).
     pub fn parse(s: &str) -> Result<Self, String> {
         match s.trim().to_ascii_lowercase().as_str() {
             "throughput" => Ok(Self::Throughput),
             "load" => Ok(Self::Load),
             "throughput+load" | "load+throughput" => Ok(Self::ThroughputLoad),
+            "scheduled" => Ok(Self::Scheduled { lead_s: 0 }),
+            other if other.starts_with("scheduled:") => other["scheduled:".len()..]
+                .parse::<i32>()
+                .map(|lead_s| Self::Scheduled { lead_s })
+                .map_err(|_| {
+                    format!("{s:?}: scheduled:LEAD takes whole seconds, e.g. scheduled:4 or scheduled:-2")
+                }),
             other => {
                 let n = other.strip_prefix("static:").ok_or_else(|| {
                     format!(
-                        "{s:?}: a planner mode is throughput, load, throughput+load or static:N"
+                        "{s:?}: a planner mode is throughput, load, throughput+load, static:N or scheduled[:LEAD]"
                     )
                 })?;
                 match n.parse::<u32>() {
@@ -124,6 +137,8 @@ impl fmt::Display for PlannerMode {
             Self::Load => f.write_str("load"),
             Self::ThroughputLoad => f.write_str("throughput+load"),
             Self::Static(n) => write!(f, "static:{n}"),
+            Self::Scheduled { lead_s: 0 } => f.write_str("scheduled"),
+            Self::Scheduled { lead_s } => write!(f, "scheduled:{lead_s}"),
         }
     }
 }
@@ -367,6 +382,9 @@ struct Sim<'a> {
     per: u64,
     next_tick: u64,
     next_arrival: usize,
+    /// `Scheduled`'s timetable, (ms, replicas) in time order, and its next entry.
+    timetable: Vec<(f64, u32)>,
+    next_entry: usize,
 }
 
 impl Sim<'_> {
@@ -745,8 +763,31 @@ impl Sim<'_> {
             PlannerMode::Load | PlannerMode::ThroughputLoad => {
                 Some(self.setup.load_interval_s * 1000.0)
             }
-            PlannerMode::Static(_) => None,
+            PlannerMode::Static(_) | PlannerMode::Scheduled { .. } => None,
         }
+    }
+
+    fn next_entry_ms(&self) -> f64 {
+        self.timetable
+            .get(self.next_entry)
+            .map_or(f64::INFINITY, |&(ms, _)| ms)
+    }
+
+    /// The timetable's entry at `now_ms`, logged as a scaling when it changes the count.
+    fn scheduled(&mut self, now_ms: f64) -> anyhow::Result<()> {
+        let (_, n) = self.timetable[self.next_entry];
+        self.next_entry += 1;
+        if n != self.target {
+            self.scalings.push(ScaleRecord {
+                t_s: now_ms / 1000.0,
+                from: self.target,
+                to: n,
+                forecast_rate: None,
+                decision: format!("scheduled: {} -> {n}", self.target),
+            });
+            self.scale_to(n, now_ms)?;
+        }
+        Ok(())
     }
 }
 
@@ -761,7 +802,12 @@ impl Driver for Sim<'_> {
 
     fn next_event_ms(&self) -> Option<f64> {
         let arrival = self.next_arrival_ms();
-        Some(arrival.min(self.next_tick_ms()).min(self.next_ready_ms()))
+        Some(
+            arrival
+                .min(self.next_tick_ms())
+                .min(self.next_ready_ms())
+                .min(self.next_entry_ms()),
+        )
     }
 
     fn stepped(&mut self, k: usize, o: StepOutcome) -> anyhow::Result<StepOutcome> {
@@ -786,6 +832,9 @@ impl Driver for Sim<'_> {
             }
             return Ok(());
         }
+        if self.next_entry_ms() == now_ms {
+            return self.scheduled(now_ms);
+        }
         if self.next_tick_ms() == now_ms {
             let next_tick = self.next_tick;
             match self.mode {
@@ -798,7 +847,7 @@ impl Driver for Sim<'_> {
                     }
                     self.load_tick(now_ms)?;
                 }
-                PlannerMode::Static(_) => {}
+                PlannerMode::Static(_) | PlannerMode::Scheduled { .. } => {}
             }
             self.next_tick += 1;
             return Ok(());
@@ -806,6 +855,49 @@ impl Driver for Sim<'_> {
         self.next_arrival += 1;
         self.arrive(self.next_arrival - 1, now_ms)
     }
+}
+
+/// `Scheduled`'s timetable: for each step of `schedule` (but a pause), the replicas
+/// [`PlannerSetup::replicas_for`] gives its rate at the workload's mean ISL and OSL,
+/// within the GPU budget, due `lead_s` before the step starts, or at its start when the
+/// lead is positive and the step needs fewer than the one before; the first step's from
+/// the start. (ms, replicas) in time order.
+fn timetable(
+    workload: &Workload,
+    schedule: &RateSchedule,
+    setup: &PlannerSetup,
+    lead_s: i32,
+) -> Vec<(f64, u32)> {
+    let n = workload.len().max(1) as f64;
+    let (isl, osl) =
+        (0..workload.len())
+            .map(|i| workload.request(i))
+            .fold((0.0, 0.0), |(i, o), w| {
+                (
+                    i + w.token_ids.len() as f64 / n,
+                    o + w.max_tokens as f64 / n,
+                )
+            });
+    let most = (setup.limits.max_gpu_budget / setup.gpus_per_engine()).max(1);
+    let mut start_ms = 0.0;
+    let mut last = None;
+    let mut out = Vec::new();
+    for step in schedule.steps() {
+        if step.rate > 0.0 {
+            let n = setup.replicas_for(step.rate, isl, osl).min(most);
+            // The graph starts sized for the schedule's start. Early only to add:
+            // replicas removed before their step would serve the end of the busier
+            // one with fewer.
+            let at_start = start_ms == 0.0;
+            let early = lead_s > 0 && last.is_some_and(|m| n < m);
+            let shift_s = if at_start || early { 0 } else { lead_s };
+            out.push((start_ms - f64::from(shift_s) * 1000.0, n));
+            last = Some(n);
+        }
+        start_ms += step.duration_s * 1000.0;
+    }
+    out.sort_by(|a, b| a.0.total_cmp(&b.0));
+    out
 }
 
 /// Runs `workload` (request `i` arriving at `arrivals_ms[i]`, which follow `schedule`)
@@ -836,10 +928,21 @@ pub fn simulate(
     setup.router.validate()?;
     setup.engine.validate()?;
     let started = Instant::now();
+    let timetable = match mode {
+        PlannerMode::Scheduled { lead_s } => timetable(workload, schedule, setup, lead_s),
+        _ => Vec::new(),
+    };
     let initial = match mode {
         PlannerMode::Static(n) => n,
+        // The entries due at 0 (or before) set the start.
+        PlannerMode::Scheduled { .. } => timetable
+            .iter()
+            .take_while(|&&(ms, _)| ms <= 0.0)
+            .last()
+            .map_or(1, |&(_, n)| n),
         _ => setup.initial_replicas.max(setup.limits.min_endpoint).max(1),
     };
+    let timetable: Vec<(f64, u32)> = timetable.into_iter().filter(|&(ms, _)| ms > 0.0).collect();
     // The KV index's bound: every engine that may exist at once.
     let most = u64::from(initial)
         .max(u64::from(setup.limits.max_gpu_budget) / u64::from(setup.gpus_per_engine()));
@@ -878,6 +981,8 @@ pub fn simulate(
         per: (setup.interval_s / setup.load_interval_s).round().max(1.0) as u64,
         next_tick: 1,
         next_arrival: 0,
+        timetable,
+        next_entry: 0,
     };
     sim.changes.push((0.0, Change::Target(initial)));
     for _ in 0..initial {
@@ -1228,6 +1333,9 @@ mod tests {
             ("throughput+load", PlannerMode::ThroughputLoad),
             ("load+throughput", PlannerMode::ThroughputLoad),
             ("static:3", PlannerMode::Static(3)),
+            ("scheduled", PlannerMode::Scheduled { lead_s: 0 }),
+            ("scheduled:4", PlannerMode::Scheduled { lead_s: 4 }),
+            ("scheduled:-2", PlannerMode::Scheduled { lead_s: -2 }),
         ] {
             assert_eq!(PlannerMode::parse(text), Ok(mode), "{text}");
             assert_eq!(PlannerMode::parse(&mode.to_string()), Ok(mode));
@@ -1236,6 +1344,13 @@ mod tests {
             let err = PlannerMode::parse(bad).unwrap_err();
             assert!(
                 err.contains("throughput, load") || err.contains("static:N takes"),
+                "{bad}: {err}"
+            );
+        }
+        for bad in ["scheduled:", "scheduled:1.5", "scheduled:x"] {
+            let err = PlannerMode::parse(bad).unwrap_err();
+            assert!(
+                err.contains("scheduled:LEAD takes whole seconds"),
                 "{bad}: {err}"
             );
         }

@@ -247,6 +247,43 @@ fn load_mode_reacts_to_the_step_within_seconds() {
 }
 
 #[test]
+fn a_timetable_scales_at_the_steps_early_to_add_and_late_both_ways() {
+    let s = setup();
+    let at = |mode: PlannerMode| {
+        let r = run(STEP, &s, mode);
+        assert_eq!((r.completed, r.rejected), (r.requests, 0), "{mode}");
+        r.scalings
+            .iter()
+            .map(|x| (x.t_s, x.from, x.to))
+            .collect::<Vec<_>>()
+    };
+    // The profile's counts for 1.25 and 5 req/s: 1 and 3.
+    assert_eq!(
+        at(PlannerMode::Scheduled { lead_s: 0 }),
+        [(120.0, 1, 3), (360.0, 3, 1)]
+    );
+    // Ahead to add, at the step to remove.
+    assert_eq!(
+        at(PlannerMode::Scheduled { lead_s: 10 }),
+        [(110.0, 1, 3), (360.0, 3, 1)]
+    );
+    // Late: both.
+    assert_eq!(
+        at(PlannerMode::Scheduled { lead_s: -6 }),
+        [(126.0, 1, 3), (366.0, 3, 1)]
+    );
+    // Starting a start's worth ahead, the step meets its engines serving: no fewer
+    // requests within the targets than reacting at the step, or late.
+    let within = |lead_s| {
+        run(STEP, &s, PlannerMode::Scheduled { lead_s })
+            .attainment
+            .both_pct()
+    };
+    let (early, now, late) = (within(10), within(0), within(-10));
+    assert!(early >= now && now > late, "{early} {now} {late}");
+}
+
+#[test]
 fn throughput_mode_does_not_oscillate_under_constant_load() {
     let s = setup();
     for (rate, expected) in [("1x600", 1), ("3x600", 2)] {

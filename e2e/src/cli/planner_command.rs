@@ -29,7 +29,8 @@ pub struct PlannerArgs {
     #[arg(long, default_value_t = 0, env = "DYNAMO_E2E_SEED")]
     pub seed: u64,
     /// Who sets the replicas, each a run: `throughput`, `load`, `throughput+load` (both,
-    /// as Dynamo runs them together), `static:N`.
+    /// as Dynamo runs them together), `static:N`, `scheduled[:LEAD]` (a timetable of the
+    /// rate schedule's steps, LEAD seconds ahead to add replicas, or late if negative).
     #[arg(
         long,
         value_delimiter = ',',

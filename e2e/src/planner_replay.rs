@@ -717,17 +717,28 @@ impl Sim<'_> {
         let PerRole::Aggregated { worker: n } = d.replicas else {
             anyhow::bail!("an aggregated graph got a disaggregated decision: {d}");
         };
+        self.scale_logged(n, now_ms, rate, || match rate {
+            Some(r) => format!("{d} (forecast {r:.1} req/s)"),
+            None => d.to_string(),
+        })
+    }
+
+    /// Scales to `n` at `now_ms`, logged as a scaling (`decision` says why) when it
+    /// changes the count; `rate` is the forecast it was sized for (req/s).
+    fn scale_logged(
+        &mut self,
+        n: u32,
+        now_ms: f64,
+        rate: Option<f64>,
+        decision: impl FnOnce() -> String,
+    ) -> anyhow::Result<()> {
         if n != self.target {
-            let decision = match rate {
-                Some(r) => format!("{d} (forecast {r:.1} req/s)"),
-                None => d.to_string(),
-            };
             self.scalings.push(ScaleRecord {
                 t_s: now_ms / 1000.0,
                 from: self.target,
                 to: n,
                 forecast_rate: rate,
-                decision,
+                decision: decision(),
             });
             self.scale_to(n, now_ms)?;
         }
@@ -773,21 +784,12 @@ impl Sim<'_> {
             .map_or(f64::INFINITY, |&(ms, _)| ms)
     }
 
-    /// The timetable's entry at `now_ms`, logged as a scaling when it changes the count.
+    /// The timetable's entry at `now_ms`.
     fn scheduled(&mut self, now_ms: f64) -> anyhow::Result<()> {
         let (_, n) = self.timetable[self.next_entry];
         self.next_entry += 1;
-        if n != self.target {
-            self.scalings.push(ScaleRecord {
-                t_s: now_ms / 1000.0,
-                from: self.target,
-                to: n,
-                forecast_rate: None,
-                decision: format!("scheduled: {} -> {n}", self.target),
-            });
-            self.scale_to(n, now_ms)?;
-        }
-        Ok(())
+        let from = self.target;
+        self.scale_logged(n, now_ms, None, || format!("scheduled: {from} -> {n}"))
     }
 }
 
@@ -861,13 +863,14 @@ impl Driver for Sim<'_> {
 /// [`PlannerSetup::replicas_for`] gives its rate at the workload's mean ISL and OSL,
 /// within the GPU budget, due `lead_s` before the step starts, or at its start when the
 /// lead is positive and the step needs fewer than the one before; the first step's from
-/// the start. (ms, replicas) in time order.
+/// the start. The replicas to start with (the last entry due at 0 or before; 1 if none)
+/// and the later entries, (ms, replicas) in time order.
 fn timetable(
     workload: &Workload,
     schedule: &RateSchedule,
     setup: &PlannerSetup,
     lead_s: i32,
-) -> Vec<(f64, u32)> {
+) -> (u32, Vec<(f64, u32)>) {
     let n = workload.len().max(1) as f64;
     let (isl, osl) =
         (0..workload.len())
@@ -897,7 +900,9 @@ fn timetable(
         start_ms += step.duration_s * 1000.0;
     }
     out.sort_by(|a, b| a.0.total_cmp(&b.0));
-    out
+    let due = out.partition_point(|&(ms, _)| ms <= 0.0);
+    let initial = due.checked_sub(1).map_or(1, |i| out[i].1);
+    (initial, out.split_off(due))
 }
 
 /// Runs `workload` (request `i` arriving at `arrivals_ms[i]`, which follow `schedule`)
@@ -928,21 +933,14 @@ pub fn simulate(
     setup.router.validate()?;
     setup.engine.validate()?;
     let started = Instant::now();
-    let timetable = match mode {
+    let (initial, timetable) = match mode {
+        PlannerMode::Static(n) => (n, Vec::new()),
         PlannerMode::Scheduled { lead_s } => timetable(workload, schedule, setup, lead_s),
-        _ => Vec::new(),
+        _ => (
+            setup.initial_replicas.max(setup.limits.min_endpoint).max(1),
+            Vec::new(),
+        ),
     };
-    let initial = match mode {
-        PlannerMode::Static(n) => n,
-        // The entries due at 0 (or before) set the start.
-        PlannerMode::Scheduled { .. } => timetable
-            .iter()
-            .take_while(|&&(ms, _)| ms <= 0.0)
-            .last()
-            .map_or(1, |&(_, n)| n),
-        _ => setup.initial_replicas.max(setup.limits.min_endpoint).max(1),
-    };
-    let timetable: Vec<(f64, u32)> = timetable.into_iter().filter(|&(ms, _)| ms > 0.0).collect();
     // The KV index's bound: every engine that may exist at once.
     let most = u64::from(initial)
         .max(u64::from(setup.limits.max_gpu_budget) / u64::from(setup.gpus_per_engine()));

@@ -243,7 +243,8 @@ bench:
 	  --out .cache/bench/planner-queue.json --markdown .cache/bench/planner-queue.md --timeline-csv .cache/bench/planner-queue-timeline.csv
 	for seed in 1 2 3 4 5 6 7 8 9 10; do \
 	  $(CARGO) run --release --locked --quiet -p dynamo-e2e -- planner --rate-schedule 1.5x60,6x120,1.5x60 \
-	    --isl 128 --osl 64 --seed $$seed --planner throughput+load,scheduled,scheduled:-2 --ttft-ms 500 --itl-ms 50 \
+	    --isl 128 --osl 64 --seed $$seed --planner throughput+load,scheduled:4,scheduled:2,scheduled,scheduled:-1,scheduled:-2,scheduled:-4,scheduled:-6,scheduled:-8 \
+	    --ttft-ms 500 --itl-ms 50 \
 	    --interval-s 10 --load-interval-s 2 --startup-s 4 --predictor constant --load-target latency \
 	    --context-length 4096 --max-gpu-budget 4 --num-gpu-blocks 4096 --max-num-seqs 8 --speedup-ratio 0.25 \
 	    --scale-down-window 20s --router-mode kv --max-waiting-requests 2 \
